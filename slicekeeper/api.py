@@ -1,0 +1,260 @@
+"""The TrainingJob API (`slicekeeper.dev/v1alpha1`) as pydantic models.
+
+One source of truth: the CLI validates YAML with these models, the operator re-validates objects
+from the cluster with them, and `crds/trainingjob.yaml` is generated from them (slicekeeper.crd).
+Field names follow Kubernetes conventions (camelCase on the wire, snake_case in Python).
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from slicekeeper import tpu
+from slicekeeper.errors import UserError
+
+API_GROUP = "slicekeeper.dev"
+API_VERSION = "v1alpha1"
+KIND = "TrainingJob"
+PLURAL = "trainingjobs"
+SHORT_NAME = "tj"
+
+DEFAULT_COMMAND = ["python", "-m", "slicekeeper.workload.reference.jax_trainer"]
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class Model(BaseModel):
+    """Base for every API object: camelCase aliases, unknown fields rejected, frozen values."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class TpuSpec(Model):
+    """The slice shape: a TPU type (`v5p-16`) and/or an accelerator with a topology."""
+
+    type: str | None = Field(default=None, description="TPU type, e.g. v5p-16, v5e-16, v4-32, v6e-8.")
+    accelerator: str | None = Field(
+        default=None, description="GKE accelerator label, e.g. tpu-v5p-slice (derived from type if absent)."
+    )
+    topology: str | None = Field(default=None, description="Slice topology, e.g. 2x2x2 or 4x4.")
+    chips_per_host: Literal[1, 4, 8] | None = Field(
+        default=None, description="Chips per VM (v5e/v6e machine type: 1, 4 or 8); derived if absent."
+    )
+
+    @model_validator(mode="after")
+    def _shape_is_real(self) -> TpuSpec:
+        try:
+            self.shape()
+        except tpu.TpuShapeError as error:
+            raise ValueError(str(error)) from None
+        return self
+
+    def shape(self) -> tpu.SliceShape:
+        return tpu.resolve(
+            tpu_type=self.type,
+            accelerator=self.accelerator,
+            topology=self.topology,
+            chips_per_host=self.chips_per_host,
+        )
+
+
+class EnvVar(Model):
+    name: str = Field(min_length=1)
+    value: str = ""
+
+
+class WorkloadSpec(Model):
+    """What runs on every host: the user's training command (the reference JAX trainer by default)."""
+
+    image: str = Field(default="ghcr.io/slicekeeper/slicekeeper:latest", description="Container image.")
+    command: list[str] = Field(default_factory=lambda: list(DEFAULT_COMMAND), min_length=1)
+    args: list[str] = Field(default_factory=list)
+    env: list[EnvVar] = Field(default_factory=list)
+    steps: PositiveInt = Field(default=200, description="Training steps the workload runs in total.")
+
+
+class CheckpointSpec(Model):
+    """Checkpoint tiers. The local tier lives on each host (RAM-backed by default)."""
+
+    local_dir: str = Field(
+        default="/dev/shm/slicekeeper", description="Per-host local tier directory (RAM disk by default)."
+    )
+    interval: PositiveInt = Field(default=10, description="Steps between local-tier saves.")
+    max_to_keep: PositiveInt = Field(default=3, description="Local-tier checkpoints kept per host.")
+
+
+class PolicyRef(Model):
+    """Which remediation policy decides on faults: `default` (the escalation ladder) or a user file."""
+
+    name: str = Field(default="default")
+    file: str | None = Field(default=None, description="Path of a user policy file (local mode).")
+    config_map: str | None = Field(default=None, description="ConfigMap holding the policy (cluster).")
+
+
+class HealthSpec(Model):
+    """Detection settings. See docs/supervisor.md for how the hang timeout is derived."""
+
+    max_restarts: Annotated[int, Field(ge=0)] = Field(
+        default=10, description="In-job restarts allowed before the job fails."
+    )
+    hang_timeout_floor_seconds: PositiveFloat = Field(
+        default=2.0, description="The hang timeout never goes below this many seconds."
+    )
+    hang_timeout_factor: PositiveFloat = Field(
+        default=3.0, description="Hang timeout = max(floor, factor x typical step time)."
+    )
+    startup_timeout_seconds: PositiveFloat = Field(
+        default=120.0, description="Allowance from process start to the first completed step."
+    )
+    phase_timeout_seconds: PositiveFloat = Field(
+        default=60.0, description="Allowance for a reported non-step phase (checkpoint save, restore)."
+    )
+
+
+class LocalSpec(Model):
+    """How `slicekeeper run` scales the job down to processes on one machine."""
+
+    hosts: PositiveInt | None = Field(
+        default=None, description="Local host processes (default: min(4, hosts of the real job))."
+    )
+    devices_per_host: PositiveInt = Field(default=2, description="CPU devices per local host.")
+    work_dir: str | None = Field(default=None, description="Run directory (default: a new temp dir).")
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] = Field(
+        default=0, description="First supervisor metrics port (host i gets port+i); 0 picks free ports."
+    )
+
+
+class TrainingJobSpec(Model):
+    tpu: TpuSpec
+    slices: PositiveInt = Field(default=1, description="Number of TPU slices (multislice over DCN).")
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    policy: PolicyRef = Field(default_factory=PolicyRef)
+    health: HealthSpec = Field(default_factory=HealthSpec)
+    local: LocalSpec = Field(default_factory=LocalSpec)
+
+
+class Metadata(Model):
+    """The part of ObjectMeta slicekeeper reads; the rest is kept as given."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow", frozen=True)
+    name: str
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, name: str) -> str:
+        if len(name) > 40 or not _DNS_LABEL.match(name):
+            raise ValueError(
+                "must be a DNS label of at most 40 characters (lowercase letters, digits, '-'), "
+                "so that pod hostnames <name>-s<slice>-w<worker> stay valid"
+            )
+        return name
+
+
+class JobPhase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    INVALID = "Invalid"
+
+
+class Condition(Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+
+
+class TrainingJobStatus(Model):
+    phase: JobPhase = JobPhase.PENDING
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+    slices_ready: int = 0
+    slices_total: int = 0
+    restarts: dict[str, int] = Field(default_factory=dict)
+    last_checkpoint_step: int | None = None
+    goodput: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
+class TrainingJob(Model):
+    api_version: Literal["slicekeeper.dev/v1alpha1"]
+    kind: Literal["TrainingJob"]
+    metadata: Metadata
+    spec: TrainingJobSpec
+    status: TrainingJobStatus | None = None
+
+    @property
+    def slice_shape(self) -> tpu.SliceShape:
+        return self.spec.tpu.shape()
+
+    @property
+    def total_hosts(self) -> int:
+        return self.spec.slices * self.slice_shape.hosts
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + item)
+    return "".join(parts) or "(document)"
+
+
+def format_validation_error(error: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid TrainingJob"]
+    for problem in error.errors():
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "extra_forbidden":
+            message = "unknown field"
+        lines.append(f"  {_location(problem['loc'])}: {message}")
+    return "\n".join(lines)
+
+
+def parse_training_job(document: Any, source: str = "TrainingJob") -> TrainingJob:
+    """Validate a decoded document; raise UserError listing every field that is wrong."""
+    if not isinstance(document, dict):
+        raise UserError(f"{source}: expected a TrainingJob mapping, found {type(document).__name__}")
+    try:
+        return TrainingJob.model_validate(document)
+    except ValidationError as error:
+        raise UserError(format_validation_error(error, source)) from None
+
+
+def load_training_job(path: str | Path) -> TrainingJob:
+    """Read and validate a TrainingJob YAML file (the first document of kind TrainingJob)."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as error:
+        raise UserError(f"{file}: cannot read the TrainingJob file: {error.strerror or error}") from None
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as error:
+        raise UserError(f"{file}: not valid YAML: {error}") from None
+    if not documents:
+        raise UserError(f"{file}: the file is empty")
+    jobs = [d for d in documents if isinstance(d, dict) and d.get("kind") == KIND]
+    return parse_training_job(jobs[0] if jobs else documents[0], str(file))
+
+
+def dump_training_job(job: TrainingJob) -> dict[str, Any]:
+    return job.model_dump(mode="json", by_alias=True, exclude_none=True)

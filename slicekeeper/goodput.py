@@ -1,0 +1,103 @@
+"""Goodput accounting: every second of a host's wall time goes to productive steps or a badput category.
+
+Categories follow Google's ml-goodput-measurement vocabulary (REFERENCES sec. 4). The accountant is
+an interval clock: the owner switches the current category as events arrive, and each switch closes
+the open interval. One accountant per host, used by the supervisor (and later the simulator).
+
+Rules, in one place:
+- a step counts as productive only the first time the job completes it; a step executed again after
+  a restore is `wasted_progress`;
+- the first step of every (re)start includes compilation and counts as `program_startup`;
+- time still open when a fault stops the workload (the hung or interrupted step, the wait for the
+  fault to be detected) is `infrastructure_recovery`, as is the restart itself until the new process
+  reports in.
+"""
+
+from __future__ import annotations
+
+import statistics
+from enum import StrEnum
+
+
+class Category(StrEnum):
+    PRODUCTIVE = "productive"
+    TPU_INITIALIZATION = "tpu_initialization"
+    TRAINING_PREP = "training_prep"
+    PROGRAM_STARTUP = "program_startup"
+    DATA_LOADING = "data_loading"
+    CHECKPOINT_SAVE = "checkpoint_save"
+    CHECKPOINT_RESTORE = "checkpoint_restore"
+    WASTED_PROGRESS = "wasted_progress"
+    INFRASTRUCTURE_RECOVERY = "infrastructure_recovery"
+    OTHER = "other"
+
+
+BADPUT = [c for c in Category if c is not Category.PRODUCTIVE]
+
+
+def ideal_step_seconds(durations: list[float]) -> float | None:
+    """Mean of the step times not above median + 3 x MAD (REFERENCES sec. 4)."""
+    if not durations:
+        return None
+    median = statistics.median(durations)
+    mad = statistics.median(abs(d - median) for d in durations)
+    kept = [d for d in durations if d <= median + 3 * mad]
+    return statistics.fmean(kept)
+
+
+class GoodputAccountant:
+    def __init__(self, start: float, category: Category = Category.PROGRAM_STARTUP) -> None:
+        self.start = start
+        self._since = start
+        self._current = category
+        self._seconds = dict.fromkeys(Category, 0.0)
+        self.high_water = 0
+        """The highest step the job has completed (restored from or reported by the workload)."""
+        self._step_started: float | None = None
+        self.productive_step_seconds: list[float] = []
+
+    @property
+    def current(self) -> Category:
+        return self._current
+
+    def switch(self, category: Category, now: float) -> None:
+        self._seconds[self._current] += max(0.0, now - self._since)
+        self._current = category
+        self._since = now
+
+    def begin_step(self, step: int, now: float, *, first_of_start: bool) -> Category:
+        if first_of_start:
+            category = Category.PROGRAM_STARTUP
+        elif step > self.high_water:
+            category = Category.PRODUCTIVE
+        else:
+            category = Category.WASTED_PROGRESS
+        self.switch(category, now)
+        self._step_started = now
+        return category
+
+    def end_step(self, step: int, now: float) -> float | None:
+        """Close the step; returns its duration."""
+        duration = None if self._step_started is None else now - self._step_started
+        if self._current is Category.PRODUCTIVE and duration is not None:
+            self.productive_step_seconds.append(duration)
+        self.high_water = max(self.high_water, step)
+        self._step_started = None
+        self.switch(Category.OTHER, now)
+        return duration
+
+    def interrupt(self, now: float) -> None:
+        """The workload was stopped by a fault: the open interval was lost to the disruption."""
+        self._current = Category.INFRASTRUCTURE_RECOVERY
+        self._step_started = None
+        self.switch(Category.INFRASTRUCTURE_RECOVERY, now)
+
+    def seconds(self, now: float) -> dict[Category, float]:
+        """Totals per category including the open interval."""
+        totals = dict(self._seconds)
+        totals[self._current] += max(0.0, now - self._since)
+        return totals
+
+    def goodput(self, now: float) -> float:
+        wall = now - self.start
+        return self.seconds(now)[Category.PRODUCTIVE] / wall if wall > 0 else 0.0

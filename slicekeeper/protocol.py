@@ -1,0 +1,81 @@
+"""The wire between a supervisor and its workload, and the environment a workload starts with.
+
+Kept in the core, stdlib only, so the workload SDK (which must stay light) and the supervisor share
+one definition. Messages are JSON objects, one per line, over a Unix socket the supervisor listens on.
+
+Environment precedence: the supervisor sets every variable below for the workload it spawns; a
+value already present in the user's `spec.workload.env` is overridden for the `SLICEKEEPER_*`
+identity variables (the supervisor owns identity) and kept for everything else.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Any, Final
+
+# --- identity and wiring, set by the supervisor for the workload -------------------------------
+ENV_SOCKET: Final = "SLICEKEEPER_SOCKET"
+"""Unix socket path of this host's supervisor. Absent: the SDK runs standalone (events dropped)."""
+ENV_HOST: Final = "SLICEKEEPER_HOST"
+"""Global host index = JAX process id = slice * hosts_per_slice + worker."""
+ENV_NUM_HOSTS: Final = "SLICEKEEPER_NUM_HOSTS"
+ENV_GENERATION: Final = "SLICEKEEPER_GENERATION"
+"""Restart generation every host of the job agreed on; 0 for the first start."""
+ENV_COORDINATOR: Final = "SLICEKEEPER_COORDINATOR"
+"""host:port of the jax.distributed coordinator for this generation."""
+ENV_RESTORE_STEP: Final = "SLICEKEEPER_RESTORE_STEP"
+"""Checkpoint step every host agreed to restore, or empty for a fresh start."""
+ENV_TOTAL_STEPS: Final = "SLICEKEEPER_TOTAL_STEPS"
+ENV_CHECKPOINT_DIR: Final = "SLICEKEEPER_CHECKPOINT_DIR"
+"""This host's local checkpoint tier directory."""
+ENV_CHECKPOINT_INTERVAL: Final = "SLICEKEEPER_CHECKPOINT_INTERVAL"
+ENV_CHECKPOINT_KEEP: Final = "SLICEKEEPER_CHECKPOINT_KEEP"
+ENV_COMPILATION_CACHE: Final = "SLICEKEEPER_COMPILATION_CACHE"
+ENV_DEVICES_PER_HOST: Final = "SLICEKEEPER_DEVICES_PER_HOST"
+"""Local mode only: CPU devices this host process fakes."""
+
+# GKE TPU conventions (REFERENCES sec. 1), set in pods and by the local runtime alike.
+ENV_TPU_WORKER_ID: Final = "TPU_WORKER_ID"
+ENV_TPU_WORKER_HOSTNAMES: Final = "TPU_WORKER_HOSTNAMES"
+ENV_TPU_NAME: Final = "TPU_NAME"
+ENV_MEGASCALE_NUM_SLICES: Final = "MEGASCALE_NUM_SLICES"
+ENV_MEGASCALE_SLICE_ID: Final = "MEGASCALE_SLICE_ID"
+ENV_MEGASCALE_COORDINATOR_ADDRESS: Final = "MEGASCALE_COORDINATOR_ADDRESS"
+
+
+class Phase(StrEnum):
+    """What a workload reports it is doing between steps; each maps to a badput category."""
+
+    TPU_INITIALIZATION = "tpu_initialization"
+    TRAINING_PREP = "training_prep"
+    PROGRAM_STARTUP = "program_startup"
+    DATA_LOADING = "data_loading"
+    CHECKPOINT_SAVE = "checkpoint_save"
+    CHECKPOINT_RESTORE = "checkpoint_restore"
+    IDLE = "idle"
+    """Between steps, outside any reported phase."""
+
+
+class Event(StrEnum):
+    """Message types a workload sends to its supervisor."""
+
+    HELLO = "hello"
+    PHASE = "phase"
+    STEP_BEGIN = "step_begin"
+    STEP_END = "step_end"
+    CHECKPOINT_SAVED = "checkpoint_saved"
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    CHECKPOINT_RESTORED = "checkpoint_restored"
+    DONE = "done"
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
+
+
+def decode(line: bytes | str) -> dict[str, Any]:
+    value = json.loads(line)
+    if not isinstance(value, dict) or "type" not in value:
+        raise ValueError(f"not a slicekeeper message: {line!r}")
+    return value

@@ -1,0 +1,128 @@
+"""The end-of-run report: job-level goodput, badput by category, restarts, faults, fingerprint.
+
+Built from what each host's supervisor accounted and what the leader recorded. Job-level seconds are
+the mean over hosts, so `goodput + sum(badput_seconds) / wall_seconds == 1`; time a host did not
+account for (the runtime starting and stopping supervisors) counts as `other`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from slicekeeper.goodput import BADPUT, Category, ideal_step_seconds
+
+
+def _relative(value: float | None, start: float) -> float | None:
+    return None if value is None else round(value - start, 3)
+
+
+def build_report(
+    *,
+    job_name: str,
+    started_at: float,
+    wall_seconds: float,
+    summary: dict[str, Any],
+    hosts: list[dict[str, Any]],
+) -> dict[str, Any]:
+    productive = [h["seconds"][Category.PRODUCTIVE.value] for h in hosts]
+    badput: dict[str, float] = {}
+    for category in BADPUT:
+        badput[category.value] = (
+            statistics.fmean(h["seconds"][category.value] for h in hosts) if hosts else 0.0
+        )
+    unaccounted = (
+        statistics.fmean(max(0.0, wall_seconds - h["wall_seconds"]) for h in hosts) if hosts else wall_seconds
+    )
+    badput[Category.OTHER.value] += unaccounted
+    fingerprints = {v for v in summary.get("fingerprints", {}).values() if v}
+    faults = []
+    for fault in summary.get("faults", []):
+        fired, detected, resumed = fault["fired_at"], fault.get("detected_at"), fault.get("resumed_at")
+        faults.append(
+            {
+                "kind": fault["kind"],
+                "host": fault["host"],
+                "step": fault["step"],
+                "fired_at": _relative(fired, started_at),
+                "detected_as": fault.get("detected_as"),
+                "detected_at": _relative(detected, started_at),
+                "resumed_at": _relative(resumed, started_at),
+                "productive_at": _relative(fault.get("productive_at"), started_at),
+                "detection_seconds": None if detected is None else round(detected - fired, 3),
+                "recovery_seconds": None
+                if resumed is None or detected is None
+                else round(resumed - detected, 3),
+            }
+        )
+    all_steps = [d for h in hosts for d in h.get("productive_step_seconds", [])]
+    return {
+        "job": job_name,
+        "state": summary.get("state", "unknown"),
+        "failure_reason": summary.get("failure_reason"),
+        "steps_completed": summary.get("steps_completed", 0),
+        "goodput": round(statistics.fmean(productive) / wall_seconds, 4)
+        if hosts and wall_seconds > 0
+        else 0.0,
+        "badput_seconds": {k: round(v, 3) for k, v in badput.items()},
+        "productive_seconds": round(statistics.fmean(productive), 3) if hosts else 0.0,
+        "restarts": summary.get("restarts", {}),
+        "faults": faults,
+        "detections": [
+            {**d, "detected_at": _relative(d["detected_at"], started_at)}
+            for d in summary.get("detections", [])
+        ],
+        "params_fingerprint": fingerprints.pop() if len(fingerprints) == 1 else None,
+        "ideal_step_seconds": ideal_step_seconds(all_steps),
+        "wall_seconds": round(wall_seconds, 3),
+        "generations": summary.get("generations", 1),
+        "hosts": [
+            {
+                "host": h["host"],
+                "slice": h["slice"],
+                "worker": h["worker"],
+                "exit_code": h.get("exit_code"),
+                "goodput": round(h["seconds"][Category.PRODUCTIVE.value] / wall_seconds, 4)
+                if wall_seconds
+                else 0.0,
+                "last_checkpoint_step": h.get("last_checkpoint_step"),
+                "typical_step_seconds": h.get("typical_step_seconds"),
+            }
+            for h in hosts
+        ],
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [
+        f"job {report['job']}: {report['state']}"
+        + (f" ({report['failure_reason']})" if report.get("failure_reason") else ""),
+        f"  steps completed   {report['steps_completed']}",
+        f"  wall time         {report['wall_seconds']:.1f} s",
+        f"  goodput           {report['goodput']:.3f}",
+    ]
+    if report.get("ideal_step_seconds"):
+        lines.append(f"  ideal step time   {report['ideal_step_seconds'] * 1000:.0f} ms")
+    restarts = ", ".join(f"{k} {v}" for k, v in report["restarts"].items()) or "none"
+    lines.append(f"  restarts          {restarts}")
+    lines.append("  badput (s)")
+    for category, seconds in sorted(report["badput_seconds"].items(), key=lambda kv: -kv[1]):
+        if seconds >= 0.05:
+            lines.append(f"    {category:<24}{seconds:8.2f}")
+    for fault in report["faults"]:
+        detected = (
+            f"detected as {fault['detected_as']} after {fault['detection_seconds']:.2f} s"
+            if fault["detection_seconds"] is not None
+            else "not detected"
+        )
+        recovered = (
+            f", training again {fault['recovery_seconds']:.2f} s later"
+            if fault["recovery_seconds"] is not None
+            else ""
+        )
+        lines.append(
+            f"  fault {fault['kind']} host {fault['host']} @ step {fault['step']}: {detected}{recovered}"
+        )
+    if report.get("params_fingerprint"):
+        lines.append(f"  params fingerprint {report['params_fingerprint'][:16]}...")
+    return "\n".join(lines)

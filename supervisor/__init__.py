@@ -1,0 +1,1 @@
+"""The per-host supervisor: runs the workload, watches it, and restarts the job with its peers."""

@@ -1,0 +1,418 @@
+"""The supervisor of one TPU host: runs the workload, watches it, follows the job's leader.
+
+Per host, one asyncio loop does everything: it listens to the workload's SDK events on a Unix
+socket, watches the process (exits) and the clock (hangs), accounts goodput, injects the chaos
+faults aimed at this host, serves Prometheus metrics, and obeys the leader's start/stop/shutdown.
+The supervisor of slice 0 worker 0 also runs the leader (supervisor.coordination).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from slicekeeper.supervisor.coordination import Leader, send
+from slicekeeper.supervisor.hang import HangDetector
+from slicekeeper.supervisor.metrics import SupervisorMetrics
+from slicekeeper.supervisor.plan import JobPlan, free_port
+from slicekeeper.supervisor.workload_process import WorkloadProcess
+
+from slicekeeper import protocol
+from slicekeeper.chaos import Fault, FaultKind, parse_chaos
+from slicekeeper.goodput import Category, GoodputAccountant
+from slicekeeper.protocol import Event, Phase
+
+WATCH_INTERVAL = 0.05
+"""Seconds between hang checks; bounds the detection latency added on top of the timeout."""
+
+PHASE_CATEGORY = {
+    Phase.TPU_INITIALIZATION: Category.TPU_INITIALIZATION,
+    Phase.TRAINING_PREP: Category.TRAINING_PREP,
+    Phase.PROGRAM_STARTUP: Category.PROGRAM_STARTUP,
+    Phase.DATA_LOADING: Category.DATA_LOADING,
+    Phase.CHECKPOINT_SAVE: Category.CHECKPOINT_SAVE,
+    Phase.CHECKPOINT_RESTORE: Category.CHECKPOINT_RESTORE,
+    Phase.IDLE: Category.OTHER,
+}
+
+
+class HostSupervisor:
+    def __init__(self, plan: JobPlan, host: int) -> None:
+        self.plan = plan
+        self.host = host
+        self.job = plan.training_job
+        self.layout = plan.layout
+        self.identity = self.layout.host(host)
+        self.accountant = GoodputAccountant(time.time())
+        self.detector = HangDetector(self.job.spec.health)
+        self.metrics = SupervisorMetrics(lambda: self.accountant)
+        self.faults: list[Fault] = [f for f in parse_chaos(",".join(plan.chaos)) if f.host == host]
+        self.generation = -1
+        self.workload: WorkloadProcess | None = None
+        self._stopping = False
+        self._done_message: dict[str, Any] | None = None
+        self._hang_reported = False
+        self._first_step_pending = True
+        self._leader_writer: asyncio.StreamWriter | None = None
+        self._leader: Leader | None = None
+        self._exit_code: int | None = None
+        self._finished = asyncio.Event()
+        self._fingerprint: str | None = None
+        self._last_checkpoint: int | None = None
+        self._restarts: dict[str, int] = {}
+        self._dir = plan.host_dir(host)
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._socket_path = self._dir / "sdk.sock"
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._events = (self._dir / "events.jsonl").open("a", buffering=1)
+
+    def _spawn_task(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run in the background, holding a reference until done (the loop keeps only weak ones)."""
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _log(self, record: dict[str, Any]) -> None:
+        """Append to this host's event log (what happened, when): for post-mortems and replay."""
+        self._events.write(json.dumps({"t": time.time(), **record}) + "\n")
+
+    # --- entry --------------------------------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._terminate, f"received {signum.name}")
+        metrics_port = self.metrics.serve(self.plan.metrics_port + self.host if self.plan.metrics_port else 0)
+        with contextlib.suppress(FileNotFoundError):
+            self._socket_path.unlink()
+        sdk_server = await asyncio.start_unix_server(self._sdk_connection, path=str(self._socket_path))
+        leader_host, leader_port = self.plan.leader.rsplit(":", 1)
+        if self.host == 0:
+            self._leader = Leader(
+                self.plan.hosts,
+                self.job.spec.health.max_restarts,
+                self._coordinator_address,
+                Path(self.plan.run_dir) / "job-summary.json",
+            )
+            await self._leader.serve(leader_host, int(leader_port))
+            publisher = asyncio.create_task(self._leader.publish_status())
+        reader, self._leader_writer = await self._connect_leader(leader_host, int(leader_port))
+        await send(
+            self._leader_writer,
+            {"type": "register", "host": self.host, "metrics_port": metrics_port, "pid": os.getpid()},
+        )
+        watchdog = asyncio.create_task(self._watch_hangs())
+        try:
+            await self._follow_leader(reader)
+        finally:
+            watchdog.cancel()
+            if self.workload is not None and self.workload.running:
+                await self.workload.stop()
+            sdk_server.close()
+            self._write_report()
+            if self._leader is not None:
+                await asyncio.sleep(0.2)  # let the last broadcast reach the members and watchers
+                publisher.cancel()
+                await self._leader.close()
+        return self._exit_code if self._exit_code is not None else 1
+
+    def _coordinator_address(self, generation: int) -> str:
+        if self.plan.local:
+            return f"127.0.0.1:{free_port()}"
+        return f"{self.layout.hostname(self.layout.host(0))}:8476"
+
+    async def _connect_leader(
+        self, host: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        deadline = time.time() + 60
+        while True:
+            try:
+                return await asyncio.open_connection(host, port)
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+
+    def _terminate(self, reason: str) -> None:
+        self._exit_code = 130
+        if self.workload is not None:
+            self.workload.kill_group()
+        print(f"[host {self.host}] stopping: {reason}", file=sys.stderr, flush=True)
+        if self._leader_writer is not None:
+            self._leader_writer.close()
+        self._finished.set()
+
+    async def _report(self, message: dict[str, Any]) -> None:
+        if self._leader_writer is not None:
+            await send(self._leader_writer, {"host": self.host, "t": time.time(), **message})
+
+    # --- the leader's commands ----------------------------------------------------------------
+    async def _follow_leader(self, reader: asyncio.StreamReader) -> None:
+        lines = asyncio.create_task(self._leader_lines(reader))
+        finished = asyncio.create_task(self._finished.wait())
+        await asyncio.wait({lines, finished}, return_when=asyncio.FIRST_COMPLETED)
+        lines.cancel()
+        finished.cancel()
+
+    async def _leader_lines(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                line = await reader.readline()
+            except ConnectionError:
+                line = b""
+            if not line:
+                if self._exit_code is None:
+                    print(f"[host {self.host}] lost the leader; stopping", file=sys.stderr, flush=True)
+                    self._exit_code = 1
+                return
+            message = protocol.decode(line)
+            kind = message["type"]
+            if kind == "start":
+                await self._start(int(message["generation"]), message["coordinator"], message["restore_step"])
+            elif kind == "stop":
+                await self._stop(int(message["generation"]), message["kind"])
+            elif kind == "shutdown":
+                self._exit_code = 0
+                return
+            elif kind == "fail":
+                print(f"[host {self.host}] job failed: {message['reason']}", file=sys.stderr, flush=True)
+                self._exit_code = 1
+                return
+
+    def _workload_env(self, generation: int, coordinator: str, restore_step: int | None) -> dict[str, str]:
+        spec = self.job.spec
+        layout, ident = self.layout, self.identity
+        env = dict(os.environ)
+        env.update({e.name: e.value for e in spec.workload.env})
+        env.update(
+            {
+                protocol.ENV_SOCKET: str(self._socket_path),
+                protocol.ENV_HOST: str(self.host),
+                protocol.ENV_NUM_HOSTS: str(self.plan.hosts),
+                protocol.ENV_GENERATION: str(generation),
+                protocol.ENV_COORDINATOR: coordinator,
+                protocol.ENV_RESTORE_STEP: "" if restore_step is None else str(restore_step),
+                protocol.ENV_TOTAL_STEPS: str(self.plan.total_steps),
+                protocol.ENV_CHECKPOINT_DIR: str(self.plan.checkpoint_dir(self.host)),
+                protocol.ENV_CHECKPOINT_INTERVAL: str(spec.checkpoint.interval),
+                protocol.ENV_CHECKPOINT_KEEP: str(spec.checkpoint.max_to_keep),
+                protocol.ENV_TPU_WORKER_ID: str(ident.worker),
+                protocol.ENV_TPU_WORKER_HOSTNAMES: ",".join(layout.slice_hostnames(ident.slice)),
+                protocol.ENV_TPU_NAME: f"{layout.job_name}-s{ident.slice}",
+                protocol.ENV_MEGASCALE_NUM_SLICES: str(layout.slices),
+                protocol.ENV_MEGASCALE_SLICE_ID: str(ident.slice),
+            }
+        )
+        if self.plan.compilation_cache:
+            env[protocol.ENV_COMPILATION_CACHE] = self.plan.compilation_cache
+        if self.plan.local:
+            env[protocol.ENV_DEVICES_PER_HOST] = str(layout.devices_per_host)
+            env["JAX_PLATFORMS"] = "cpu"
+            env["XLA_FLAGS"] = (
+                env.get("XLA_FLAGS", "")
+                + f" --xla_force_host_platform_device_count={layout.devices_per_host}"
+            ).strip()
+        return env
+
+    def _argv(self) -> list[str]:
+        workload = self.job.spec.workload
+        argv = [*workload.command, *workload.args]
+        if self.plan.local and argv[0] in ("python", "python3"):
+            argv[0] = sys.executable  # the runtime's own environment has slicekeeper installed
+        return argv
+
+    async def _start(self, generation: int, coordinator: str, restore_step: int | None) -> None:
+        now = time.time()
+        self.generation = generation
+        self.metrics.generation.set(generation)
+        self._stopping = False
+        self._done_message = None
+        self._hang_reported = False
+        self._first_step_pending = True
+        self.accountant.switch(
+            Category.PROGRAM_STARTUP if generation == 0 else Category.INFRASTRUCTURE_RECOVERY, now
+        )
+        self.detector.restart(now)
+        self._log(
+            {"source": "leader", "type": "start", "generation": generation, "restore_step": restore_step}
+        )
+        self.workload = await WorkloadProcess.spawn(
+            self._argv(),
+            self._workload_env(generation, coordinator, restore_step),
+            self._dir / "workload.log",
+        )
+        self.accountant.switch(Category.PROGRAM_STARTUP, time.time())
+        await self._report({"type": "state", "state": "starting"})
+        self._spawn_task(self._watch_exit(self.workload, generation))
+
+    async def _stop(self, generation: int, kind: str) -> None:
+        if generation != self.generation:
+            return
+        self._stopping = True
+        self._log({"source": "leader", "type": "stop", "generation": generation, "kind": kind})
+        if self.workload is not None and self.workload.running:
+            await self.workload.stop()
+        self.accountant.interrupt(time.time())
+        self._restarts[kind] = self._restarts.get(kind, 0) + 1
+        self.metrics.restarts.labels(kind=kind).inc()
+        await self._report({"type": "stopped", "generation": generation})
+
+    # --- watching the workload ----------------------------------------------------------------
+    async def _watch_exit(self, workload: WorkloadProcess, generation: int) -> None:
+        status = await workload.wait()
+        if self._stopping or generation != self.generation or self._finished.is_set():
+            return
+        if status.succeeded and self._done_message is not None:
+            self.accountant.switch(Category.OTHER, time.time())
+            await self._report(
+                {
+                    "type": "finished",
+                    "generation": generation,
+                    "step": self._done_message["step"],
+                    "fingerprint": self._done_message.get("fingerprint"),
+                }
+            )
+            return
+        detail = status.describe() if not status.succeeded else "exit code 0 before training finished"
+        await self._report(
+            {
+                "type": "fault",
+                "generation": generation,
+                "kind": "crash",
+                "detail": f"workload {detail} (log: {workload.log_path})",
+            }
+        )
+
+    async def _watch_hangs(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL)
+            now = time.time()
+            self.metrics.hang_timeout.set(self.detector.limit())
+            if (
+                self.workload is None
+                or not self.workload.running
+                or self._stopping
+                or self._hang_reported
+                or self._done_message is not None
+            ):
+                continue
+            if self.detector.hung(now):
+                self._hang_reported = True
+                silent = self.detector.silent_for(now)
+                await self._report(
+                    {
+                        "type": "fault",
+                        "generation": self.generation,
+                        "kind": "hang",
+                        "detail": f"no progress for {silent:.1f} s (limit {self.detector.limit():.1f} s)",
+                    }
+                )
+
+    async def _sdk_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        generation = self.generation
+        try:
+            while line := await reader.readline():
+                if generation != self.generation or self._stopping:
+                    break  # a process of an older generation: its word no longer counts
+                await self._on_event(protocol.decode(line))
+        except (ConnectionError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    async def _on_event(self, message: dict[str, Any]) -> None:
+        now = time.time()
+        self._log({"source": "workload", "generation": self.generation, **message})
+        event = Event(message["type"])
+        if event is Event.PHASE:
+            phase = Phase(message["phase"])
+            self.detector.activity(now, phase)
+            self.accountant.switch(PHASE_CATEGORY[phase], now)
+        elif event is Event.STEP_BEGIN:
+            step = int(message["step"])
+            self.detector.activity(now, Phase.IDLE)
+            self.accountant.begin_step(step, now, first_of_start=self._first_step_pending)
+            self._inject(step, now)
+        elif event is Event.STEP_END:
+            step = int(message["step"])
+            duration = self.accountant.end_step(step, now)
+            self.detector.step_completed(now, duration)
+            self._first_step_pending = False
+            if duration is not None:
+                self.metrics.step_duration.observe(duration)
+            self.metrics.steps.inc()
+            self.metrics.step.set(step)
+            await self._report(
+                {"type": "progress", "generation": self.generation, "step": step, "loss": message.get("loss")}
+            )
+        elif event is Event.CHECKPOINT_SAVED:
+            self.detector.activity(now)
+            self._last_checkpoint = int(message["step"])
+            self.metrics.last_checkpoint_step.set(self._last_checkpoint)
+            await self._report({"type": "checkpoint", "step": self._last_checkpoint})
+        elif event is Event.CHECKPOINT_FAILED:
+            self.detector.activity(now)
+            self.metrics.checkpoint_failures.labels(tier=message.get("tier", "local")).inc()
+            print(
+                f"[host {self.host}] checkpoint of step {message['step']} failed: {message.get('reason')}",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif event is Event.DONE:
+            self.detector.activity(now)
+            self._done_message = message
+            self._fingerprint = message.get("fingerprint")
+        else:
+            self.detector.activity(now)
+
+    def _inject(self, step: int, now: float) -> None:
+        """Fire the chaos faults aimed at this host and this step (each exactly once)."""
+        for fault in [f for f in self.faults if f.step == step]:
+            self.faults.remove(fault)
+            assert self.workload is not None
+            self._spawn_task(
+                self._report({"type": "chaos", "kind": fault.kind.value, "step": step, "fault": str(fault)})
+            )
+            if fault.kind is FaultKind.KILL:
+                self.workload.signal(signal.SIGKILL)
+            elif fault.kind is FaultKind.HANG:
+                self.workload.signal(signal.SIGSTOP)
+
+    # --- the end ------------------------------------------------------------------------------
+    def _write_report(self) -> None:
+        now = time.time()
+        seconds = self.accountant.seconds(now)
+        report = {
+            "host": self.host,
+            "slice": self.identity.slice,
+            "worker": self.identity.worker,
+            "wall_seconds": now - self.accountant.start,
+            "seconds": {c.value: v for c, v in seconds.items()},
+            "high_water": self.accountant.high_water,
+            "productive_step_seconds": self.accountant.productive_step_seconds,
+            "restarts": self._restarts,
+            "fingerprint": self._fingerprint,
+            "last_checkpoint_step": self._last_checkpoint,
+            "typical_step_seconds": self.detector.typical_step_seconds,
+            "exit_code": self._exit_code,
+        }
+        (self._dir / "report.json").write_text(json.dumps(report, indent=1))
+        self._events.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m slicekeeper.supervisor")
+    parser.add_argument("--plan", required=True, type=Path, help="the job plan (plan.json)")
+    parser.add_argument("--host", required=True, type=int, help="this host's index (JAX process id)")
+    args = parser.parse_args(argv)
+    plan = JobPlan.read(args.plan)
+    return asyncio.run(HostSupervisor(plan, args.host).run())

@@ -1,0 +1,248 @@
+"""`slicekeeper run`: the job on one machine, one supervisor process per TPU host.
+
+The local runtime plays the operator's part with processes: it lays the job out (topology.local_layout),
+starts one supervisor per host (each runs one workload process), watches the leader's status to
+show live progress, and at the end gathers every host's accounting into the report. Ctrl-C stops
+every process it started: supervisors get SIGTERM, then SIGKILL; workloads die with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from slicekeeper.supervisor.plan import JobPlan, free_port
+from slicekeeper.supervisor.workload_process import die_with_parent
+
+from slicekeeper import protocol
+from slicekeeper.api import TrainingJob, dump_training_job
+from slicekeeper.chaos import check_hosts, parse_chaos
+from slicekeeper.errors import UserError
+from slicekeeper.report import build_report, format_report
+
+DEFAULT_CACHE = (
+    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slicekeeper" / "jax-compilation-cache"
+)
+STOP_GRACE_SECONDS = 5.0
+
+
+def _check_writable(path: Path, what: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".slicekeeper-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise UserError(f"{what}: '{path}' is not writable: {error.strerror or error}") from None
+
+
+class LocalRuntime:
+    def __init__(
+        self,
+        job: TrainingJob,
+        layout_hosts: int,
+        slices: int,
+        devices_per_host: int,
+        *,
+        steps: int | None = None,
+        chaos: str | None = None,
+        report_path: Path | None = None,
+        out: TextIO = sys.stdout,
+    ) -> None:
+        self.job = job
+        self.faults = parse_chaos(chaos)
+        check_hosts(self.faults, layout_hosts)
+        self.slices = slices
+        self.hosts = layout_hosts
+        self.devices_per_host = devices_per_host
+        self.total_steps = steps if steps is not None else job.spec.workload.steps
+        if self.total_steps < 1:
+            raise UserError("--steps: must be at least 1")
+        work_dir = job.spec.local.work_dir
+        if work_dir:
+            self.run_dir = (
+                Path(work_dir) / f"{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            )
+            _check_writable(self.run_dir, "spec.local.workDir")
+        else:
+            self.run_dir = Path(tempfile.mkdtemp(prefix=f"slicekeeper-{job.metadata.name}-"))
+        self.checkpoint_root = Path(job.spec.checkpoint.local_dir) / self.run_dir.name
+        _check_writable(self.checkpoint_root, "spec.checkpoint.localDir")
+        self.report_path = report_path or self.run_dir / "report.json"
+        _check_writable(self.report_path.parent, "--report")
+        self.out = out
+        self._supervisors: list[asyncio.subprocess.Process] = []
+        self._interrupted = False
+
+    def _say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def _plan(self) -> JobPlan:
+        return JobPlan(
+            job=dump_training_job(self.job),
+            slices=self.slices,
+            hosts_per_slice=self.hosts // self.slices,
+            devices_per_host=self.devices_per_host,
+            run_dir=str(self.run_dir),
+            leader=f"127.0.0.1:{free_port()}",
+            total_steps=self.total_steps,
+            checkpoint_root=str(self.checkpoint_root),
+            compilation_cache=os.environ.get("SLICEKEEPER_COMPILATION_CACHE", str(DEFAULT_CACHE)),
+            local=True,
+            chaos=[str(f) for f in self.faults],
+            metrics_port=self.job.spec.local.metrics_port,
+        )
+
+    async def run(self) -> dict[str, Any]:
+        plan = self._plan()
+        plan_path = self.run_dir / "plan.json"
+        plan.write(plan_path)
+        self._say(
+            f"slicekeeper: running {self.job.metadata.name} locally: {self.slices} slice(s) x "
+            f"{self.hosts // self.slices} host(s) x {self.devices_per_host} CPU device(s), "
+            f"{self.total_steps} steps"
+        )
+        if self.faults:
+            self._say("  chaos: " + ", ".join(str(f) for f in self.faults))
+        self._say(f"  run directory: {self.run_dir}  (plan, logs, reports)")
+        started = time.time()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self._interrupt)
+        try:
+            for host in range(self.hosts):
+                host_dir = plan.host_dir(host)
+                host_dir.mkdir(parents=True, exist_ok=True)
+                with (host_dir / "supervisor.log").open("ab") as log:
+                    self._supervisors.append(
+                        await asyncio.create_subprocess_exec(
+                            sys.executable,
+                            "-m",
+                            "slicekeeper.supervisor",
+                            "--plan",
+                            str(plan_path),
+                            "--host",
+                            str(host),
+                            stdin=asyncio.subprocess.DEVNULL,
+                            stdout=log,
+                            stderr=asyncio.subprocess.STDOUT,
+                            start_new_session=True,
+                            preexec_fn=die_with_parent,
+                        )
+                    )
+            watcher = asyncio.create_task(self._watch(plan.leader))
+            codes = await asyncio.gather(*(p.wait() for p in self._supervisors))
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        finally:
+            await self._stop_all()
+            shutil.rmtree(self.checkpoint_root, ignore_errors=True)
+        wall = time.time() - started
+        report = self._gather(plan, started, wall)
+        if self._interrupted:
+            report["state"], report["failure_reason"] = "interrupted", "stopped by the user (Ctrl-C)"
+        elif report["state"] != "succeeded" and not report.get("failure_reason"):
+            report["failure_reason"] = (
+                f"supervisors exited with {codes}; see {self.run_dir}/host-*/supervisor.log"
+            )
+        self.report_path.write_text(json.dumps(report, indent=1))
+        self._say("")
+        self._say(format_report(report))
+        self._say(f"  report: {self.report_path}")
+        return report
+
+    def _gather(self, plan: JobPlan, started: float, wall: float) -> dict[str, Any]:
+        summary_path = self.run_dir / "job-summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"state": "failed"}
+        hosts = []
+        for host in range(self.hosts):
+            path = plan.host_dir(host) / "report.json"
+            if path.exists():
+                hosts.append(json.loads(path.read_text()))
+        report = build_report(
+            job_name=self.job.metadata.name,
+            started_at=started,
+            wall_seconds=wall,
+            summary=summary,
+            hosts=hosts,
+        )
+        report["run_dir"] = str(self.run_dir)
+        return report
+
+    def _interrupt(self) -> None:
+        if not self._interrupted:
+            self._interrupted = True
+            self._say("\nslicekeeper: interrupted; stopping every host")
+        for process in self._supervisors:
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGTERM)
+
+    async def _stop_all(self) -> None:
+        """Nothing left running: SIGTERM, a grace period, then SIGKILL of each process group."""
+        alive = [p for p in self._supervisors if p.returncode is None]
+        for process in alive:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+        if alive:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(p.wait() for p in alive)), STOP_GRACE_SECONDS)
+        for process in self._supervisors:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+
+    async def _watch(self, leader: str) -> None:
+        """Show live progress from the leader's status lines."""
+        host, port = leader.rsplit(":", 1)
+        deadline = time.time() + 60
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(host, int(port))
+                break
+            except OSError:
+                if time.time() > deadline:
+                    return
+                await asyncio.sleep(0.1)
+        writer.write(protocol.encode({"type": "watch"}))
+        last_line = 0.0
+        printed_ports = False
+        while line := await reader.readline():
+            message = protocol.decode(line)
+            if message["type"] == "event":
+                self._say(f"  [{time.strftime('%H:%M:%S')}] {message['text']}")
+            elif message["type"] == "status":
+                ports = [h["metrics_port"] for h in message["hosts"]]
+                if not printed_ports and all(ports):
+                    printed_ports = True
+                    self._say(
+                        "  metrics: "
+                        + ", ".join(f"host {i} http://127.0.0.1:{p}/metrics" for i, p in enumerate(ports))
+                    )
+                if time.time() - last_line >= 2.0 and message["state"] in ("running", "stopping"):
+                    last_line = time.time()
+                    self._say("  " + _status_line(message, self.total_steps))
+
+
+def _status_line(status: dict[str, Any], total: int) -> str:
+    hosts = status["hosts"]
+    step = min(h["step"] for h in hosts)
+    losses = [h["loss"] for h in hosts if h["loss"] is not None]
+    rates = [h["steps_per_second"] for h in hosts if h["steps_per_second"]]
+    states = " ".join(f"{h['host']}:{h['state']}" for h in hosts)
+    loss = f"{losses[0]:.4f}" if losses else "-"
+    rate = f"{min(rates):.1f}" if rates else "-"
+    return f"step {step:>5}/{total}  loss {loss}  {rate} steps/s  gen {status['generation']}  hosts {states}"

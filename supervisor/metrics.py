@@ -1,0 +1,89 @@
+"""Prometheus metrics of one host's supervisor, read from its accountant at scrape time.
+
+Counters derived from the goodput accountant are produced by a custom collector (so they are
+exactly the accountant's figures, never a second bookkeeping); the rest are plain instruments on a
+registry of the supervisor's own (tests get a fresh one each).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from slicekeeper.goodput import BADPUT, Category, GoodputAccountant
+
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class _GoodputCollector(Collector):
+    def __init__(self, accountant: Callable[[], GoodputAccountant]) -> None:
+        self._accountant = accountant
+
+    def collect(self) -> Iterator[Metric]:
+        accountant = self._accountant()
+        now = time.time()
+        seconds = accountant.seconds(now)
+        productive = CounterMetricFamily(
+            "slicekeeper_productive_seconds", "Wall seconds spent in productive training steps."
+        )
+        productive.add_metric([], seconds[Category.PRODUCTIVE])
+        yield productive
+        badput = CounterMetricFamily(
+            "slicekeeper_badput_seconds", "Wall seconds lost, by badput category.", labels=["category"]
+        )
+        for category in BADPUT:
+            badput.add_metric([category.value], seconds[category])
+        yield badput
+        goodput = GaugeMetricFamily("slicekeeper_goodput_ratio", "Productive seconds / wall seconds.")
+        goodput.add_metric([], accountant.goodput(now))
+        yield goodput
+
+
+class SupervisorMetrics:
+    def __init__(
+        self, accountant: Callable[[], GoodputAccountant], registry: CollectorRegistry | None = None
+    ) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.registry.register(_GoodputCollector(accountant))
+        self.step_duration = Histogram(
+            "slicekeeper_step_duration_seconds",
+            "Training step time.",
+            buckets=STEP_BUCKETS,
+            registry=self.registry,
+        )
+        self.steps = Counter(
+            "slicekeeper_steps", "Training steps completed (re-executed ones too).", registry=self.registry
+        )
+        self.step = Gauge("slicekeeper_step", "Last completed training step.", registry=self.registry)
+        self.restarts = Counter(
+            "slicekeeper_restarts",
+            "Workload restarts, by the kind of fault that caused them.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.last_checkpoint_step = Gauge(
+            "slicekeeper_last_checkpoint_step",
+            "Newest committed local checkpoint step.",
+            registry=self.registry,
+        )
+        self.checkpoint_failures = Counter(
+            "slicekeeper_checkpoint_failures",
+            "Checkpoint saves that failed.",
+            ["tier"],
+            registry=self.registry,
+        )
+        self.hang_timeout = Gauge(
+            "slicekeeper_hang_timeout_seconds", "Current hang allowance.", registry=self.registry
+        )
+        self.generation = Gauge(
+            "slicekeeper_restart_generation", "Restart generation.", registry=self.registry
+        )
+
+    def serve(self, port: int, address: str = "127.0.0.1") -> int:
+        """Serve /metrics; returns the bound port (0 picks a free one)."""
+        server, _thread = start_http_server(port, addr=address, registry=self.registry)
+        return int(server.server_port)

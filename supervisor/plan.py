@@ -1,0 +1,67 @@
+"""Everything a supervisor needs to know about its job, written once by whoever starts it.
+
+The local runtime writes `plan.json` into the run directory; in a pod the same fields come from the
+rendered environment. Validated data only: the TrainingJob inside was checked by the pydantic model.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from slicekeeper.api import TrainingJob, parse_training_job
+from slicekeeper.topology import JobLayout
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    job: dict[str, object]
+    """The validated TrainingJob, as JSON (camelCase)."""
+    slices: int
+    hosts_per_slice: int
+    devices_per_host: int
+    run_dir: str
+    leader: str
+    """host:port of the coordination leader (slice 0, worker 0)."""
+    total_steps: int
+    checkpoint_root: str
+    compilation_cache: str | None
+    local: bool = True
+    chaos: list[str] = field(default_factory=list)
+    """Faults (as spec strings), each for the host it names."""
+    metrics_port: int = 0
+
+    @property
+    def training_job(self) -> TrainingJob:
+        return parse_training_job(self.job, "plan.json job")
+
+    @property
+    def layout(self) -> JobLayout:
+        return JobLayout(
+            str(self.training_job.metadata.name), self.slices, self.hosts_per_slice, self.devices_per_host
+        )
+
+    @property
+    def hosts(self) -> int:
+        return self.slices * self.hosts_per_slice
+
+    def host_dir(self, host: int) -> Path:
+        return Path(self.run_dir) / f"host-{host}"
+
+    def checkpoint_dir(self, host: int) -> Path:
+        return Path(self.checkpoint_root) / f"host-{host}"
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def read(cls, path: Path) -> JobPlan:
+        return cls(**json.loads(path.read_text()))
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    with socket.socket() as probe:
+        probe.bind((address, 0))
+        return int(probe.getsockname()[1])

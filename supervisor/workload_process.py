@@ -1,0 +1,95 @@
+"""Starting, signalling and classifying the workload process.
+
+The workload runs in its own process group (so a kill reaches every process it started) and dies
+with its supervisor (PR_SET_PDEATHSIG): a lost supervisor never leaves an orphan training process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """preexec_fn: SIGKILL this child when its parent exits (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    returncode: int
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.returncode < 0:
+            try:
+                return signal.Signals(-self.returncode).name
+            except ValueError:
+                return f"signal {-self.returncode}"
+        return None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.returncode == 0
+
+    def describe(self) -> str:
+        name = self.signal_name
+        return f"killed by {name}" if name else f"exit code {self.returncode}"
+
+
+class WorkloadProcess:
+    def __init__(self, process: asyncio.subprocess.Process, log_path: Path) -> None:
+        self._process = process
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def running(self) -> bool:
+        return self._process.returncode is None
+
+    @classmethod
+    async def spawn(
+        cls, argv: list[str], env: dict[str, str], log_path: Path, cwd: str | None = None
+    ) -> WorkloadProcess:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                env=env,
+                cwd=cwd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
+        return cls(process, log_path)
+
+    async def wait(self) -> ExitStatus:
+        return ExitStatus(await self._process.wait())
+
+    def signal(self, signum: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._process.pid, signum)
+
+    def kill_group(self) -> None:
+        """SIGKILL the workload and everything in its process group."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+        self.signal(signal.SIGKILL)
+
+    async def stop(self) -> ExitStatus:
+        self.kill_group()
+        return await self.wait()

@@ -1,0 +1,54 @@
+"""The --chaos grammar: KIND:key=value,...@step=S, comma-separated."""
+
+import pytest
+
+from slicekeeper.chaos import Fault, FaultKind, check_hosts, parse_chaos
+from slicekeeper.errors import UserError
+
+
+def test_the_issue_example_parses_into_two_faults():
+    faults = parse_chaos("kill:host=1@step=30,hang:host=0@step=60")
+    assert faults == [Fault(FaultKind.KILL, 30, {"host": "1"}), Fault(FaultKind.HANG, 60, {"host": "0"})]
+    assert [f.host for f in faults] == [1, 0]
+    assert str(faults[0]) == "kill:host=1@step=30"
+
+
+def test_an_empty_spec_is_no_faults():
+    assert parse_chaos(None) == []
+    assert parse_chaos("  ") == []
+
+
+def test_spaces_and_case_are_tolerated():
+    assert parse_chaos(" KILL:host=2@step=5 , hang:host=1@step=9") == [
+        Fault(FaultKind.KILL, 5, {"host": "2"}),
+        Fault(FaultKind.HANG, 9, {"host": "1"}),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("explode:host=1@step=3", "unknown fault kind 'explode'"),
+        ("kill host=1@step=3", "expected KIND:host=H@step=S"),
+        ("kill:host=1", "missing '@step=S'"),
+        ("kill:host=1@time=3", "the trigger must be '@step=S'"),
+        ("kill:host=1@step=x", "the trigger must be '@step=S'"),
+        ("kill:host=1@step=0", "step must be at least 1"),
+        ("kill:@step=3", "missing host="),
+        ("kill:host=a@step=3", "host must be a host index"),
+        ("kill:host=1,color=red@step=3", "unknown argument(s) color"),
+        ("kill:host=1,host=2@step=3", "argument 'host' given twice"),
+        ("kill:host=@step=3", "argument 'host' has no value"),
+    ],
+)
+def test_a_malformed_spec_names_the_fault_and_the_problem(spec, message):
+    with pytest.raises(UserError) as caught:
+        parse_chaos(spec)
+    assert message in str(caught.value)
+    assert str(caught.value).startswith("--chaos: fault")
+
+
+def test_a_host_that_does_not_exist_is_refused():
+    with pytest.raises(UserError, match="names host 4, but the job has 4 hosts"):
+        check_hosts(parse_chaos("kill:host=4@step=3"), 4)
+    check_hosts(parse_chaos("kill:host=3@step=3"), 4)

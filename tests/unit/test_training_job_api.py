@@ -1,0 +1,137 @@
+"""The TrainingJob models: defaults, derived geometry, and errors that name the field."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slicekeeper import api
+from slicekeeper.errors import UserError
+from slicekeeper.topology import cluster_layout, local_layout
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "trainingjob.yaml"
+
+
+def example() -> dict:
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def errors_for(document: dict) -> str:
+    with pytest.raises(UserError) as caught:
+        api.parse_training_job(document, "job.yaml")
+    return str(caught.value)
+
+
+def test_the_example_is_a_valid_four_host_job():
+    job = api.load_training_job(EXAMPLE)
+    assert job.metadata.name == "tiny-lm"
+    assert job.total_hosts == 4
+    assert job.slice_shape.topology == "2x2x2"
+
+
+def test_camel_case_on_the_wire_and_snake_case_in_python():
+    job = api.load_training_job(EXAMPLE)
+    assert job.spec.checkpoint.max_to_keep == 3
+    dumped = api.dump_training_job(job)
+    assert dumped["spec"]["checkpoint"]["maxToKeep"] == 3
+    assert api.parse_training_job(dumped) == job
+
+
+def test_a_minimal_job_gets_sane_defaults():
+    job = api.parse_training_job(
+        {
+            "apiVersion": "slicekeeper.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "a"},
+            "spec": {"tpu": {"type": "v5e-4"}},
+        }
+    )
+    assert job.spec.slices == 1
+    assert job.spec.workload.command == api.DEFAULT_COMMAND
+    assert job.spec.health.hang_timeout_floor_seconds == 2.0
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda d: d["spec"].update(foo=1), "spec.foo: unknown field"),
+        (
+            lambda d: d["spec"]["workload"].update(steps="many"),
+            "spec.workload.steps: Input should be a valid integer",
+        ),
+        (lambda d: d["spec"].update(slices=0), "spec.slices: Input should be greater than 0"),
+        (
+            lambda d: d["spec"]["workload"].update(steps=-5),
+            "spec.workload.steps: Input should be greater than 0",
+        ),
+        (lambda d: d["spec"]["tpu"].update(type="v9-8"), "spec.tpu: unknown TPU generation 'v9'"),
+        (lambda d: d["spec"]["tpu"].update(topology="4x4x4"), "spec.tpu: topology '4x4x4' has 64 chips"),
+        (lambda d: d["spec"]["health"].update(maxRestarts=-1), "spec.health.maxRestarts"),
+        (lambda d: d["metadata"].update(name="Bad_Name"), "metadata.name: must be a DNS label"),
+        (lambda d: d.update(kind="Pod"), "kind: Input should be 'TrainingJob'"),
+        (
+            lambda d: d["spec"]["workload"]["env"].append({"value": "x"}),
+            "spec.workload.env[0].name: Field required",
+        ),
+    ],
+)
+def test_bad_input_names_the_field_and_the_problem(mutate, expected):
+    document = example()
+    document["spec"]["workload"].setdefault("env", [])
+    mutate(document)
+    message = errors_for(document)
+    assert message.startswith("job.yaml: invalid TrainingJob")
+    assert expected in message
+
+
+def test_every_problem_is_listed_at_once():
+    document = example()
+    document["spec"]["slices"] = 0
+    document["spec"]["bogus"] = True
+    message = errors_for(document)
+    assert "spec.slices" in message and "spec.bogus" in message
+
+
+def test_an_unreadable_or_malformed_file_is_a_clear_error(tmp_path):
+    with pytest.raises(UserError, match="cannot read the TrainingJob file"):
+        api.load_training_job(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("spec: [unclosed")
+    with pytest.raises(UserError, match="not valid YAML"):
+        api.load_training_job(broken)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    with pytest.raises(UserError, match="the file is empty"):
+        api.load_training_job(empty)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42")
+    with pytest.raises(UserError, match="expected a TrainingJob mapping"):
+        api.load_training_job(scalar)
+
+
+def test_local_layout_keeps_slices_and_scales_hosts_down():
+    job = api.load_training_job(EXAMPLE)
+    layout = local_layout(job)
+    assert (layout.slices, layout.hosts_per_slice, layout.devices_per_host) == (2, 2, 2)
+    assert layout.host(3) == layout.host(3).__class__(3, 1, 1)
+    assert layout.slice_hostnames(1) == ["tiny-lm-s1-w0", "tiny-lm-s1-w1"]
+
+
+def test_local_layout_defaults_to_at_most_four_hosts():
+    document = example()
+    document["spec"]["tpu"] = {"type": "v4-128"}  # 16 hosts per slice
+    del document["spec"]["local"]["hosts"]
+    layout = local_layout(api.parse_training_job(document))
+    assert layout.hosts == 4 and layout.slices == 2
+
+
+def test_local_hosts_that_do_not_split_over_slices_are_refused():
+    document = example()
+    document["spec"]["local"]["hosts"] = 3
+    with pytest.raises(UserError, match=r"spec\.local\.hosts: 3 hosts do not split evenly over 2 slices"):
+        local_layout(api.parse_training_job(document))
+
+
+def test_cluster_layout_follows_the_tpu_table():
+    layout = cluster_layout(api.load_training_job(EXAMPLE))
+    assert (layout.slices, layout.hosts_per_slice, layout.devices_per_host) == (2, 2, 4)

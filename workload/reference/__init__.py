@@ -1,0 +1,1 @@
+"""Reference trainers that run under the slicekeeper supervisor (the default workload)."""

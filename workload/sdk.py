@@ -1,0 +1,146 @@
+"""Session: a training loop's connection to its supervisor.
+
+Events are fire-and-forget lines on a Unix socket: a step costs one small `send` each side. When the
+supervisor is gone (it kills us on restart anyway) or absent (standalone run, tests), events are
+dropped and the loop runs as if unsupervised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from slicekeeper import protocol
+from slicekeeper.protocol import Event, Phase
+
+
+@dataclass(frozen=True)
+class HostIdentity:
+    """Who this process is in the job, from the environment the supervisor set."""
+
+    host: int
+    num_hosts: int
+    generation: int
+    coordinator: str | None
+    restore_step: int | None
+    total_steps: int
+    checkpoint_dir: str | None
+    checkpoint_interval: int
+    checkpoint_keep: int
+    compilation_cache: str | None
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> HostIdentity:
+        env = dict(os.environ) if env is None else env
+        restore = env.get(protocol.ENV_RESTORE_STEP, "")
+        return cls(
+            host=int(env.get(protocol.ENV_HOST, "0")),
+            num_hosts=int(env.get(protocol.ENV_NUM_HOSTS, "1")),
+            generation=int(env.get(protocol.ENV_GENERATION, "0")),
+            coordinator=env.get(protocol.ENV_COORDINATOR) or None,
+            restore_step=int(restore) if restore else None,
+            total_steps=int(env.get(protocol.ENV_TOTAL_STEPS, "100")),
+            checkpoint_dir=env.get(protocol.ENV_CHECKPOINT_DIR) or None,
+            checkpoint_interval=int(env.get(protocol.ENV_CHECKPOINT_INTERVAL, "10")),
+            checkpoint_keep=int(env.get(protocol.ENV_CHECKPOINT_KEEP, "3")),
+            compilation_cache=env.get(protocol.ENV_COMPILATION_CACHE) or None,
+        )
+
+
+@dataclass
+class StepRecord:
+    """Filled in by the loop inside `with session.step(n)`; sent with the step-end event."""
+
+    step: int
+    loss: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Session:
+    def __init__(self, identity: HostIdentity, sock: socket.socket | None) -> None:
+        self.identity = identity
+        self._sock = sock
+
+    # --- identity ---------------------------------------------------------------------------
+    @property
+    def total_steps(self) -> int:
+        return self.identity.total_steps
+
+    @property
+    def supervised(self) -> bool:
+        return self._sock is not None
+
+    def jax_distributed_args(self) -> dict[str, Any]:
+        """Keyword arguments for `jax.distributed.initialize` for this generation."""
+        if self.identity.coordinator is None:
+            return {}  # on GKE JAX reads the TPU_* / MEGASCALE_* variables itself
+        return {
+            "coordinator_address": self.identity.coordinator,
+            "num_processes": self.identity.num_hosts,
+            "process_id": self.identity.host,
+        }
+
+    # --- events -----------------------------------------------------------------------------
+    def _send(self, event: Event, **fields: Any) -> None:
+        if self._sock is None:
+            return
+        try:
+            self._sock.sendall(protocol.encode({"type": event.value, "t": time.time(), **fields}))
+        except OSError:
+            self._sock = None  # the supervisor is gone; keep training, it will decide our fate
+
+    @contextlib.contextmanager
+    def phase(self, phase: Phase) -> Iterator[None]:
+        """Report a non-step phase (initialization, restore, save, ...) for the time of the block."""
+        self._send(Event.PHASE, phase=phase.value)
+        try:
+            yield
+        finally:
+            self._send(Event.PHASE, phase=Phase.IDLE.value)
+
+    @contextlib.contextmanager
+    def step(self, step: int) -> Iterator[StepRecord]:
+        """Bracket one training step; the loop must block on the step's result inside the block."""
+        record = StepRecord(step)
+        self._send(Event.STEP_BEGIN, step=step)
+        yield record
+        self._send(Event.STEP_END, step=step, loss=record.loss, **record.extra)
+
+    def checkpoint_saved(self, step: int, tier: str = "local") -> None:
+        """A checkpoint for `step` is committed (durable and complete) on this host."""
+        self._send(Event.CHECKPOINT_SAVED, step=step, tier=tier)
+
+    def checkpoint_failed(self, step: int, tier: str = "local", reason: str = "") -> None:
+        """A save for `step` failed: it must never be used; training goes on."""
+        self._send(Event.CHECKPOINT_FAILED, step=step, tier=tier, reason=reason)
+
+    def checkpoint_restored(self, step: int, tier: str = "local") -> None:
+        self._send(Event.CHECKPOINT_RESTORED, step=step, tier=tier)
+
+    def done(self, step: int, fingerprint: str | None = None) -> None:
+        """Training finished on this host after `step`; `fingerprint` identifies the final parameters."""
+        self._send(Event.DONE, step=step, fingerprint=fingerprint)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
+
+
+def connect(env: dict[str, str] | None = None) -> Session:
+    """Connect to this host's supervisor (or run standalone when none is configured)."""
+    identity = HostIdentity.from_env(env)
+    path = (dict(os.environ) if env is None else env).get(protocol.ENV_SOCKET)
+    sock: socket.socket | None = None
+    if path:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+    session = Session(identity, sock)
+    session._send(Event.HELLO, pid=os.getpid(), generation=identity.generation)
+    return session
