@@ -108,6 +108,9 @@ class HealthSpec(Model):
     max_restarts: Annotated[int, Field(ge=0)] = Field(
         default=10, description="In-job restarts allowed before the job fails."
     )
+    max_restarts_without_progress: PositiveInt = Field(
+        default=3, description="Consecutive restarts with no completed step before the job fails."
+    )
     hang_timeout_floor_seconds: PositiveFloat = Field(
         default=2.0, description="The hang timeout never goes below this many seconds."
     )

@@ -90,9 +90,13 @@ class Leader:
         max_restarts: int,
         coordinator_address: Callable[[int], str],
         summary_path: Path | None = None,
+        max_restarts_without_progress: int = 3,
     ) -> None:
         self.hosts = hosts
         self.max_restarts = max_restarts
+        self.max_restarts_without_progress = max_restarts_without_progress
+        self._progress_this_generation = False
+        self._restarts_without_progress = 0
         self._coordinator_address = coordinator_address
         self._summary_path = summary_path
         self.state = JobState.REGISTERING
@@ -169,6 +173,10 @@ class Leader:
             await self._progress(host, message)
         elif kind == "checkpoint":
             status.committed.add(int(message["step"]))
+            if message.get("retained") is not None:
+                status.committed &= {int(s) for s in message["retained"]}
+        elif kind == "checkpoint_invalid":
+            status.committed.discard(int(message["step"]))
         elif kind == "chaos":
             record = FaultRecord(message["kind"], host, int(message["step"]), float(message["t"]))
             self.faults.append(record)
@@ -198,6 +206,7 @@ class Leader:
         step, now = int(message["step"]), float(message["t"])
         status.step, status.loss, status.state = step, message.get("loss"), "training"
         status.steps_seen.append((now, step))
+        self._progress_this_generation = True
         del status.steps_seen[:-50]
         for record in list(self._awaiting_resume):
             if self.generation <= record.detected_in_generation:
@@ -223,6 +232,15 @@ class Leader:
                 record.detected_in_generation = generation
                 self._awaiting_resume.append(record)
         await self._event(f"{kind} detected on host {host}: {detail}", host=host, kind=kind)
+        self._restarts_without_progress = (
+            0 if self._progress_this_generation else self._restarts_without_progress + 1
+        )
+        if self._restarts_without_progress >= self.max_restarts_without_progress:
+            await self._fail(
+                f"no progress across {self._restarts_without_progress} consecutive starts "
+                f"(spec.health.maxRestartsWithoutProgress); last fault: {kind} on host {host} ({detail})"
+            )
+            return
         if sum(self.restarts.values()) >= self.max_restarts:
             await self._fail(
                 f"restart budget spent: {self.max_restarts} in-job restarts (spec.health.maxRestarts); "
@@ -248,6 +266,7 @@ class Leader:
         if self.detections:
             self.detections[-1].restore_step = restore_step
         self.state = JobState.RUNNING
+        self._progress_this_generation = False
         self._finished.clear()
         address = self._coordinator_address(self.generation)
         await self._broadcast(

@@ -100,6 +100,7 @@ class HostSupervisor:
                 self.job.spec.health.max_restarts,
                 self._coordinator_address,
                 Path(self.plan.run_dir) / "job-summary.json",
+                self.job.spec.health.max_restarts_without_progress,
             )
             await self._leader.serve(leader_host, int(leader_port))
             publisher = asyncio.create_task(self._leader.publish_status())
@@ -356,10 +357,13 @@ class HostSupervisor:
             self.detector.activity(now)
             self._last_checkpoint = int(message["step"])
             self.metrics.last_checkpoint_step.set(self._last_checkpoint)
-            await self._report({"type": "checkpoint", "step": self._last_checkpoint})
+            await self._report(
+                {"type": "checkpoint", "step": self._last_checkpoint, "retained": message.get("retained")}
+            )
         elif event is Event.CHECKPOINT_FAILED:
             self.detector.activity(now)
             self.metrics.checkpoint_failures.labels(tier=message.get("tier", "local")).inc()
+            await self._report({"type": "checkpoint_invalid", "step": int(message["step"])})
             print(
                 f"[host {self.host}] checkpoint of step {message['step']} failed: {message.get('reason')}",
                 file=sys.stderr,

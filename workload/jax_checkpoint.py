@@ -2,26 +2,21 @@
 
 Each host saves only the shards it holds (its addressable shards) into its own local tier, so no
 host waits on another to save and a host's copy survives a restart of the job. The blocking part
-of a save is the copy of those shards to host memory; writing happens on a background thread.
-The supervisor learns a step is committed through `checkpoint_saved`, and at restart tells every
-host which step all of them hold (`restore_step`).
+of a save is the copy of those shards to host memory; writing happens on a background thread
+(workload.checkpointing), and restores rebuild the global arrays on the current mesh.
 """
 
 from __future__ import annotations
 
 import hashlib
-import sys
 from collections.abc import Callable
-from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
-from slicekeeper.workload.local_tier import LocalTier, Shards
+from slicekeeper.workload.checkpointing import Checkpointer
+from slicekeeper.workload.local_tier import Shards
 from slicekeeper.workload.sdk import Session
-
-from slicekeeper.protocol import Phase
 
 
 def _index_key(index: tuple[slice, ...], shape: tuple[int, ...]) -> str:
@@ -78,48 +73,22 @@ def fingerprint(tree: Any) -> str:
 
 
 class JaxCheckpointer:
-    """Saves every `interval` steps into this host's local tier; restores the agreed step."""
+    """The local tier for a sharded JAX state: each host saves and restores only its own shards."""
 
-    def __init__(self, session: Session, directory: str | Path, interval: int, keep: int) -> None:
-        self._session = session
-        self._interval = interval
-        self.tier = LocalTier(directory, keep)
-        self._pending: list[tuple[int, Future[None]]] = []
+    def __init__(self, session: Session) -> None:
+        self._checkpointer = Checkpointer(session)
 
     def restore(self, step: int | None, target: Any) -> Any | None:
-        """Restore `step` into arrays laid out like `target`; None (a fresh start) when step is None.
-
-        Local steps newer than the agreed one are dropped first: not every host holds them.
-        """
-        self.tier.discard_after(step)
-        if step is None:
+        """Restore `step` into arrays laid out like `target`; None (a fresh start) when step is None."""
+        shards = self._checkpointer.restore(step)
+        if shards is None:
             return None
-        with self._session.phase(Phase.CHECKPOINT_RESTORE):
-            state = from_host_shards(self.tier.restore(step), target)
-            jax.block_until_ready(state)
-        self._session.checkpoint_restored(step, tier="local")
+        state = from_host_shards(shards, target)
+        jax.block_until_ready(state)
         return state
 
     def maybe_save(self, step: int, state: Any) -> None:
-        """Report saves that finished since the last call; start a save when `step` is due."""
-        self.poll()
-        if step % self._interval:
-            return
-        with self._session.phase(Phase.CHECKPOINT_SAVE):
-            shards = host_shards(state)  # the blocking part: device-to-host copy
-        self._pending.append((step, self.tier.save_async(step, shards)))
-
-    def poll(self) -> None:
-        """Report every finished save; a failed one is reported as failed, never as committed."""
-        while self._pending and self._pending[0][1].done():
-            step, future = self._pending.pop(0)
-            error = future.exception()
-            if error is None:
-                self._session.checkpoint_saved(step, tier="local")
-            else:
-                print(f"slicekeeper: local checkpoint of step {step} failed: {error!r}", file=sys.stderr)
-                self._session.checkpoint_failed(step, tier="local", reason=repr(error))
+        self._checkpointer.maybe_save(step, lambda: host_shards(state))
 
     def close(self) -> None:
-        self.tier.close()
-        self.poll()
+        self._checkpointer.close()

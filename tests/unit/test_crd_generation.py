@@ -41,3 +41,36 @@ def test_the_crd_has_status_subresource_printer_columns_and_short_name():
     assert {c["name"] for c in version["additionalPrinterColumns"]} >= {"Phase", "Goodput", "Age"}
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert spec["properties"]["slices"]["minimum"] == 0 and spec["properties"]["slices"]["exclusiveMinimum"]
+
+
+def _as_json_schema(node):
+    """OpenAPI 3.0 -> JSON Schema draft 4 (whose exclusiveMinimum is the same boolean form)."""
+    if isinstance(node, list):
+        return [_as_json_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    converted = {k: _as_json_schema(v) for k, v in node.items() if k != "nullable"}
+    if node.get("nullable") and "type" in converted:
+        converted["type"] = [converted["type"], "null"]
+    return converted
+
+
+def _validator():
+    import jsonschema
+
+    document = yaml.safe_load(CRD_FILE.read_text())
+    schema = _as_json_schema(document["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    return jsonschema.Draft4Validator(schema)
+
+
+def test_the_crd_schema_accepts_the_example():
+    example = yaml.safe_load((Path(__file__).parents[2] / "examples" / "trainingjob.yaml").read_text())
+    assert list(_validator().iter_errors(example)) == []
+
+
+def test_the_crd_schema_rejects_what_the_models_reject():
+    example = yaml.safe_load((Path(__file__).parents[2] / "examples" / "trainingjob.yaml").read_text())
+    example["spec"]["slices"] = 0
+    example["spec"]["checkpoint"]["interval"] = "often"
+    messages = [e.message for e in _validator().iter_errors(example)]
+    assert len(messages) == 2

@@ -62,10 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     with session.phase(sk.Phase.TRAINING_PREP):
         devices = np.array(jax.devices()).reshape(jax.process_count(), -1)
         model = ShardedModel(config, Mesh(devices, ("data", "model")))
-        checkpoint_dir = identity.checkpoint_dir or f"/tmp/slicekeeper-standalone/host-{identity.host}"
-        checkpointer = JaxCheckpointer(
-            session, checkpoint_dir, identity.checkpoint_interval, identity.checkpoint_keep
-        )
+        checkpointer = JaxCheckpointer(session)
     state = checkpointer.restore(identity.restore_step, model.abstract_state())
     if state is None:
         with session.phase(sk.Phase.TRAINING_PREP):

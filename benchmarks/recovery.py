@@ -1,0 +1,515 @@
+"""Benchmark of in-job restart: fault detection latency, recovery time, checkpoint save stall.
+
+What it measures, over `--runs` local runs of the example TrainingJob (4 host processes, CPU devices),
+each started as `slicekeeper run JOB --steps N --chaos "kill:host=2@step=40,hang:host=0@step=80"
+--report PATH` in a subprocess. One run carries both faults, one after the other:
+
+- crash detection latency: the kill fired (the supervisor SIGKILLs its workload) -> the leader records
+  the fault as detected (`faults[].detection_seconds` of the report, kind `kill`);
+- hang detection latency: the hang fired (SIGSTOP) -> detected (`detection_seconds`, kind `hang`),
+  next to the typical step time of that run, since the hang timeout is derived from it: the median
+  duration of the steps (step_begin -> step_end in the hosts' events.jsonl, the first step of every
+  start left out, since it includes compilation);
+- recovery time of the in-job restart, per fault: detection -> first step completed after the restart
+  (`resumed_at - detected_at`) and detection -> first step completed beyond the job's pre-fault
+  high-water mark (`productive_at - detected_at`), i.e. including the steps executed again;
+- checkpoint save stall: per host, the time from each `phase` event with phase `checkpoint_save` to the
+  next `phase` event in host-N/events.jsonl (the blocking part of a save; the write itself runs in
+  the background), divided by the host's completed steps; the mean over hosts, as seconds per step and
+  as a share of the typical step time. Also the report's `checkpoint_save` badput (mean over hosts).
+
+Targets: crash detected in < 1 s; hang detected within 3 x typical step time + 2 s (the hang timeout is
+max(2 s, 3 x typical step) by default); productive again < 10 s after detection (the resumed figure is
+reported against the same bound). A target is met when every run meets it. The table shows the
+median, min and max over runs. A run fails (exit status 1, after the remaining runs) when
+`slicekeeper run` fails or times out, or a fault was not detected or not recovered from.
+
+    .venv/bin/python benchmarks/recovery.py [--runs 3] [--steps 120] [--json figures.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_JOB = REPO / "examples" / "trainingjob.yaml"
+DEFAULT_CHAOS = "kill:host=2@step=40,hang:host=0@step=80"
+
+CRASH_TARGET_SECONDS = 1.0
+HANG_TARGET_FACTOR = 3.0
+HANG_TARGET_SLACK_SECONDS = 2.0
+RECOVERY_TARGET_SECONDS = 10.0
+
+
+class RunFailed(Exception):
+    """A run that yields no usable figures (the job failed, timed out, or a fault went unhandled)."""
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+# --- figures of one run -----------------------------------------------------------------------------
+@dataclass
+class FaultFigures:
+    kind: str
+    host: int
+    step: int
+    detected_as: str | None
+    detection_seconds: float
+    resumed_seconds: float
+    """Detection -> first step completed after the restart."""
+    productive_seconds: float
+    """Detection -> first step completed beyond the pre-fault high-water mark."""
+
+
+@dataclass
+class CheckpointFigures:
+    saves: int
+    """checkpoint_save phases closed, over all hosts."""
+    save_seconds_mean: float
+    """Mean duration of one checkpoint_save phase."""
+    stall_seconds_per_step: float
+    """Mean over hosts of (time in checkpoint_save) / (steps the host completed)."""
+    badput_seconds: float
+    """The report's checkpoint_save badput (mean over hosts)."""
+
+
+@dataclass
+class RunFigures:
+    run: int
+    wall_seconds: float
+    goodput: float
+    typical_step_seconds: float
+    ideal_step_seconds: float | None
+    faults: list[FaultFigures]
+    checkpoint: CheckpointFigures
+    run_dir: str
+
+    def fault(self, kind: str) -> FaultFigures:
+        for figures in self.faults:
+            if figures.kind == kind:
+                return figures
+        raise KeyError(kind)
+
+
+# --- reading a run's artifacts ----------------------------------------------------------------------
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """One host's events.jsonl, in time order (a torn last line, from a killed writer, is skipped)."""
+    events = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            events.append(json.loads(line))
+    return sorted(events, key=lambda e: float(e["t"]))
+
+
+def step_durations(events: list[dict[str, Any]]) -> list[float]:
+    """Completed step durations (step_begin -> step_end of the same generation), first of each start out."""
+    durations = []
+    begun: dict[tuple[int, int], float] = {}
+    seen_generations: set[int] = set()
+    for event in events:
+        if event.get("source") != "workload":
+            continue
+        key = (int(event.get("generation", -1)), int(event.get("step", -1)))
+        if event["type"] == "step_begin":
+            begun[key] = float(event["t"])
+        elif event["type"] == "step_end" and key in begun:
+            if key[0] in seen_generations:
+                durations.append(float(event["t"]) - begun[key])
+            seen_generations.add(key[0])
+    return durations
+
+
+def checkpoint_save_seconds(events: list[dict[str, Any]]) -> list[float]:
+    """Each checkpoint_save phase: its phase event to the next phase event of the same workload process.
+
+    A save cut short by a fault (no phase event follows in that generation) is left out.
+    """
+    saves = []
+    open_save: tuple[int, float] | None = None
+    for event in events:
+        if event.get("source") != "workload" or event["type"] != "phase":
+            continue
+        generation, t = int(event.get("generation", -1)), float(event["t"])
+        if open_save is not None and open_save[0] == generation:
+            saves.append(t - open_save[1])
+        open_save = (generation, t) if event["phase"] == "checkpoint_save" else None
+    return saves
+
+
+def completed_steps(events: list[dict[str, Any]]) -> int:
+    """Steps this host completed, executed-again ones included (they paid for their saves, too)."""
+    return sum(1 for e in events if e.get("source") == "workload" and e["type"] == "step_end")
+
+
+def analyse(run: int, report: dict[str, Any]) -> RunFigures:
+    """The figures of one run from its report and its hosts' event logs; RunFailed if unusable."""
+    if report.get("state") != "succeeded":
+        raise RunFailed(f"job {report.get('state')}: {report.get('failure_reason')}")
+    run_dir = Path(report["run_dir"])
+    host_events = [read_events(path) for path in sorted(run_dir.glob("host-*/events.jsonl"))]
+    if not host_events:
+        raise RunFailed(f"no host-*/events.jsonl under {run_dir}")
+
+    durations = [d for events in host_events for d in step_durations(events)]
+    if not durations:
+        raise RunFailed("no completed steps in the event logs")
+    typical = statistics.median(durations)
+
+    faults = []
+    for fault in report["faults"]:
+        where = f"fault {fault['kind']} host {fault['host']} @ step {fault['step']}"
+        for key in ("detected_at", "resumed_at", "productive_at"):
+            if fault.get(key) is None:
+                raise RunFailed(f"{where}: no {key} in the report")
+        faults.append(
+            FaultFigures(
+                kind=fault["kind"],
+                host=int(fault["host"]),
+                step=int(fault["step"]),
+                detected_as=fault.get("detected_as"),
+                detection_seconds=float(fault["detected_at"]) - float(fault["fired_at"]),
+                resumed_seconds=float(fault["resumed_at"]) - float(fault["detected_at"]),
+                productive_seconds=float(fault["productive_at"]) - float(fault["detected_at"]),
+            )
+        )
+    kinds = sorted(f.kind for f in faults)
+    if kinds != ["hang", "kill"]:
+        raise RunFailed(f"expected one kill and one hang in the report, found {kinds or 'none'}")
+
+    saves = [s for events in host_events for s in checkpoint_save_seconds(events)]
+    per_step = [
+        sum(checkpoint_save_seconds(events)) / steps
+        for events in host_events
+        if (steps := completed_steps(events)) > 0
+    ]
+    checkpoint = CheckpointFigures(
+        saves=len(saves),
+        save_seconds_mean=statistics.fmean(saves) if saves else 0.0,
+        stall_seconds_per_step=statistics.fmean(per_step) if per_step else 0.0,
+        badput_seconds=float(report["badput_seconds"].get("checkpoint_save", 0.0)),
+    )
+    return RunFigures(
+        run=run,
+        wall_seconds=float(report["wall_seconds"]),
+        goodput=float(report["goodput"]),
+        typical_step_seconds=typical,
+        ideal_step_seconds=report.get("ideal_step_seconds"),
+        faults=faults,
+        checkpoint=checkpoint,
+        run_dir=str(run_dir),
+    )
+
+
+# --- running ----------------------------------------------------------------------------------------
+def slicekeeper_command() -> list[str]:
+    """The `slicekeeper` console script of this interpreter's environment (or the module, failing that)."""
+    script = Path(sys.executable).parent / "slicekeeper"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "slicekeeper.cli"]
+
+
+def run_once(argv: list[str], log_path: Path, timeout: float, echo_prefix: str) -> tuple[int, float]:
+    """Run one job; its output goes to log_path, leader events (`  [hh:mm:ss] ...`) are echoed.
+
+    Returns (exit status, seconds). On timeout the whole process group is killed (status -9).
+    """
+    started = time.monotonic()
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its own process group: a timeout takes every host with it
+        )
+
+        def kill_group() -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout, kill_group)
+        timer.start()
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                log.write(line)
+                if line.startswith("  ["):
+                    say(echo_prefix + line.rstrip())
+            status = process.wait()
+        except KeyboardInterrupt:
+            process.send_signal(signal.SIGINT)  # `slicekeeper run` stops its hosts on Ctrl-C
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=15)
+            kill_group()
+            raise
+        finally:
+            timer.cancel()
+    return status, time.monotonic() - started
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+# --- the table --------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    metric: str
+    values: list[float]
+    unit: str
+    target: str = "-"
+    met: list[bool] = field(default_factory=list)
+    """Per run; empty: no target."""
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "unit": self.unit,
+            "median": statistics.median(self.values),
+            "min": min(self.values),
+            "max": max(self.values),
+            "target": self.target,
+            "met": None if not self.met else all(self.met),
+            "runs_meeting_target": None if not self.met else sum(self.met),
+        }
+
+
+def build_rows(runs: list[RunFigures]) -> list[Row]:
+    typical = [r.typical_step_seconds for r in runs]
+    crash = [r.fault("kill").detection_seconds for r in runs]
+    hang = [r.fault("hang").detection_seconds for r in runs]
+    hang_limits = [HANG_TARGET_FACTOR * t + HANG_TARGET_SLACK_SECONDS for t in typical]
+    rows = [
+        Row("typical step time", typical, "s"),
+        Row(
+            "crash detection (kill -> detected)",
+            crash,
+            "s",
+            f"< {CRASH_TARGET_SECONDS:g} s",
+            [c < CRASH_TARGET_SECONDS for c in crash],
+        ),
+        Row(
+            "hang detection (hang -> detected)",
+            hang,
+            "s",
+            f"< 3 x step + 2 s (= {statistics.median(hang_limits):.2f} s)",
+            [h < limit for h, limit in zip(hang, hang_limits, strict=True)],
+        ),
+    ]
+    for kind, name in (("kill", "crash"), ("hang", "hang")):
+        resumed = [r.fault(kind).resumed_seconds for r in runs]
+        productive = [r.fault(kind).productive_seconds for r in runs]
+        rows.append(
+            Row(
+                f"{name} recovery: detected -> resumed",
+                resumed,
+                "s",
+                f"< {RECOVERY_TARGET_SECONDS:g} s",
+                [v < RECOVERY_TARGET_SECONDS for v in resumed],
+            )
+        )
+        rows.append(
+            Row(
+                f"{name} recovery: detected -> productive",
+                productive,
+                "s",
+                f"< {RECOVERY_TARGET_SECONDS:g} s",
+                [v < RECOVERY_TARGET_SECONDS for v in productive],
+            )
+        )
+    stall = [r.checkpoint.stall_seconds_per_step for r in runs]
+    rows += [
+        Row("checkpoint save phase (per save)", [r.checkpoint.save_seconds_mean for r in runs], "s"),
+        Row("checkpoint save stall per step", [s * 1000 for s in stall], "ms"),
+        Row(
+            "checkpoint save stall / step time",
+            [100 * s / t for s, t in zip(stall, typical, strict=True)],
+            "%",
+        ),
+        Row("checkpoint_save badput (report)", [r.checkpoint.badput_seconds for r in runs], "s"),
+        Row("goodput (report)", [r.goodput for r in runs], ""),
+        Row("wall time per run", [r.wall_seconds for r in runs], "s"),
+    ]
+    return rows
+
+
+def format_value(value: float, unit: str) -> str:
+    if unit == "s":
+        return f"{value:.3f} s"
+    if unit == "ms":
+        return f"{value:.1f} ms"
+    if unit == "%":
+        return f"{value:.2f} %"
+    return f"{value:.3f}"
+
+
+def format_table(rows: list[Row], runs: int) -> str:
+    """A Markdown table: metric, median, min, max, target, met? (met: in every run)."""
+    header = ["metric", "median", "min", "max", "target", "met?"]
+    lines = [header]
+    for row in rows:
+        if not row.met:
+            met = "-"
+        elif all(row.met):
+            met = "yes"
+        else:
+            met = f"no ({sum(row.met)}/{runs} runs)"
+        lines.append(
+            [
+                row.metric,
+                format_value(statistics.median(row.values), row.unit),
+                format_value(min(row.values), row.unit),
+                format_value(max(row.values), row.unit),
+                row.target,
+                met,
+            ]
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    out = [
+        "| " + " | ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) + " |"
+        for line in lines
+    ]
+    out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(out)
+
+
+# --- entry ------------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Measure fault detection, in-job restart recovery and checkpoint stall (local mode)."
+    )
+    parser.add_argument("--runs", type=int, default=3, help="runs to measure (default 3)")
+    parser.add_argument("--steps", type=int, default=120, help="training steps per run (default 120)")
+    parser.add_argument(
+        "--job", type=Path, default=DEFAULT_JOB, help="TrainingJob YAML (default: the example)"
+    )
+    parser.add_argument(
+        "--chaos",
+        default=DEFAULT_CHAOS,
+        help=f"faults per run: one kill and one hang (default '{DEFAULT_CHAOS}')",
+    )
+    parser.add_argument("--json", type=Path, help="write the raw figures of every run and the summary here")
+    parser.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds before a run is killed (default 900)"
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep every run's directory and log (default: only failed runs')"
+    )
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.steps < 1:
+        parser.error("--runs and --steps must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="slicekeeper-bench-"))
+    started_at = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    machine = f"{platform.node()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+    say(f"recovery benchmark: {args.runs} run(s) of {args.steps} steps, chaos '{args.chaos}'")
+    say(f"  started {started_at} on {machine}; load average {os.getloadavg()[0]:.2f}; work dir {work}")
+
+    figures: list[RunFigures] = []
+    failures: list[str] = []
+    keep_work = args.keep
+    for run in range(1, args.runs + 1):
+        report_path, log_path = work / f"report-{run}.json", work / f"run-{run}.log"
+        command = [
+            *slicekeeper_command(),
+            "run",
+            str(args.job),
+            "--steps",
+            str(args.steps),
+            "--chaos",
+            args.chaos,
+            "--report",
+            str(report_path),
+        ]
+        say(f"run {run}/{args.runs}: {' '.join(command[1:])}")
+        status, seconds = run_once(command, log_path, args.timeout, f"  run {run}:")
+        report: dict[str, Any] | None = None
+        try:
+            if status == -signal.SIGKILL:
+                raise RunFailed(f"timed out after {args.timeout:.0f} s")
+            if not report_path.exists():
+                raise RunFailed(f"no report (slicekeeper exited with {status})")
+            report = json.loads(report_path.read_text())
+            assert report is not None
+            run_figures = analyse(run, report)
+            if status != 0:
+                raise RunFailed(f"slicekeeper exited with {status}")
+        except RunFailed as error:
+            where = f"; run directory {report['run_dir']}" if report and report.get("run_dir") else ""
+            failures.append(f"run {run}: {error}{where}")
+            keep_work = True
+            say(f"run {run}/{args.runs}: FAILED after {seconds:.0f} s: {error}; log {log_path}")
+            say("    " + tail(log_path).replace("\n", "\n    "))
+            continue
+        figures.append(run_figures)
+        kill, hang = run_figures.fault("kill"), run_figures.fault("hang")
+        step_ms = run_figures.typical_step_seconds * 1000
+        say(
+            f"run {run}/{args.runs}: ok in {seconds:.0f} s; step {step_ms:.0f} ms; "
+            f"crash detected in {kill.detection_seconds:.2f} s, productive {kill.productive_seconds:.2f} s "
+            f"later; hang detected in {hang.detection_seconds:.2f} s, productive "
+            f"{hang.productive_seconds:.2f} s later"
+        )
+        if not args.keep:
+            shutil.rmtree(run_figures.run_dir, ignore_errors=True)
+
+    rows = build_rows(figures) if figures else []
+    if rows:
+        say("")
+        say(f"{len(figures)} of {args.runs} run(s), {args.steps} steps each; median/min/max over runs")
+        say(format_table(rows, len(figures)))
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "started_at": started_at,
+                    "machine": machine,
+                    "cpu_count": os.cpu_count(),
+                    "runs_requested": args.runs,
+                    "steps": args.steps,
+                    "job": str(args.job),
+                    "chaos": args.chaos,
+                    "failures": failures,
+                    "summary": [row.summary() for row in rows],
+                    "runs": [asdict(f) for f in figures],
+                },
+                indent=1,
+            )
+        )
+        say(f"raw figures: {args.json}")
+    if failures:
+        say(f"{len(failures)} run(s) failed; their logs and reports are kept in {work}:")
+        for failure in failures:
+            say(f"  {failure}")
+        return 1
+    if not keep_work:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

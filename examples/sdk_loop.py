@@ -1,0 +1,37 @@
+"""A training loop of your own under the slicekeeper supervisor: the SDK calls and nothing else.
+
+The "model" is a numpy vector updated from data that is a pure function of (seed, step), so a
+restored run ends with exactly the parameters of an uninterrupted one. Run it as the workload of a
+TrainingJob (`spec.workload.command: ["python", "examples/sdk_loop.py"]`) or alone to try it.
+"""
+
+import hashlib
+import time
+
+import numpy as np
+
+import slicekeeper.workload as sk
+from slicekeeper.workload.checkpointing import Checkpointer
+
+SEED, SIZE, STEP_SECONDS = 0, 64, 0.05
+
+session = sk.connect()  # reads the identity the supervisor put in the environment
+checkpointer = Checkpointer(session)  # the local tier, interval and retention from the TrainingJob
+
+restored = checkpointer.restore(session.identity.restore_step)  # the step every host agreed on
+if restored is None:
+    with session.phase(sk.Phase.TRAINING_PREP):
+        params, first = np.zeros(SIZE), 1
+else:
+    params, first = restored["params"], session.identity.restore_step + 1
+
+for step in range(first, session.total_steps + 1):
+    with session.step(step) as record:  # the supervisor times this and watches for hangs
+        batch = np.random.default_rng([SEED, step]).normal(size=SIZE)
+        params = 0.9 * params + 0.1 * batch
+        time.sleep(STEP_SECONDS)  # the real work of a step
+        record.loss = float(np.mean(params**2))
+    checkpointer.maybe_save(step, lambda: {"params": params.copy()})
+
+checkpointer.close()
+session.done(session.total_steps, hashlib.sha256(params.tobytes()).hexdigest())

@@ -1,0 +1,59 @@
+"""Bad input to `slicekeeper run`: a clear message naming the problem, exit 2, nothing started."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import EXAMPLE, processes_mentioning, run_cli, write_job
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"bogus": 1}, "spec.bogus: unknown field"),
+        ({"slices": 0}, "spec.slices: Input should be greater than 0"),
+        ({"slices": "two"}, "spec.slices: Input should be a valid integer"),
+        ({"tpu": {"type": "v7z-8"}}, "spec.tpu: unknown TPU generation 'v7z'"),
+        (
+            {"tpu": {"type": "v5p-16", "topology": "4x4x4"}},
+            "topology '4x4x4' has 64 chips, but type 'v5p-16' has 8",
+        ),
+        ({"workload": {"steps": -3}}, "spec.workload.steps: Input should be greater than 0"),
+        ({"local": {"hosts": 3}}, "spec.local.hosts: 3 hosts do not split evenly over 2 slices"),
+        ({"checkpoint": {"localDir": "/proc/forbidden"}}, "spec.checkpoint.localDir: '/proc/forbidden"),
+    ],
+)
+def test_a_bad_job_file_is_refused_naming_the_field(tmp_path, changes, expected):
+    job = write_job(tmp_path / "job.yaml", **changes)
+    result = run_cli("run", str(job), timeout=60)
+    assert result.returncode == 2
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+    assert processes_mentioning(str(job)) == []
+
+
+@pytest.mark.parametrize(
+    ("chaos", "expected"),
+    [
+        ("kill:host=9@step=3", "names host 9, but the job has 4 hosts (0..3)"),
+        ("melt:host=1@step=3", "unknown fault kind 'melt' (known: kill, hang)"),
+        ("kill:host=1", "missing '@step=S'"),
+        ("kill:host=1@step=-1", "the trigger must be '@step=S'"),
+    ],
+)
+def test_a_bad_chaos_spec_is_refused(chaos, expected):
+    result = run_cli("run", str(EXAMPLE), "--chaos", chaos, timeout=60)
+    assert result.returncode == 2
+    assert expected in result.stderr
+
+
+def test_an_unreadable_file_is_refused(tmp_path):
+    result = run_cli("run", str(tmp_path / "nope.yaml"), timeout=60)
+    assert result.returncode == 2
+    assert "nope.yaml: cannot read the TrainingJob file" in result.stderr
+
+
+def test_bad_flags_are_refused_by_the_parser():
+    result = run_cli("run", str(EXAMPLE), "--steps", "0", timeout=60)
+    assert result.returncode == 2
+    assert "--steps: must be at least 1" in result.stderr

@@ -1,0 +1,210 @@
+"""The end-of-run report: job-level goodput and badput over hosts, faults, restarts, fingerprint."""
+
+import pytest
+
+from slicekeeper.goodput import BADPUT, Category
+from slicekeeper.report import build_report, format_report
+
+STARTED = 1_700_000_000.0
+
+
+def host_report(host: int, wall: float, **seconds: float) -> dict:
+    """A supervisor's report.json: every category present, the given ones filled in."""
+    filled = {c.value: 0.0 for c in Category}
+    filled.update(seconds)
+    return {
+        "host": host,
+        "slice": 0,
+        "worker": host,
+        "wall_seconds": wall,
+        "seconds": filled,
+        "productive_step_seconds": [0.5, 0.5, 0.5],
+        "exit_code": 0,
+        "last_checkpoint_step": 40,
+        "typical_step_seconds": 0.5,
+    }
+
+
+def fault_record(**fields) -> dict:
+    record = {
+        "kind": "kill",
+        "host": 1,
+        "step": 30,
+        "fired_at": STARTED + 20.0,
+        "detected_at": STARTED + 21.5,
+        "detected_as": "crash",
+        "resumed_at": STARTED + 30.25,
+        "productive_at": STARTED + 33.0,
+        "high_water_at_detection": 31,
+        "detected_in_generation": 0,
+    }
+    record.update(fields)
+    return record
+
+
+def summary(**fields) -> dict:
+    value = {
+        "state": "succeeded",
+        "failure_reason": None,
+        "generations": 2,
+        "restarts": {"crash": 1},
+        "faults": [fault_record()],
+        "detections": [
+            {
+                "kind": "crash",
+                "host": 1,
+                "generation": 0,
+                "detected_at": STARTED + 21.5,
+                "detail": "workload killed by SIGKILL",
+                "restore_step": 20,
+            }
+        ],
+        "fingerprints": {"0": "ab" * 32, "1": "ab" * 32},
+        "steps_completed": 100,
+    }
+    value.update(fields)
+    return value
+
+
+def two_hosts() -> list[dict]:
+    return [
+        host_report(0, 95.0, productive=60.0, program_startup=20.0, checkpoint_save=5.0, other=10.0),
+        host_report(1, 98.0, productive=50.0, program_startup=18.0, infrastructure_recovery=30.0),
+    ]
+
+
+def report_of(hosts=None, wall: float = 100.0, **summary_fields) -> dict:
+    return build_report(
+        job_name="demo",
+        started_at=STARTED,
+        wall_seconds=wall,
+        summary=summary(**summary_fields),
+        hosts=two_hosts() if hosts is None else hosts,
+    )
+
+
+def test_goodput_and_badput_account_for_all_of_the_wall_time():
+    report = report_of()
+    badput = sum(report["badput_seconds"].values())
+    assert report["goodput"] + badput / report["wall_seconds"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_every_badput_category_is_reported_and_productive_is_not_badput():
+    report = report_of()
+    assert set(report["badput_seconds"]) == {c.value for c in BADPUT}
+    assert Category.PRODUCTIVE.value not in report["badput_seconds"]
+
+
+def test_job_level_figures_are_means_over_hosts():
+    report = report_of()
+    assert report["productive_seconds"] == pytest.approx(55.0)
+    assert report["goodput"] == pytest.approx(0.55)
+    assert report["badput_seconds"]["program_startup"] == pytest.approx(19.0)
+    assert report["badput_seconds"]["checkpoint_save"] == pytest.approx(2.5)
+    assert report["badput_seconds"]["infrastructure_recovery"] == pytest.approx(15.0)
+
+
+def test_time_a_host_did_not_account_for_goes_to_other():
+    report = report_of()
+    # host 0: 10 s of its own other + 5 s outside its supervisor; host 1: 2 s outside
+    assert report["badput_seconds"]["other"] == pytest.approx((15.0 + 2.0) / 2)
+
+
+def test_a_host_that_accounted_longer_than_the_job_adds_no_negative_time():
+    hosts = [host_report(0, 101.0, productive=101.0)]
+    report = report_of(hosts=hosts)
+    assert report["badput_seconds"]["other"] == 0.0
+
+
+def test_per_host_goodput_is_that_hosts_productive_share_of_the_job_wall_time():
+    report = report_of()
+    assert [h["goodput"] for h in report["hosts"]] == [pytest.approx(0.6), pytest.approx(0.5)]
+    assert [h["host"] for h in report["hosts"]] == [0, 1]
+    assert report["hosts"][0]["last_checkpoint_step"] == 40
+
+
+def test_the_fingerprint_is_kept_when_every_host_agrees():
+    assert report_of()["params_fingerprint"] == "ab" * 32
+
+
+def test_no_fingerprint_is_claimed_when_hosts_disagree():
+    report = report_of(fingerprints={"0": "ab" * 32, "1": "cd" * 32})
+    assert report["params_fingerprint"] is None
+
+
+def test_no_fingerprint_is_claimed_when_no_host_reported_one():
+    assert report_of(fingerprints={"0": None, "1": None})["params_fingerprint"] is None
+    assert report_of(fingerprints={})["params_fingerprint"] is None
+
+
+def test_fault_times_are_relative_to_the_start_with_detection_and_recovery_seconds():
+    [fault] = report_of()["faults"]
+    assert fault["fired_at"] == pytest.approx(20.0)
+    assert fault["detected_at"] == pytest.approx(21.5)
+    assert fault["resumed_at"] == pytest.approx(30.25)
+    assert fault["productive_at"] == pytest.approx(33.0)
+    assert fault["detection_seconds"] == pytest.approx(1.5)
+    assert fault["recovery_seconds"] == pytest.approx(8.75)
+    assert (fault["kind"], fault["host"], fault["step"], fault["detected_as"]) == ("kill", 1, 30, "crash")
+
+
+def test_a_fault_never_detected_has_no_detection_or_recovery_time():
+    faults = [fault_record(detected_at=None, detected_as=None, resumed_at=None, productive_at=None)]
+    [fault] = report_of(faults=faults)["faults"]
+    assert fault["detected_at"] is None
+    assert fault["detection_seconds"] is None
+    assert fault["recovery_seconds"] is None
+    assert fault["fired_at"] == pytest.approx(20.0)
+
+
+def test_a_fault_detected_but_never_recovered_has_no_recovery_time():
+    [fault] = report_of(faults=[fault_record(resumed_at=None, productive_at=None)])["faults"]
+    assert fault["detection_seconds"] == pytest.approx(1.5)
+    assert fault["recovery_seconds"] is None
+
+
+def test_detections_are_made_relative_too():
+    [detection] = report_of()["detections"]
+    assert detection["detected_at"] == pytest.approx(21.5)
+    assert detection["restore_step"] == 20
+
+
+def test_the_ideal_step_time_comes_from_every_hosts_productive_steps():
+    hosts = two_hosts()
+    hosts[1]["productive_step_seconds"] = [0.5, 0.5, 9.0]
+    assert report_of(hosts=hosts)["ideal_step_seconds"] == pytest.approx(0.5)
+
+
+def test_a_run_without_host_reports_is_all_other():
+    report = report_of(hosts=[], state="failed", failure_reason="no supervisor started")
+    assert report["goodput"] == 0.0
+    assert report["productive_seconds"] == 0.0
+    assert report["badput_seconds"]["other"] == pytest.approx(100.0)
+    assert report["state"] == "failed"
+
+
+def test_the_text_report_mentions_goodput_restarts_and_each_fault():
+    second = fault_record(kind="hang", host=0, step=60, fired_at=STARTED + 50.0, detected_as="hang")
+    second.update(detected_at=STARTED + 53.0, resumed_at=STARTED + 60.0)
+    text = format_report(report_of(faults=[fault_record(), second], restarts={"crash": 1, "hang": 1}))
+    assert text.startswith("job demo: succeeded")
+    assert "goodput           0.550" in text
+    assert "restarts          crash 1, hang 1" in text
+    assert "fault kill host 1 @ step 30: detected as crash after 1.50 s, training again 8.75 s later" in text
+    assert "fault hang host 0 @ step 60: detected as hang after 3.00 s, training again 7.00 s later" in text
+    assert "params fingerprint " + "ab" * 8 + "..." in text
+
+
+def test_the_text_report_says_when_nothing_restarted_and_a_fault_went_undetected():
+    faults = [fault_record(detected_at=None, detected_as=None, resumed_at=None)]
+    text = format_report(report_of(faults=faults, restarts={}))
+    assert "restarts          none" in text
+    assert "fault kill host 1 @ step 30: not detected" in text
+
+
+def test_the_text_report_gives_the_failure_reason_and_the_biggest_badput_first():
+    text = format_report(report_of(state="failed", failure_reason="restart budget spent"))
+    assert text.splitlines()[0] == "job demo: failed (restart budget spent)"
+    badput_lines = [line.split()[0] for line in text.splitlines() if line.startswith("    ")]
+    assert badput_lines[0] == "program_startup"
+    assert "data_loading" not in badput_lines  # nothing lost there

@@ -1,0 +1,314 @@
+"""The workload SDK: identity from the environment, events to the supervisor as JSON lines."""
+
+import json
+import os
+import socket
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+from slicekeeper.workload.sdk import HostIdentity, Session, connect
+
+from slicekeeper import protocol
+from slicekeeper.protocol import Phase
+
+WAIT = 5.0
+
+
+class FakeSupervisor:
+    """A Unix socket server that accepts one workload and keeps every line it sends."""
+
+    def __init__(self, path: Path, close_at_once: bool = False) -> None:
+        self.path = path
+        self.lines: list[bytes] = []
+        self._close_at_once = close_at_once
+        self.accepted = threading.Event()
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(path))
+        self._server.listen(1)
+        self._server.settimeout(WAIT)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        connection, _ = self._server.accept()
+        self.accepted.set()
+        with connection:
+            if self._close_at_once:
+                return
+            connection.settimeout(WAIT)
+            buffer = b""
+            while chunk := connection.recv(65536):
+                buffer += chunk
+            self.lines = buffer.splitlines()
+
+    def messages(self) -> list[dict]:
+        """Every message, once the workload has closed its end."""
+        self._thread.join(WAIT)
+        assert not self._thread.is_alive(), "the workload never closed its connection"
+        return [protocol.decode(line) for line in self.lines]
+
+    def close(self) -> None:
+        self._server.close()
+
+
+@pytest.fixture
+def socket_dir():
+    # Unix socket paths are limited to ~107 bytes; pytest's tmp_path can be longer than that.
+    with tempfile.TemporaryDirectory(prefix="sk-sdk-") as directory:
+        yield Path(directory)
+
+
+@pytest.fixture
+def supervisor(socket_dir):
+    server = FakeSupervisor(socket_dir / "supervisor.sock")
+    yield server
+    server.close()
+
+
+def env_for(path: Path | None, **extra: str) -> dict[str, str]:
+    env = {protocol.ENV_HOST: "1", protocol.ENV_NUM_HOSTS: "4", protocol.ENV_GENERATION: "2", **extra}
+    if path is not None:
+        env[protocol.ENV_SOCKET] = str(path)
+    return env
+
+
+# --- standalone -----------------------------------------------------------------------------------
+
+
+def test_without_a_socket_the_session_is_standalone_and_every_call_does_nothing():
+    session = connect(env_for(None))
+    assert not session.supervised
+    with session.phase(Phase.CHECKPOINT_RESTORE):
+        pass
+    with session.step(1) as record:
+        record.loss = 0.5
+    session.checkpoint_saved(1)
+    session.checkpoint_failed(2, reason="disk full")
+    session.checkpoint_restored(1)
+    session.done(2, fingerprint="abc")
+    session.close()
+    assert not session.supervised
+    assert session.identity.host == 1
+
+
+def test_an_empty_socket_variable_means_standalone():
+    session = connect(env_for(None, **{protocol.ENV_SOCKET: ""}))
+    assert not session.supervised
+
+
+# --- events on the wire ---------------------------------------------------------------------------
+
+
+def test_a_supervised_session_says_hello_first(supervisor):
+    session = connect(env_for(supervisor.path))
+    assert session.supervised
+    session.close()
+    [hello] = supervisor.messages()
+    assert hello["type"] == "hello"
+    assert hello["pid"] == os.getpid()
+    assert hello["generation"] == 2
+    assert isinstance(hello["t"], float)
+
+
+def test_events_arrive_as_json_lines_in_the_order_they_happened(supervisor):
+    session = connect(env_for(supervisor.path))
+    with session.phase(Phase.CHECKPOINT_RESTORE):
+        session.checkpoint_restored(10)
+    with session.step(11) as record:
+        record.loss = 0.25
+    with session.phase(Phase.CHECKPOINT_SAVE):
+        pass
+    session.checkpoint_saved(11)
+    session.checkpoint_failed(12, reason="disk full")
+    session.done(12, fingerprint="f00d")
+    session.close()
+
+    messages = supervisor.messages()
+    assert all(line.endswith(b"}") and b"\n" not in line for line in supervisor.lines)
+    assert [m["type"] for m in messages] == [
+        "hello",
+        "phase",
+        "checkpoint_restored",
+        "phase",
+        "step_begin",
+        "step_end",
+        "phase",
+        "phase",
+        "checkpoint_saved",
+        "checkpoint_failed",
+        "done",
+    ]
+    assert [m["phase"] for m in messages if m["type"] == "phase"] == [
+        "checkpoint_restore",
+        "idle",
+        "checkpoint_save",
+        "idle",
+    ]
+    times = [m["t"] for m in messages]
+    assert times == sorted(times)
+
+
+def test_a_step_is_bracketed_by_begin_and_end_with_the_loss(supervisor):
+    session = connect(env_for(supervisor.path))
+    with session.step(7) as record:
+        record.loss = 1.5
+        record.extra["tokens"] = 4096
+    session.close()
+    _hello, begin, end = supervisor.messages()
+    assert begin == {"type": "step_begin", "step": 7, "t": begin["t"]}
+    assert end == {"type": "step_end", "step": 7, "loss": 1.5, "tokens": 4096, "t": end["t"]}
+
+
+def test_a_step_without_a_loss_reports_none(supervisor):
+    session = connect(env_for(supervisor.path))
+    with session.step(3):
+        pass
+    session.close()
+    end = supervisor.messages()[-1]
+    assert end["type"] == "step_end"
+    assert end["loss"] is None
+
+
+def test_a_phase_that_raises_still_reports_going_back_to_idle(supervisor):
+    session = connect(env_for(supervisor.path))
+    with pytest.raises(RuntimeError), session.phase(Phase.DATA_LOADING):
+        raise RuntimeError("the data loader broke")
+    session.close()
+    phases = [m["phase"] for m in supervisor.messages() if m["type"] == "phase"]
+    assert phases == ["data_loading", "idle"]
+
+
+def test_checkpoint_events_carry_step_tier_and_reason(supervisor):
+    session = connect(env_for(supervisor.path))
+    session.checkpoint_saved(20, retained=[10, 20])
+    session.checkpoint_failed(30, tier="remote", reason="OSError(28)")
+    session.checkpoint_restored(20)
+    session.close()
+    _hello, saved, failed, restored = supervisor.messages()
+    assert (saved["type"], saved["step"], saved["tier"]) == ("checkpoint_saved", 20, "local")
+    assert saved["retained"] == [10, 20]
+    assert (failed["type"], failed["step"], failed["tier"], failed["reason"]) == (
+        "checkpoint_failed",
+        30,
+        "remote",
+        "OSError(28)",
+    )
+    assert (restored["type"], restored["step"], restored["tier"]) == ("checkpoint_restored", 20, "local")
+
+
+def test_done_carries_the_last_step_and_the_fingerprint(supervisor):
+    session = connect(env_for(supervisor.path))
+    session.done(200, fingerprint="abc123")
+    session.close()
+    done = supervisor.messages()[-1]
+    assert (done["type"], done["step"], done["fingerprint"]) == ("done", 200, "abc123")
+
+
+def test_a_session_over_a_socket_pair_sends_the_same_lines():
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    session = Session(HostIdentity.from_env({}), ours)
+    session.checkpoint_saved(5)
+    session.close()
+    theirs.settimeout(WAIT)
+    data = b""
+    while chunk := theirs.recv(65536):
+        data += chunk
+    theirs.close()
+    [message] = [json.loads(line) for line in data.splitlines()]
+    assert message["type"] == "checkpoint_saved"
+    assert message["step"] == 5
+
+
+def test_when_the_supervisor_goes_away_sends_stop_raising_and_training_goes_on(socket_dir):
+    server = FakeSupervisor(socket_dir / "gone.sock", close_at_once=True)
+    try:
+        session = connect(env_for(server.path))
+        assert server.accepted.wait(WAIT)
+        server.messages()  # the server end is closed now
+        for step in range(1, 50):
+            with session.step(step) as record:
+                record.loss = 1.0
+            session.checkpoint_saved(step)
+        assert not session.supervised
+        session.done(49, fingerprint="x")
+        session.close()
+    finally:
+        server.close()
+
+
+def test_a_socket_path_nobody_listens_on_is_an_error(socket_dir):
+    with pytest.raises(OSError):
+        connect(env_for(socket_dir / "nobody.sock"))
+
+
+# --- identity -------------------------------------------------------------------------------------
+
+
+def test_identity_is_parsed_from_an_explicit_environment():
+    identity = HostIdentity.from_env(
+        {
+            protocol.ENV_HOST: "3",
+            protocol.ENV_NUM_HOSTS: "8",
+            protocol.ENV_GENERATION: "5",
+            protocol.ENV_COORDINATOR: "10.0.0.2:8476",
+            protocol.ENV_RESTORE_STEP: "120",
+            protocol.ENV_TOTAL_STEPS: "500",
+            protocol.ENV_CHECKPOINT_DIR: "/dev/shm/sk/host-3",
+            protocol.ENV_CHECKPOINT_INTERVAL: "25",
+            protocol.ENV_CHECKPOINT_KEEP: "4",
+            protocol.ENV_COMPILATION_CACHE: "/tmp/cache",
+        }
+    )
+    assert identity == HostIdentity(
+        host=3,
+        num_hosts=8,
+        generation=5,
+        coordinator="10.0.0.2:8476",
+        restore_step=120,
+        total_steps=500,
+        checkpoint_dir="/dev/shm/sk/host-3",
+        checkpoint_interval=25,
+        checkpoint_keep=4,
+        compilation_cache="/tmp/cache",
+    )
+
+
+def test_an_empty_restore_step_means_a_fresh_start():
+    assert HostIdentity.from_env({protocol.ENV_RESTORE_STEP: ""}).restore_step is None
+    assert HostIdentity.from_env({protocol.ENV_RESTORE_STEP: "0"}).restore_step == 0
+
+
+def test_an_empty_environment_gives_a_single_host_fresh_start():
+    identity = HostIdentity.from_env({})
+    assert (identity.host, identity.num_hosts, identity.generation) == (0, 1, 0)
+    assert identity.restore_step is None
+    assert identity.coordinator is None
+    assert identity.checkpoint_dir is None
+    assert identity.compilation_cache is None
+    assert (identity.total_steps, identity.checkpoint_interval, identity.checkpoint_keep) == (100, 10, 3)
+
+
+def test_total_steps_come_from_the_identity():
+    session = connect({protocol.ENV_TOTAL_STEPS: "42"})
+    assert session.total_steps == 42
+
+
+# --- jax.distributed ------------------------------------------------------------------------------
+
+
+def test_with_a_coordinator_the_session_gives_jax_distributed_arguments():
+    session = connect(env_for(None, **{protocol.ENV_COORDINATOR: "127.0.0.1:9000"}))
+    assert session.jax_distributed_args() == {
+        "coordinator_address": "127.0.0.1:9000",
+        "num_processes": 4,
+        "process_id": 1,
+    }
+
+
+@pytest.mark.parametrize("coordinator", [None, ""])
+def test_without_a_coordinator_jax_reads_its_own_variables(coordinator):
+    extra = {} if coordinator is None else {protocol.ENV_COORDINATOR: coordinator}
+    session = connect(env_for(None, **extra))
+    assert session.jax_distributed_args() == {}
