@@ -9,7 +9,6 @@ import hashlib
 import time
 
 import numpy as np
-
 import slicekeeper.workload as sk
 from slicekeeper.workload.checkpointing import Checkpointer
 
@@ -31,7 +30,7 @@ for step in range(first, session.total_steps + 1):
         params = 0.9 * params + 0.1 * batch
         time.sleep(STEP_SECONDS)  # the real work of a step
         record.loss = float(np.mean(params**2))
-    checkpointer.maybe_save(step, lambda: {"params": params.copy()})
+    checkpointer.maybe_save(step, lambda params=params: {"params": params.copy()})
 
 checkpointer.close()
 session.done(session.total_steps, hashlib.sha256(params.tobytes()).hexdigest())

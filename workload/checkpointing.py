@@ -13,9 +13,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
-from slicekeeper.protocol import Phase
 from slicekeeper.workload.local_tier import CorruptCheckpoint, LocalTier, Shards
 from slicekeeper.workload.sdk import Session
+
+from slicekeeper.protocol import Phase
 
 
 class Checkpointer:
