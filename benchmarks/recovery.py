@@ -54,6 +54,8 @@ CRASH_TARGET_SECONDS = 1.0
 HANG_TARGET_FACTOR = 3.0
 HANG_TARGET_SLACK_SECONDS = 2.0
 RECOVERY_TARGET_SECONDS = 10.0
+STOP_GRACE_SECONDS = 20.0
+"""After a timeout or Ctrl-C: how long `slicekeeper run` gets to stop its hosts before being killed."""
 
 
 class RunFailed(Exception):
@@ -226,10 +228,11 @@ def slicekeeper_command() -> list[str]:
     return [sys.executable, "-m", "slicekeeper.cli"]
 
 
-def run_once(argv: list[str], log_path: Path, timeout: float, echo_prefix: str) -> tuple[int, float]:
+def run_once(argv: list[str], log_path: Path, timeout: float, echo_prefix: str) -> tuple[int, float, bool]:
     """Run one job; its output goes to log_path, leader events (`  [hh:mm:ss] ...`) are echoed.
 
-    Returns (exit status, seconds). On timeout the whole process group is killed (status -9).
+    Returns (exit status, seconds, timed out). On timeout the run is interrupted like a Ctrl-C (it
+    stops its hosts and writes its report), then, if still alive after a grace period, killed.
     """
     started = time.monotonic()
     with log_path.open("w") as log:
@@ -240,14 +243,24 @@ def run_once(argv: list[str], log_path: Path, timeout: float, echo_prefix: str) 
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            start_new_session=True,  # its own process group: a timeout takes every host with it
+            start_new_session=True,  # a Ctrl-C here reaches only us; we forward it (see below)
         )
+
+        timed_out = threading.Event()
+
+        def interrupt() -> None:
+            timed_out.set()
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=STOP_GRACE_SECONDS)
+            kill_group()
 
         def kill_group() -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
 
-        timer = threading.Timer(timeout, kill_group)
+        timer = threading.Timer(timeout, interrupt)
         timer.start()
         try:
             assert process.stdout is not None
@@ -259,12 +272,12 @@ def run_once(argv: list[str], log_path: Path, timeout: float, echo_prefix: str) 
         except KeyboardInterrupt:
             process.send_signal(signal.SIGINT)  # `slicekeeper run` stops its hosts on Ctrl-C
             with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=15)
+                process.wait(timeout=STOP_GRACE_SECONDS)
             kill_group()
             raise
         finally:
             timer.cancel()
-    return status, time.monotonic() - started
+    return status, time.monotonic() - started, timed_out.is_set()
 
 
 def tail(path: Path, lines: int = 15) -> str:
@@ -410,7 +423,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--json", type=Path, help="write the raw figures of every run and the summary here")
     parser.add_argument(
-        "--timeout", type=float, default=900.0, help="seconds before a run is killed (default 900)"
+        "--timeout", type=float, default=600.0, help="seconds before a run is stopped (default 600)"
     )
     parser.add_argument(
         "--keep", action="store_true", help="keep every run's directory and log (default: only failed runs')"
@@ -446,11 +459,11 @@ def main(argv: list[str] | None = None) -> int:
             str(report_path),
         ]
         say(f"run {run}/{args.runs}: {' '.join(command[1:])}")
-        status, seconds = run_once(command, log_path, args.timeout, f"  run {run}:")
+        status, seconds, timed_out = run_once(command, log_path, args.timeout, f"  run {run}:")
         report: dict[str, Any] | None = None
         try:
-            if status == -signal.SIGKILL:
-                raise RunFailed(f"timed out after {args.timeout:.0f} s")
+            if timed_out:
+                raise RunFailed(f"timed out after {args.timeout:.0f} s (slicekeeper exited with {status})")
             if not report_path.exists():
                 raise RunFailed(f"no report (slicekeeper exited with {status})")
             report = json.loads(report_path.read_text())

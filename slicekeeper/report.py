@@ -35,7 +35,8 @@ def build_report(
         statistics.fmean(max(0.0, wall_seconds - h["wall_seconds"]) for h in hosts) if hosts else wall_seconds
     )
     badput[Category.OTHER.value] += unaccounted
-    fingerprints = {v for v in summary.get("fingerprints", {}).values() if v}
+    fingerprints = list(summary.get("fingerprints", {}).values())
+    agreed = fingerprints[0] if fingerprints and len(set(fingerprints)) == 1 else None
     faults = []
     for fault in summary.get("faults", []):
         fired, detected, resumed = fault["fired_at"], fault.get("detected_at"), fault.get("resumed_at")
@@ -72,7 +73,7 @@ def build_report(
             {**d, "detected_at": _relative(d["detected_at"], started_at)}
             for d in summary.get("detections", [])
         ],
-        "params_fingerprint": fingerprints.pop() if len(fingerprints) == 1 else None,
+        "params_fingerprint": agreed,
         "ideal_step_seconds": ideal_step_seconds(all_steps),
         "wall_seconds": round(wall_seconds, 3),
         "generations": summary.get("generations", 1),

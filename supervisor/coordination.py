@@ -200,8 +200,8 @@ class Leader:
                 await self._succeed()
 
     async def _progress(self, host: int, message: dict[str, Any]) -> None:
-        if int(message["generation"]) != self.generation:
-            return
+        if int(message["generation"]) != self.generation or self.state is not JobState.RUNNING:
+            return  # a step of a generation being torn down will be executed again
         status = self.status[host]
         step, now = int(message["step"]), float(message["t"])
         status.step, status.loss, status.state = step, message.get("loss"), "training"

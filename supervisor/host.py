@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,9 @@ from slicekeeper import protocol
 from slicekeeper.chaos import Fault, FaultKind, parse_chaos
 from slicekeeper.goodput import Category, GoodputAccountant
 from slicekeeper.protocol import Event, Phase
+
+SDK_DRAIN_SECONDS = 1.0
+"""After an exit, how long to wait for the workload's remaining SDK lines (EOF comes at once)."""
 
 WATCH_INTERVAL = 0.05
 """Seconds between hang checks; bounds the detection latency added on top of the timeout."""
@@ -72,13 +76,25 @@ class HostSupervisor:
         self._dir.mkdir(parents=True, exist_ok=True)
         self._socket_path = self._dir / "sdk.sock"
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sdk_eof: dict[int, asyncio.Event] = {}
+        """Per generation: set when that workload's SDK connection has been read to the end."""
         self._events = (self._dir / "events.jsonl").open("a", buffering=1)
 
-    def _spawn_task(self, coroutine: Coroutine[Any, Any, None]) -> None:
+    def _spawn_task(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run in the background, holding a reference until done (the loop keeps only weak ones)."""
         task = asyncio.create_task(coroutine)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """A supervisor that lost one of its duties must not go on half-blind: stop, loudly."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        traceback.print_exception(error, file=sys.stderr)
+        self._terminate(f"internal error: {error!r}", exit_code=1)
 
     def _log(self, record: dict[str, Any]) -> None:
         """Append to this host's event log (what happened, when): for post-mortems and replay."""
@@ -103,13 +119,13 @@ class HostSupervisor:
                 self.job.spec.health.max_restarts_without_progress,
             )
             await self._leader.serve(leader_host, int(leader_port))
-            publisher = asyncio.create_task(self._leader.publish_status())
+            publisher = self._spawn_task(self._leader.publish_status())
         reader, self._leader_writer = await self._connect_leader(leader_host, int(leader_port))
         await send(
             self._leader_writer,
             {"type": "register", "host": self.host, "metrics_port": metrics_port, "pid": os.getpid()},
         )
-        watchdog = asyncio.create_task(self._watch_hangs())
+        watchdog = self._spawn_task(self._watch_hangs())
         try:
             await self._follow_leader(reader)
         finally:
@@ -141,8 +157,8 @@ class HostSupervisor:
                     raise
                 await asyncio.sleep(0.05)
 
-    def _terminate(self, reason: str) -> None:
-        self._exit_code = 130
+    def _terminate(self, reason: str, exit_code: int = 130) -> None:
+        self._exit_code = exit_code
         if self.workload is not None:
             self.workload.kill_group()
         print(f"[host {self.host}] stopping: {reason}", file=sys.stderr, flush=True)
@@ -241,6 +257,7 @@ class HostSupervisor:
             Category.PROGRAM_STARTUP if generation == 0 else Category.INFRASTRUCTURE_RECOVERY, now
         )
         self.detector.restart(now)
+        self._sdk_eof[generation] = asyncio.Event()
         self._log(
             {"source": "leader", "type": "start", "generation": generation, "restore_step": restore_step}
         )
@@ -268,6 +285,9 @@ class HostSupervisor:
     # --- watching the workload ----------------------------------------------------------------
     async def _watch_exit(self, workload: WorkloadProcess, generation: int) -> None:
         status = await workload.wait()
+        # The exit can be noticed before the last SDK lines (`done`) are read: drain them first.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._sdk_eof[generation].wait(), SDK_DRAIN_SECONDS)
         if self._stopping or generation != self.generation or self._finished.is_set():
             return
         if status.succeeded and self._done_message is not None:
@@ -327,6 +347,8 @@ class HostSupervisor:
             pass
         finally:
             writer.close()
+            if generation in self._sdk_eof:
+                self._sdk_eof[generation].set()
 
     async def _on_event(self, message: dict[str, Any]) -> None:
         now = time.time()

@@ -107,12 +107,14 @@ class LocalTier:
         folder = self._step_dir(step)
         try:
             manifest = json.loads((folder / MANIFEST).read_text())
-        except (OSError, ValueError) as error:
-            raise CorruptCheckpoint(f"{folder}: unreadable manifest ({error})") from None
+            entries = [
+                (name, folder / entry["file"], entry["sha256"]) for name, entry in manifest["shards"].items()
+            ]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise CorruptCheckpoint(f"{folder}: unreadable manifest ({error!r})") from None
         shards: Shards = {}
-        for name, entry in manifest["shards"].items():
-            file = folder / entry["file"]
-            if not file.is_file() or _sha256(file) != entry["sha256"]:
+        for name, file, checksum in entries:
+            if not file.is_file() or _sha256(file) != checksum:
                 raise CorruptCheckpoint(f"{file}: checksum mismatch for shard {name}")
             shards[name] = np.load(file, allow_pickle=False)
         return shards

@@ -89,6 +89,19 @@ async def restart(members: list[Member], generation: int) -> list[dict[str, Any]
     return [await member.receive() for member in members]
 
 
+async def killed_after_five_steps() -> tuple[Leader, list[Member]]:
+    """Two hosts, five steps, host 1 killed at step 5 and the crash detected: every member stopping."""
+    leader, members = await running_job(hosts=2)
+    for step in (1, 2, 3, 4, 5):
+        await members[0].progress(0, step=step, t=90.0 + step)
+    await members[1].send("chaos", kind="kill", step=5, t=96.0)
+    await eventually(lambda: leader.high_water == 5 and len(leader.faults) == 1)
+    await members[1].fault(0, kind="crash", t=97.5)
+    for member in members:
+        assert (await member.receive())["type"] == "stop"
+    return leader, members
+
+
 async def shut(leader: Leader, members: list[Member]) -> None:
     for member in members:
         member.close()
@@ -449,14 +462,7 @@ def test_a_finished_report_from_a_stale_generation_is_ignored():
 
 def test_an_injected_fault_gets_its_detection_resumption_and_productive_times():
     async def scenario():
-        leader, members = await running_job(hosts=2)
-        for step in (1, 2, 3, 4, 5):
-            await members[0].progress(0, step=step, t=90.0 + step)
-        await members[1].send("chaos", kind="kill", step=5, t=96.0)
-        await eventually(lambda: leader.high_water == 5 and len(leader.faults) == 1)
-        await members[1].fault(0, kind="crash", t=97.5)
-        for member in members:
-            assert (await member.receive())["type"] == "stop"
+        leader, members = await killed_after_five_steps()
         for member in members:
             await member.send("stopped", generation=0)
         for member in members:
@@ -494,6 +500,28 @@ def test_an_injected_fault_never_detected_keeps_its_times_empty():
         assert fault["detected_at"] is None
         assert fault["resumed_at"] is None
         assert fault["productive_at"] is None
+        await shut(leader, members)
+
+    run(scenario)
+
+
+def test_a_step_completed_while_the_job_is_stopping_does_not_raise_the_high_water_mark():
+    async def scenario():
+        leader, members = await killed_after_five_steps()
+        await members[0].progress(0, step=6, t=98.0)  # finished just before its process was killed
+        await members[0].send("checkpoint", step=1)  # processed after it, same connection
+        await eventually(lambda: 1 in leader.status[0].committed)
+        assert leader.high_water == 5
+        for member in members:
+            await member.send("stopped", generation=0)
+        for member in members:
+            assert (await member.receive())["type"] == "start"
+        await members[0].progress(1, step=6, t=110.0)  # executed again after the restore to step 5
+        await members[0].progress(1, step=7, t=111.0)
+        await eventually(lambda: leader.status[0].step == 7)
+        [fault] = leader.summary()["faults"]
+        assert fault["resumed_at"] == pytest.approx(110.0)
+        assert fault["productive_at"] == pytest.approx(110.0)  # step 6 was never completed before
         await shut(leader, members)
 
     run(scenario)

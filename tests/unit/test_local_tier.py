@@ -145,11 +145,6 @@ def test_a_garbled_manifest_makes_restore_refuse_the_step(tier):
         tier.restore(10)
 
 
-@pytest.mark.xfail(
-    reason="LocalTier.restore only turns OSError/ValueError into CorruptCheckpoint; a manifest that is "
-    "valid JSON but lacks the 'shards' table (or is not an object) escapes as KeyError/TypeError",
-    strict=True,
-)
 @pytest.mark.parametrize("text", ['{"step": 10}', "[]", '{"step": 10, "shardz": {}}'])
 def test_a_manifest_that_parses_but_has_no_shard_table_makes_restore_refuse_the_step(tier, text):
     save(tier, 10)

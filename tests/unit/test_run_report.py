@@ -132,6 +132,10 @@ def test_no_fingerprint_is_claimed_when_hosts_disagree():
     assert report["params_fingerprint"] is None
 
 
+def test_no_fingerprint_is_claimed_when_a_host_did_not_report_one():
+    assert report_of(fingerprints={"0": "ab" * 32, "1": None})["params_fingerprint"] is None
+
+
 def test_no_fingerprint_is_claimed_when_no_host_reported_one():
     assert report_of(fingerprints={"0": None, "1": None})["params_fingerprint"] is None
     assert report_of(fingerprints={})["params_fingerprint"] is None
