@@ -6,11 +6,11 @@ STAMP := $(VENV)/.installed
 PACKAGE_FILES := $(shell find slicekeeper operator supervisor workload -name '*.py' 2>/dev/null) pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck layers crds unit chaos clean bench
+.PHONY: demo test install lint typecheck layers crds clean bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
 
 # Dependencies once; the package itself as a strict editable install (a link tree mypy can read),
 # refreshed whenever a package file changes (new modules need new links).
