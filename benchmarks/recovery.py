@@ -257,8 +257,9 @@ def run_once(argv: list[str], log_path: Path, timeout: float, echo_prefix: str) 
             kill_group()
 
         def kill_group() -> None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+            if process.poll() is None:  # never signal a reaped (possibly reused) process id
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
 
         timer = threading.Timer(timeout, interrupt)
         timer.start()

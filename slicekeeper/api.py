@@ -82,6 +82,11 @@ class WorkloadSpec(Model):
     args: list[str] = Field(default_factory=list)
     env: list[EnvVar] = Field(default_factory=list)
     steps: PositiveInt = Field(default=200, description="Training steps the workload runs in total.")
+    standby: bool = Field(
+        default=False,
+        description="Keep a pre-started workload process (imports done) waiting to replace the workload "
+        "at the next restart. Only for loops that call the SDK's connect() before any work.",
+    )
 
 
 class CheckpointSpec(Model):

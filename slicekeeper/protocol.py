@@ -32,6 +32,8 @@ ENV_CHECKPOINT_DIR: Final = "SLICEKEEPER_CHECKPOINT_DIR"
 ENV_CHECKPOINT_INTERVAL: Final = "SLICEKEEPER_CHECKPOINT_INTERVAL"
 ENV_CHECKPOINT_KEEP: Final = "SLICEKEEPER_CHECKPOINT_KEEP"
 ENV_COMPILATION_CACHE: Final = "SLICEKEEPER_COMPILATION_CACHE"
+ENV_STANDBY: Final = "SLICEKEEPER_STANDBY"
+"""Set to 1 for a pre-started standby process: `connect()` waits for `go` (see STANDBY below)."""
 ENV_DEVICES_PER_HOST: Final = "SLICEKEEPER_DEVICES_PER_HOST"
 """Local mode only: CPU devices this host process fakes."""
 
@@ -68,6 +70,16 @@ class Event(StrEnum):
     CHECKPOINT_FAILED = "checkpoint_failed"
     CHECKPOINT_RESTORED = "checkpoint_restored"
     DONE = "done"
+
+
+GO = "go"
+"""Supervisor -> standby workload: `{"type": "go", "env": {...}}`, the generation's variables.
+
+A standby process is started ahead of need with the host's static environment; it imports its
+libraries, connects, says hello with `standby: true`, and blocks. At the next restart the supervisor
+sends `go` with the variables that belong to that generation (ENV_GENERATION, ENV_COORDINATOR,
+ENV_RESTORE_STEP) instead of starting a process from scratch.
+"""
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -17,6 +17,7 @@ import sys
 import time
 import traceback
 from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,18 @@ PHASE_CATEGORY = {
 }
 
 
+@dataclass
+class Standby:
+    """A pre-started workload process: imports done, blocked in `connect()` until `go`."""
+
+    process: WorkloadProcess
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    """Its standby hello arrived: it can be promoted."""
+    promoted: asyncio.Event = field(default_factory=asyncio.Event)
+    writer: asyncio.StreamWriter | None = None
+    generation: int = -1
+
+
 class HostSupervisor:
     def __init__(self, plan: JobPlan, host: int) -> None:
         self.plan = plan
@@ -61,6 +74,7 @@ class HostSupervisor:
         self.faults: list[Fault] = [f for f in parse_chaos(",".join(plan.chaos)) if f.host == host]
         self.generation = -1
         self.workload: WorkloadProcess | None = None
+        self._standby: Standby | None = None
         self._stopping = False
         self._done_message: dict[str, Any] | None = None
         self._hang_reported = False
@@ -130,6 +144,7 @@ class HostSupervisor:
             await self._follow_leader(reader)
         finally:
             watchdog.cancel()
+            self._drop_standby()
             if self.workload is not None and self.workload.running:
                 await self.workload.stop()
             sdk_server.close()
@@ -159,6 +174,7 @@ class HostSupervisor:
 
     def _terminate(self, reason: str, exit_code: int = 130) -> None:
         self._exit_code = exit_code
+        self._drop_standby()
         if self.workload is not None:
             self.workload.kill_group()
         print(f"[host {self.host}] stopping: {reason}", file=sys.stderr, flush=True)
@@ -261,11 +277,26 @@ class HostSupervisor:
         self._log(
             {"source": "leader", "type": "start", "generation": generation, "restore_step": restore_step}
         )
-        self.workload = await WorkloadProcess.spawn(
-            self._argv(),
-            self._workload_env(generation, coordinator, restore_step),
-            self._dir / "workload.log",
-        )
+        standby = self._standby
+        if standby is not None and standby.ready.is_set() and standby.process.running and standby.writer:
+            self._standby = None
+            standby.generation = generation
+            go_env = {
+                protocol.ENV_GENERATION: str(generation),
+                protocol.ENV_COORDINATOR: coordinator,
+                protocol.ENV_RESTORE_STEP: "" if restore_step is None else str(restore_step),
+            }
+            await send(standby.writer, {"type": protocol.GO, "env": go_env})
+            self.workload = standby.process
+            standby.promoted.set()
+            self._log({"source": "supervisor", "type": "standby_promoted", "pid": standby.process.pid})
+        else:
+            self._drop_standby()
+            self.workload = await WorkloadProcess.spawn(
+                self._argv(),
+                self._workload_env(generation, coordinator, restore_step),
+                self._dir / "workload.log",
+            )
         self.accountant.switch(Category.PROGRAM_STARTUP, time.time())
         await self._report({"type": "state", "state": "starting"})
         self._spawn_task(self._watch_exit(self.workload, generation))
@@ -281,6 +312,29 @@ class HostSupervisor:
         self._restarts[kind] = self._restarts.get(kind, 0) + 1
         self.metrics.restarts.labels(kind=kind).inc()
         await self._report({"type": "stopped", "generation": generation})
+
+    async def _prestart_standby(self) -> None:
+        """Start the next generation's process now, while this one trains (spec.workload.standby)."""
+        if not self.job.spec.workload.standby or self._standby is not None or self._finished.is_set():
+            return
+        env = self._workload_env(self.generation, "", None)
+        for key in (protocol.ENV_GENERATION, protocol.ENV_COORDINATOR, protocol.ENV_RESTORE_STEP):
+            env.pop(key)  # they come with `go`
+        env[protocol.ENV_STANDBY] = "1"
+        standby = Standby(await WorkloadProcess.spawn(self._argv(), env, self._dir / "workload.log"))
+        self._standby = standby
+        self._spawn_task(self._watch_standby(standby))
+
+    async def _watch_standby(self, standby: Standby) -> None:
+        await standby.process.wait()
+        if self._standby is standby:  # died before it was needed: the next restart spawns afresh
+            self._standby = None
+            self._log({"source": "supervisor", "type": "standby_lost", "pid": standby.process.pid})
+
+    def _drop_standby(self) -> None:
+        if self._standby is not None:
+            self._standby.process.kill_group()
+            self._standby = None
 
     # --- watching the workload ----------------------------------------------------------------
     async def _watch_exit(self, workload: WorkloadProcess, generation: int) -> None:
@@ -339,16 +393,29 @@ class HostSupervisor:
     async def _sdk_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         generation = self.generation
         try:
-            while line := await reader.readline():
+            line = await reader.readline()
+            standby = self._standby
+            if line and standby is not None and self._is_standby_hello(protocol.decode(line), standby):
+                standby.writer = writer
+                standby.ready.set()
+                await standby.promoted.wait()
+                generation = standby.generation  # it speaks for the generation it was promoted to
+                line = await reader.readline()
+            while line:
                 if generation != self.generation or self._stopping:
                     break  # a process of an older generation: its word no longer counts
                 await self._on_event(protocol.decode(line))
+                line = await reader.readline()
         except (ConnectionError, ValueError):
             pass
         finally:
             writer.close()
             if generation in self._sdk_eof:
                 self._sdk_eof[generation].set()
+
+    @staticmethod
+    def _is_standby_hello(message: dict[str, Any], standby: Standby) -> bool:
+        return bool(message.get("standby")) and message.get("pid") == standby.process.pid
 
     async def _on_event(self, message: dict[str, Any]) -> None:
         now = time.time()
@@ -367,7 +434,9 @@ class HostSupervisor:
             step = int(message["step"])
             duration = self.accountant.end_step(step, now)
             self.detector.step_completed(now, duration)
-            self._first_step_pending = False
+            if self._first_step_pending:
+                self._first_step_pending = False
+                self._spawn_task(self._prestart_standby())
             if duration is not None:
                 self.metrics.step_duration.observe(duration)
             self.metrics.steps.inc()

@@ -31,10 +31,19 @@ def write_job(path: Path, **spec_changes: Any) -> Path:
 def sdk_loop_job(path: Path, steps: int = 40, **spec_changes: Any) -> Path:
     """A fast job: the numpy SDK example loop (50 ms steps) instead of the JAX trainer."""
     changes: dict[str, Any] = {
-        "workload": {"command": [sys.executable, str(SDK_LOOP)], "args": [], "steps": steps}
+        "workload": {
+            "command": [sys.executable, str(SDK_LOOP)],
+            "args": [],
+            "steps": steps,
+            "standby": False,
+        },
+        "checkpoint": {"interval": 5},
     }
-    changes["checkpoint"] = {"interval": 5}
-    changes.update(spec_changes)
+    for key, value in spec_changes.items():
+        if isinstance(value, dict) and isinstance(changes.get(key), dict):
+            changes[key] = {**changes[key], **value}
+        else:
+            changes[key] = value
     return write_job(path, **changes)
 
 

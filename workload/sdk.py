@@ -137,14 +137,38 @@ class Session:
             self._sock = None
 
 
+def _await_go(sock: socket.socket) -> dict[str, str]:
+    """As a standby: say so, then block until the supervisor hands over a generation."""
+    sock.sendall(
+        protocol.encode({"type": Event.HELLO.value, "t": time.time(), "pid": os.getpid(), "standby": True})
+    )
+    line = sock.makefile("rb").readline()
+    if not line:
+        raise SystemExit(0)  # the supervisor no longer needs this standby
+    message = protocol.decode(line)
+    if message["type"] != protocol.GO:
+        raise RuntimeError(f"slicekeeper standby: expected 'go', got {message['type']!r}")
+    return {str(k): str(v) for k, v in message["env"].items()}
+
+
 def connect(env: dict[str, str] | None = None) -> Session:
-    """Connect to this host's supervisor (or run standalone when none is configured)."""
-    identity = HostIdentity.from_env(env)
-    path = (dict(os.environ) if env is None else env).get(protocol.ENV_SOCKET)
+    """Connect to this host's supervisor (or run standalone when none is configured).
+
+    Call it after your imports and before any work: a standby process blocks here until its
+    supervisor promotes it at a restart, with the identity of that generation.
+    """
+    environment = dict(os.environ) if env is None else env
+    path = environment.get(protocol.ENV_SOCKET)
     sock: socket.socket | None = None
     if path:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(path)
+        if environment.get(protocol.ENV_STANDBY) == "1":
+            generation_env = _await_go(sock)
+            environment.update(generation_env)
+            if env is None:
+                os.environ.update(generation_env)  # e.g. for jax.distributed's own discovery
+    identity = HostIdentity.from_env(environment)
     session = Session(identity, sock)
     session._send(Event.HELLO, pid=os.getpid(), generation=identity.generation)
     return session

@@ -312,3 +312,40 @@ def test_without_a_coordinator_jax_reads_its_own_variables(coordinator):
     extra = {} if coordinator is None else {protocol.ENV_COORDINATOR: coordinator}
     session = connect(env_for(None, **extra))
     assert session.jax_distributed_args() == {}
+
+
+def test_a_standby_blocks_in_connect_until_go_and_takes_that_generation(tmp_path):
+    import json
+    import socket as socket_module
+    import threading
+
+    path = str(tmp_path / "sdk.sock")
+    server = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    received: list[dict] = []
+
+    def supervisor() -> None:
+        connection, _ = server.accept()
+        stream = connection.makefile("rb")
+        received.append(json.loads(stream.readline()))  # the standby hello
+        go = {
+            "SLICEKEEPER_GENERATION": "3",
+            "SLICEKEEPER_COORDINATOR": "127.0.0.1:9",
+            "SLICEKEEPER_RESTORE_STEP": "40",
+        }
+        connection.sendall(protocol.encode({"type": protocol.GO, "env": go}))
+        received.append(json.loads(stream.readline()))  # the hello of generation 3
+        connection.close()
+
+    thread = threading.Thread(target=supervisor)
+    thread.start()
+    env = {"SLICEKEEPER_SOCKET": path, "SLICEKEEPER_STANDBY": "1", "SLICEKEEPER_HOST": "2"}
+    session = connect(env)
+    thread.join(5)
+    assert received[0]["standby"] is True
+    assert (session.identity.generation, session.identity.restore_step) == (3, 40)
+    assert session.identity.coordinator == "127.0.0.1:9" and session.identity.host == 2
+    assert received[1]["type"] == "hello" and received[1]["generation"] == 3
+    session.close()
+    server.close()
