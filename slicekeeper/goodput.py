@@ -18,6 +18,8 @@ from __future__ import annotations
 import statistics
 from enum import StrEnum
 
+from slicekeeper.protocol import Phase
+
 
 class Category(StrEnum):
     PRODUCTIVE = "productive"
@@ -33,6 +35,17 @@ class Category(StrEnum):
 
 
 BADPUT = [c for c in Category if c is not Category.PRODUCTIVE]
+
+PHASE_CATEGORY = {
+    Phase.TPU_INITIALIZATION: Category.TPU_INITIALIZATION,
+    Phase.TRAINING_PREP: Category.TRAINING_PREP,
+    Phase.PROGRAM_STARTUP: Category.PROGRAM_STARTUP,
+    Phase.DATA_LOADING: Category.DATA_LOADING,
+    Phase.CHECKPOINT_SAVE: Category.CHECKPOINT_SAVE,
+    Phase.CHECKPOINT_RESTORE: Category.CHECKPOINT_RESTORE,
+    Phase.IDLE: Category.OTHER,
+}
+"""Where the time of each phase a workload reports goes."""
 
 
 def ideal_step_seconds(durations: list[float]) -> float | None:

@@ -29,7 +29,7 @@ from slicekeeper.supervisor.workload_process import WorkloadProcess
 
 from slicekeeper import protocol
 from slicekeeper.chaos import Fault, FaultKind, parse_chaos
-from slicekeeper.goodput import Category, GoodputAccountant
+from slicekeeper.goodput import PHASE_CATEGORY, Category, GoodputAccountant
 from slicekeeper.protocol import Event, Phase
 
 SDK_DRAIN_SECONDS = 1.0
@@ -37,16 +37,6 @@ SDK_DRAIN_SECONDS = 1.0
 
 WATCH_INTERVAL = 0.05
 """Seconds between hang checks; bounds the detection latency added on top of the timeout."""
-
-PHASE_CATEGORY = {
-    Phase.TPU_INITIALIZATION: Category.TPU_INITIALIZATION,
-    Phase.TRAINING_PREP: Category.TRAINING_PREP,
-    Phase.PROGRAM_STARTUP: Category.PROGRAM_STARTUP,
-    Phase.DATA_LOADING: Category.DATA_LOADING,
-    Phase.CHECKPOINT_SAVE: Category.CHECKPOINT_SAVE,
-    Phase.CHECKPOINT_RESTORE: Category.CHECKPOINT_RESTORE,
-    Phase.IDLE: Category.OTHER,
-}
 
 
 @dataclass
@@ -500,14 +490,3 @@ class HostSupervisor:
         }
         (self._dir / "report.json").write_text(json.dumps(report, indent=1))
         self._events.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m slicekeeper.supervisor")
-    parser.add_argument("--plan", required=True, type=Path, help="the job plan (plan.json)")
-    parser.add_argument("--host", required=True, type=int, help="this host's index (JAX process id)")
-    args = parser.parse_args(argv)
-    plan = JobPlan.read(args.plan)
-    return asyncio.run(HostSupervisor(plan, args.host).run())

@@ -66,9 +66,16 @@ async def join(port: int, hosts: int) -> list[Member]:
     return members
 
 
-async def running_job(hosts: int = 2, max_restarts: int = 3) -> tuple[Leader, list[Member]]:
+async def running_job(
+    hosts: int = 2, max_restarts: int = 3, max_restarts_without_progress: int = 3
+) -> tuple[Leader, list[Member]]:
     """A leader with every member registered and the `start` of generation 0 consumed."""
-    leader = Leader(hosts=hosts, max_restarts=max_restarts, coordinator_address=coordinator)
+    leader = Leader(
+        hosts=hosts,
+        max_restarts=max_restarts,
+        coordinator_address=coordinator,
+        max_restarts_without_progress=max_restarts_without_progress,
+    )
     port = await leader.serve("127.0.0.1", 0)
     members = await join(port, hosts)
     for member in members:
@@ -353,15 +360,7 @@ def test_with_no_restarts_allowed_the_first_fault_fails_the_job():
 
 def test_a_job_that_never_completes_a_step_fails_before_the_budget_is_spent():
     async def scenario():
-        leader = Leader(
-            hosts=2, max_restarts=10, coordinator_address=coordinator, max_restarts_without_progress=2
-        )
-        port = await leader.serve("127.0.0.1", 0)
-        members = await join(port, 2)
-        for member in members:
-            await member.send("register", metrics_port=None)
-        for member in members:
-            assert (await member.receive())["type"] == "start"
+        leader, members = await running_job(hosts=2, max_restarts=10, max_restarts_without_progress=2)
         await restart(members, generation=0)  # the first start made no progress: one strike
         await members[0].fault(1)  # nor did the second: the job fails
         for member in members:
@@ -376,15 +375,7 @@ def test_a_job_that_never_completes_a_step_fails_before_the_budget_is_spent():
 
 def test_a_completed_step_resets_the_count_of_starts_without_progress():
     async def scenario():
-        leader = Leader(
-            hosts=2, max_restarts=10, coordinator_address=coordinator, max_restarts_without_progress=2
-        )
-        port = await leader.serve("127.0.0.1", 0)
-        members = await join(port, 2)
-        for member in members:
-            await member.send("register", metrics_port=None)
-        for member in members:
-            assert (await member.receive())["type"] == "start"
+        leader, members = await running_job(hosts=2, max_restarts=10, max_restarts_without_progress=2)
         await restart(members, generation=0)  # no progress: one strike
         await members[0].progress(1, step=1, t=10.0)  # then a step: the count starts over
         starts = await restart(members, generation=1)
