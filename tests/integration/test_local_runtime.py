@@ -123,7 +123,8 @@ def test_a_standby_process_takes_over_at_each_restart_with_nothing_lost(tmp_path
     assert report["restarts"] == {"crash": 1, "hang": 1}
     for host in range(4):
         events = (Path(report["run_dir"]) / f"host-{host}" / "events.jsonl").read_text()
-        # The first restart finds every standby ready (started after step 1, long before the kill);
-        # a standby not yet ready at a restart (a loaded machine) is replaced by a fresh start.
+        # A standby starts after a generation's first step; the hang restart comes seconds after the
+        # kill restart, so its standby is ready. One not yet ready (e.g. the kill restart, on a loaded
+        # machine) is replaced by a fresh start.
         assert events.count('"standby_promoted"') >= 1
     assert processes_mentioning(report["run_dir"]) == []  # the last, unused standby too
