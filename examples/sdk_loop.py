@@ -32,5 +32,6 @@ for step in range(first, session.total_steps + 1):
         record.loss = float(np.mean(params**2))
     checkpointer.maybe_save(step, lambda params=params: {"params": params.copy()})
 
-checkpointer.close()
+with session.phase(sk.Phase.TEARDOWN):
+    checkpointer.close()  # waits for the last write
 session.done(session.total_steps, hashlib.sha256(params.tobytes()).hexdigest())

@@ -43,6 +43,7 @@ PHASE_CATEGORY = {
     Phase.DATA_LOADING: Category.DATA_LOADING,
     Phase.CHECKPOINT_SAVE: Category.CHECKPOINT_SAVE,
     Phase.CHECKPOINT_RESTORE: Category.CHECKPOINT_RESTORE,
+    Phase.TEARDOWN: Category.OTHER,
     Phase.IDLE: Category.OTHER,
 }
 """Where the time of each phase a workload reports goes."""

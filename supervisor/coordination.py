@@ -30,6 +30,12 @@ from typing import Any
 
 from slicekeeper import protocol
 
+STOP_ACK_SECONDS = 30.0
+"""How long every member gets to kill its workload and ack a stop before the job fails."""
+
+WATCHER_BUFFER_LIMIT = 1 << 20
+"""Bytes of status lines a watcher may fall behind by before it is dropped."""
+
 
 class JobState(StrEnum):
     REGISTERING = "registering"
@@ -46,6 +52,8 @@ class HostStatus:
     loss: float | None = None
     metrics_port: int | None = None
     committed: set[int] = field(default_factory=set)
+    invalid: set[int] = field(default_factory=set)
+    """Steps found corrupt or whose save failed on this host: never chosen for a restore."""
     steps_seen: list[tuple[float, int]] = field(default_factory=list)
 
 
@@ -57,6 +65,8 @@ class FaultRecord:
     host: int
     step: int
     fired_at: float
+    generation: int
+    """The generation the fault fired in; only a detection in that generation is its detection."""
     detected_at: float | None = None
     detected_as: str | None = None
     resumed_at: float | None = None
@@ -112,6 +122,8 @@ class Leader:
         self.high_water = 0
         self._awaiting_resume: list[FaultRecord] = []
         self.failure_reason: str | None = None
+        self._ack_deadline: asyncio.TimerHandle | None = None
+        self._overdue: asyncio.Future[None] | None = None
         self.started_at = time.time()
         self._server: asyncio.Server | None = None
         self.done = asyncio.Event()
@@ -145,8 +157,13 @@ class Leader:
             await send(writer, message)
 
     async def _notify(self, message: dict[str, Any]) -> None:
+        """Watchers never hold the job up: no waiting on them; one that falls far behind is dropped."""
         for writer in list(self._watchers):
-            await send(writer, message)
+            if writer.transport.get_write_buffer_size() > WATCHER_BUFFER_LIMIT:
+                self._watchers.remove(writer)
+                writer.close()
+            else:
+                writer.write(protocol.encode(message))
 
     async def _event(self, text: str, **fields: Any) -> None:
         await self._notify({"type": "event", "t": time.time(), "text": text, **fields})
@@ -176,15 +193,25 @@ class Leader:
             if message.get("retained") is not None:
                 status.committed &= {int(s) for s in message["retained"]}
         elif kind == "checkpoint_invalid":
+            status.invalid.add(int(message["step"]))
             status.committed.discard(int(message["step"]))
         elif kind == "chaos":
-            record = FaultRecord(message["kind"], host, int(message["step"]), float(message["t"]))
+            record = FaultRecord(
+                message["kind"],
+                host,
+                int(message["step"]),
+                float(message["t"]),
+                int(message.get("generation", -1)),
+            )
             self.faults.append(record)
             await self._event(f"chaos: {message['kind']} host {host} at step {message['step']}", host=host)
         elif kind == "fault":
             await self._fault(host, message)
         elif kind == "stopped":
             if int(message["generation"]) == self.generation and self.state is JobState.STOPPING:
+                if message.get("committed") is not None:
+                    # Read from disk once the workload was dead: what the host really holds now.
+                    status.committed = {int(s) for s in message["committed"]} - status.invalid
                 self._stopped.add(host)
                 status.state = "stopped"
                 if len(self._stopped) == self.hosts:
@@ -223,34 +250,46 @@ class Leader:
         if generation != self.generation or self.state is not JobState.RUNNING:
             return  # already being handled: one restart per generation
         kind, detail, now = message["kind"], message.get("detail", ""), float(message["t"])
-        detection = Detection(kind, host, generation, now, detail)
-        self.detections.append(detection)
+        # Decide before the first await: a concurrent report of the same stall must see STOPPING.
+        self._restarts_without_progress = (
+            0 if self._progress_this_generation else self._restarts_without_progress + 1
+        )
+        if self._restarts_without_progress >= self.max_restarts_without_progress:
+            reason = (
+                f"no progress across {self._restarts_without_progress} consecutive starts "
+                f"(spec.health.maxRestartsWithoutProgress); last fault: {kind} on host {host} ({detail})"
+            )
+        elif sum(self.restarts.values()) >= self.max_restarts:
+            reason = (
+                f"restart budget spent: {self.max_restarts} in-job restarts (spec.health.maxRestarts); "
+                f"last fault: {kind} on host {host} ({detail})"
+            )
+        else:
+            reason = None
+            self.restarts[kind] += 1
+            self.state = JobState.STOPPING
+            self._stopped.clear()
+        self.detections.append(Detection(kind, host, generation, now, detail))
         for record in self.faults:
-            if record.detected_at is None:
+            if record.detected_at is None and record.generation == generation:
                 record.detected_at, record.detected_as = now, kind
                 record.high_water_at_detection = self.high_water
                 record.detected_in_generation = generation
                 self._awaiting_resume.append(record)
         await self._event(f"{kind} detected on host {host}: {detail}", host=host, kind=kind)
-        self._restarts_without_progress = (
-            0 if self._progress_this_generation else self._restarts_without_progress + 1
-        )
-        if self._restarts_without_progress >= self.max_restarts_without_progress:
-            await self._fail(
-                f"no progress across {self._restarts_without_progress} consecutive starts "
-                f"(spec.health.maxRestartsWithoutProgress); last fault: {kind} on host {host} ({detail})"
+        if reason is not None:
+            await self._fail(reason)
+        else:
+            await self._broadcast({"type": "stop", "generation": self.generation, "kind": kind})
+            self._ack_deadline = asyncio.get_running_loop().call_later(
+                STOP_ACK_SECONDS, self._acks_overdue, self.generation
             )
-            return
-        if sum(self.restarts.values()) >= self.max_restarts:
-            await self._fail(
-                f"restart budget spent: {self.max_restarts} in-job restarts (spec.health.maxRestarts); "
-                f"last fault: {kind} on host {host} ({detail})"
-            )
-            return
-        self.restarts[kind] += 1
-        self.state = JobState.STOPPING
-        self._stopped.clear()
-        await self._broadcast({"type": "stop", "generation": self.generation, "kind": kind})
+
+    def _acks_overdue(self, generation: int) -> None:
+        if self.state is JobState.STOPPING and self.generation == generation:
+            missing = sorted(set(range(self.hosts)) - self._stopped)
+            reason = f"host(s) {missing} did not stop their workload within {STOP_ACK_SECONDS:.0f} s"
+            self._overdue = asyncio.ensure_future(self._fail(reason))
 
     def restore_step(self) -> int | None:
         """The newest step every host has committed, or None."""
@@ -258,6 +297,8 @@ class Leader:
         return max(common) if common else None
 
     async def _start(self, restore_step: int | None) -> None:
+        if self._ack_deadline is not None:
+            self._ack_deadline.cancel()
         if self.state is not JobState.REGISTERING:
             self.generation += 1
         for status in self.status.values():

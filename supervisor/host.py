@@ -65,6 +65,7 @@ class HostSupervisor:
         self.generation = -1
         self.workload: WorkloadProcess | None = None
         self._standby: Standby | None = None
+        self._standby_starting = False
         self._stopping = False
         self._done_message: dict[str, Any] | None = None
         self._hang_reported = False
@@ -135,7 +136,7 @@ class HostSupervisor:
         finally:
             watchdog.cancel()
             self._drop_standby()
-            if self.workload is not None and self.workload.running:
+            if self.workload is not None:
                 await self.workload.stop()
             sdk_server.close()
             self._write_report()
@@ -164,6 +165,7 @@ class HostSupervisor:
 
     def _terminate(self, reason: str, exit_code: int = 130) -> None:
         self._exit_code = exit_code
+        self.accountant.interrupt(time.time())
         self._drop_standby()
         if self.workload is not None:
             self.workload.kill_group()
@@ -181,8 +183,12 @@ class HostSupervisor:
         lines = asyncio.create_task(self._leader_lines(reader))
         finished = asyncio.create_task(self._finished.wait())
         await asyncio.wait({lines, finished}, return_when=asyncio.FIRST_COMPLETED)
-        lines.cancel()
         finished.cancel()
+        if lines.done() and not lines.cancelled() and lines.exception() is not None:
+            error = lines.exception()
+            traceback.print_exception(error, file=sys.stderr)
+            self._exit_code = 1
+        lines.cancel()
 
     async def _leader_lines(self, reader: asyncio.StreamReader) -> None:
         while True:
@@ -205,6 +211,7 @@ class HostSupervisor:
                 self._exit_code = 0
                 return
             elif kind == "fail":
+                self.accountant.interrupt(time.time())
                 print(f"[host {self.host}] job failed: {message['reason']}", file=sys.stderr, flush=True)
                 self._exit_code = 1
                 return
@@ -282,11 +289,19 @@ class HostSupervisor:
             self._log({"source": "supervisor", "type": "standby_promoted", "pid": standby.process.pid})
         else:
             self._drop_standby()
-            self.workload = await WorkloadProcess.spawn(
-                self._argv(),
-                self._workload_env(generation, coordinator, restore_step),
-                self._dir / "workload.log",
-            )
+            try:
+                self.workload = await WorkloadProcess.spawn(
+                    self._argv(),
+                    self._workload_env(generation, coordinator, restore_step),
+                    self._dir / "workload.log",
+                )
+            except OSError as error:
+                self.workload = None
+                detail = f"cannot start the workload {self._argv()[0]!r}: {error.strerror or error}"
+                await self._report(
+                    {"type": "fault", "generation": generation, "kind": "crash", "detail": detail}
+                )
+                return
         self.accountant.switch(Category.PROGRAM_STARTUP, time.time())
         await self._report({"type": "state", "state": "starting"})
         self._spawn_task(self._watch_exit(self.workload, generation))
@@ -296,22 +311,35 @@ class HostSupervisor:
             return
         self._stopping = True
         self._log({"source": "leader", "type": "stop", "generation": generation, "kind": kind})
-        if self.workload is not None and self.workload.running:
-            await self.workload.stop()
+        if self.workload is not None:
+            await self.workload.stop()  # the whole group, even when the main process is already gone
         self.accountant.interrupt(time.time())
         self._restarts[kind] = self._restarts.get(kind, 0) + 1
         self.metrics.restarts.labels(kind=kind).inc()
-        await self._report({"type": "stopped", "generation": generation})
+        committed = protocol.committed_local_steps(self.plan.checkpoint_dir(self.host))
+        await self._report({"type": "stopped", "generation": generation, "committed": committed})
 
     async def _prestart_standby(self) -> None:
         """Start the next generation's process now, while this one trains (spec.workload.standby)."""
-        if not self.job.spec.workload.standby or self._standby is not None or self._finished.is_set():
+        if (
+            not self.job.spec.workload.standby
+            or self._standby is not None
+            or self._standby_starting
+            or self._finished.is_set()
+        ):
             return
+        self._standby_starting = True
         env = self._workload_env(self.generation, "", None)
         for key in (protocol.ENV_GENERATION, protocol.ENV_COORDINATOR, protocol.ENV_RESTORE_STEP):
             env.pop(key)  # they come with `go`
         env[protocol.ENV_STANDBY] = "1"
-        standby = Standby(await WorkloadProcess.spawn(self._argv(), env, self._dir / "workload.log"))
+        try:
+            standby = Standby(await WorkloadProcess.spawn(self._argv(), env, self._dir / "workload.log"))
+        finally:
+            self._standby_starting = False
+        if self._finished.is_set():
+            standby.process.kill_group()
+            return
         self._standby = standby
         self._spawn_task(self._watch_standby(standby))
 
@@ -360,13 +388,7 @@ class HostSupervisor:
             await asyncio.sleep(WATCH_INTERVAL)
             now = time.time()
             self.metrics.hang_timeout.set(self.detector.limit())
-            if (
-                self.workload is None
-                or not self.workload.running
-                or self._stopping
-                or self._hang_reported
-                or self._done_message is not None
-            ):
+            if self.workload is None or not self.workload.running or self._stopping or self._hang_reported:
                 continue
             if self.detector.hung(now):
                 self._hang_reported = True
@@ -388,15 +410,28 @@ class HostSupervisor:
             if line and standby is not None and self._is_standby_hello(protocol.decode(line), standby):
                 standby.writer = writer
                 standby.ready.set()
-                await standby.promoted.wait()
+                promoted = asyncio.ensure_future(standby.promoted.wait())
+                exited = asyncio.ensure_future(standby.process.wait())
+                await asyncio.wait({promoted, exited}, return_when=asyncio.FIRST_COMPLETED)
+                promoted.cancel()
+                exited.cancel()
+                if not standby.promoted.is_set():
+                    return  # dropped or dead before it was needed
                 generation = standby.generation  # it speaks for the generation it was promoted to
                 line = await reader.readline()
             while line:
                 if generation != self.generation or self._stopping:
                     break  # a process of an older generation: its word no longer counts
-                await self._on_event(protocol.decode(line))
+                try:
+                    await self._on_event(protocol.decode(line))
+                except (ValueError, KeyError, TypeError) as error:
+                    print(
+                        f"[host {self.host}] ignored a malformed SDK message {line[:200]!r}: {error!r}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 line = await reader.readline()
-        except (ConnectionError, ValueError):
+        except ConnectionError:
             pass
         finally:
             writer.close()
@@ -451,7 +486,7 @@ class HostSupervisor:
                 flush=True,
             )
         elif event is Event.DONE:
-            self.detector.activity(now)
+            self.detector.activity(now, Phase.TEARDOWN)  # it must still exit, within the phase allowance
             self._done_message = message
             self._fingerprint = message.get("fingerprint")
         else:
@@ -463,7 +498,15 @@ class HostSupervisor:
             self.faults.remove(fault)
             assert self.workload is not None
             self._spawn_task(
-                self._report({"type": "chaos", "kind": fault.kind.value, "step": step, "fault": str(fault)})
+                self._report(
+                    {
+                        "type": "chaos",
+                        "kind": fault.kind.value,
+                        "step": step,
+                        "fault": str(fault),
+                        "generation": self.generation,
+                    }
+                )
             )
             if fault.kind is FaultKind.KILL:
                 self.workload.signal(signal.SIGKILL)

@@ -183,10 +183,18 @@ class LocalRuntime:
         if not self._interrupted:
             self._interrupted = True
             self._say("\nslicekeeper: interrupted; stopping every host")
+            asyncio.get_running_loop().call_later(STOP_GRACE_SECONDS, self._kill_all)
         for process in self._supervisors:
             if process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     process.send_signal(signal.SIGTERM)
+
+    def _kill_all(self) -> None:
+        """The grace period is over: SIGKILL every supervisor's process group (workloads follow)."""
+        for process in self._supervisors:
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
 
     async def _stop_all(self) -> None:
         """Nothing left running: SIGTERM, a grace period, then SIGKILL of each process group."""

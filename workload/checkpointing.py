@@ -43,7 +43,9 @@ class Checkpointer:
             try:
                 shards = self.tier.restore(step)
             except CorruptCheckpoint as error:
-                # Tell the supervisor before dying, so the next attempt agrees on an older step.
+                # Set it aside and tell the supervisor before dying: the next attempt agrees on an
+                # older step.
+                self.tier.quarantine(step)
                 self._session.checkpoint_failed(step, tier="local", reason=f"corrupt at restore: {error}")
                 raise
         self._session.checkpoint_restored(step, tier="local")

@@ -12,7 +12,6 @@ deadlocks on CPU. A per-host copy of addressable shards is exactly what those ru
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -22,12 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
+from slicekeeper import protocol
+
 Shards = dict[str, np.ndarray]
 """Flat mapping of a shard's name (leaf and position) to its data."""
 
-MANIFEST = "manifest.json"
-_PREFIX = "step-"
-_TMP = ".tmp"
+MANIFEST = protocol.LOCAL_MANIFEST
+_PREFIX = protocol.LOCAL_STEP_PREFIX
+_TMP = protocol.LOCAL_TMP_SUFFIX
 
 
 class CorruptCheckpoint(Exception):
@@ -60,16 +61,10 @@ class LocalTier:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slicekeeper-local-tier")
 
     def _step_dir(self, step: int) -> Path:
-        return self.directory / f"{_PREFIX}{step:08d}"
+        return protocol.local_step_dir(self.directory, step)
 
     def committed_steps(self) -> list[int]:
-        steps = []
-        for entry in self.directory.glob(f"{_PREFIX}*"):
-            if entry.name.endswith(_TMP) or not (entry / MANIFEST).is_file():
-                continue
-            with contextlib.suppress(ValueError):
-                steps.append(int(entry.name.removeprefix(_PREFIX)))
-        return sorted(steps)
+        return protocol.committed_local_steps(self.directory)
 
     def save_async(self, step: int, shards: Shards) -> Future[None]:
         """Write `shards` for `step` in the background; the future fails if the save did."""
@@ -118,6 +113,14 @@ class LocalTier:
                 raise CorruptCheckpoint(f"{file}: checksum mismatch for shard {name}")
             shards[name] = np.load(file, allow_pickle=False)
         return shards
+
+    def quarantine(self, step: int) -> None:
+        """Set a corrupt step aside (kept for a post-mortem, never listed or restored again)."""
+        folder = self._step_dir(step)
+        if folder.exists():
+            target = folder.with_name(folder.name + ".corrupt")
+            shutil.rmtree(target, ignore_errors=True)
+            os.rename(folder, target)
 
     def discard_after(self, step: int | None) -> None:
         """Drop steps newer than `step` (all when None) and unfinished saves: never agreed on."""

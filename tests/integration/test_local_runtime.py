@@ -128,3 +128,11 @@ def test_a_standby_process_takes_over_at_each_restart_with_nothing_lost(tmp_path
         # machine) is replaced by a fresh start.
         assert events.count('"standby_promoted"') >= 1
     assert processes_mentioning(report["run_dir"]) == []  # the last, unused standby too
+
+
+def test_a_workload_that_cannot_be_started_fails_the_job_with_the_reason(tmp_path):
+    result, report = run_job(tmp_path, workload={"command": ["/nonexistent/trainer"]})
+    assert result.returncode == 1
+    assert "cannot start the workload '/nonexistent/trainer'" in result.stderr
+    assert "no progress across 3 consecutive starts" in result.stderr
+    assert processes_mentioning(report["run_dir"]) == []

@@ -101,7 +101,7 @@ async def killed_after_five_steps() -> tuple[Leader, list[Member]]:
     leader, members = await running_job(hosts=2)
     for step in (1, 2, 3, 4, 5):
         await members[0].progress(0, step=step, t=90.0 + step)
-    await members[1].send("chaos", kind="kill", step=5, t=96.0)
+    await members[1].send("chaos", kind="kill", step=5, t=96.0, generation=0)
     await eventually(lambda: leader.high_water == 5 and len(leader.faults) == 1)
     await members[1].fault(0, kind="crash", t=97.5)
     for member in members:
@@ -484,7 +484,7 @@ def test_an_injected_fault_gets_its_detection_resumption_and_productive_times():
 def test_an_injected_fault_never_detected_keeps_its_times_empty():
     async def scenario():
         leader, members = await running_job(hosts=2)
-        await members[0].send("chaos", kind="hang", step=3, t=50.0)
+        await members[0].send("chaos", kind="hang", step=3, t=50.0, generation=0)
         await members[0].progress(0, step=4, t=51.0)
         await eventually(lambda: leader.status[0].step == 4)
         [fault] = leader.summary()["faults"]
@@ -513,6 +513,80 @@ def test_a_step_completed_while_the_job_is_stopping_does_not_raise_the_high_wate
         [fault] = leader.summary()["faults"]
         assert fault["resumed_at"] == pytest.approx(110.0)
         assert fault["productive_at"] == pytest.approx(110.0)  # step 6 was never completed before
+        await shut(leader, members)
+
+    run(scenario)
+
+
+def test_the_restore_step_comes_from_what_each_host_lists_on_disk_when_it_stops():
+    async def scenario():
+        leader, members = await running_job(hosts=2)
+        for member in members:  # what the events said: both hold 10 and 20
+            await member.send("checkpoint", step=10)
+            await member.send("checkpoint", step=20)
+        await eventually(lambda: all(leader.status[h].committed == {10, 20} for h in (0, 1)))
+        await members[0].fault(0)
+        for member in members:
+            assert (await member.receive())["type"] == "stop"
+        # retention deleted 10 and 20 on host 0 after its last report; 30 committed everywhere
+        await members[0].send("stopped", generation=0, committed=[30])
+        await members[1].send("stopped", generation=0, committed=[20, 30])
+        starts = [await member.receive() for member in members]
+        assert [s["restore_step"] for s in starts] == [30, 30]
+        await shut(leader, members)
+
+    run(scenario)
+
+
+def test_a_step_reported_invalid_stays_excluded_even_if_still_listed_on_disk():
+    async def scenario():
+        leader, members = await running_job(hosts=2)
+        await members[1].send("checkpoint_invalid", step=30)
+        await eventually(lambda: 30 in leader.status[1].invalid)
+        await members[0].fault(0)
+        for member in members:
+            assert (await member.receive())["type"] == "stop"
+        await members[0].send("stopped", generation=0, committed=[20, 30])
+        await members[1].send("stopped", generation=0, committed=[20, 30])
+        assert [(await m.receive())["restore_step"] for m in members] == [20, 20]
+        await shut(leader, members)
+
+    run(scenario)
+
+
+def test_a_fault_fired_in_an_older_generation_is_not_credited_to_a_later_detection():
+    async def scenario():
+        leader, members = await running_job(hosts=2)
+        await members[0].send("chaos", kind="hang", step=3, t=50.0, generation=0)
+        await restart(members, generation=0)  # generation 0 ended by a crash elsewhere: not the hang
+        await eventually(lambda: leader.generation == 1)
+        [fault] = leader.summary()["faults"]
+        assert fault["detected_as"] == "crash"  # detected in its own generation 0
+        await members[1].send("chaos", kind="kill", step=9, t=60.0, generation=0)  # a late report
+        await eventually(lambda: len(leader.faults) == 2)
+        await members[1].fault(1, t=61.0)
+        for member in members:
+            assert (await member.receive())["type"] == "stop"
+        assert leader.summary()["faults"][1]["detected_at"] is None
+        await shut(leader, members)
+
+    run(scenario)
+
+
+def test_a_member_that_never_acks_a_stop_fails_the_job(monkeypatch):
+    from slicekeeper.supervisor import coordination
+
+    monkeypatch.setattr(coordination, "STOP_ACK_SECONDS", 0.2)
+
+    async def scenario():
+        leader, members = await running_job(hosts=2)
+        await members[0].fault(0)
+        for member in members:
+            assert (await member.receive())["type"] == "stop"
+        await members[0].send("stopped", generation=0)  # host 1 never answers
+        message = await members[0].receive()
+        assert message["type"] == "fail"
+        assert "host(s) [1] did not stop their workload within" in message["reason"]
         await shut(leader, members)
 
     run(scenario)

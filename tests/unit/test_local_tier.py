@@ -269,3 +269,30 @@ def test_the_manifest_records_the_step_and_a_checksum_for_every_shard(tier):
     assert manifest["step"] == 10
     assert set(manifest["shards"]) == set(shards_for(10))
     assert all(len(entry["sha256"]) == 64 for entry in manifest["shards"].values())
+
+
+def test_a_step_found_corrupt_at_restore_is_set_aside_and_reported(tmp_path):
+    from slicekeeper.workload.checkpointing import Checkpointer
+    from slicekeeper.workload.local_tier import CorruptCheckpoint
+    from slicekeeper.workload.sdk import HostIdentity, Session
+
+    from slicekeeper import protocol
+
+    sent: list[dict] = []
+
+    class Recording(Session):
+        def _send(self, event, **fields):
+            sent.append({"type": event.value, **fields})
+
+    identity = HostIdentity.from_env(
+        {"SLICEKEEPER_CHECKPOINT_DIR": str(tmp_path), "SLICEKEEPER_CHECKPOINT_KEEP": "5"}
+    )
+    checkpointer = Checkpointer(Recording(identity, None))
+    checkpointer.tier.save_async(10, {"x": np.arange(4.0)}).result()
+    shard = next((tmp_path / "step-00000010").glob("*.npy"))
+    shard.write_bytes(shard.read_bytes()[:-3] + b"bad")
+    with pytest.raises(CorruptCheckpoint):
+        checkpointer.restore(10)
+    assert protocol.committed_local_steps(tmp_path) == []  # never listed again
+    assert (tmp_path / "step-00000010.corrupt").is_dir()  # kept for a post-mortem
+    assert [m["type"] for m in sent if m["type"] == "checkpoint_failed"] == ["checkpoint_failed"]

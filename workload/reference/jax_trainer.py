@@ -79,8 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             state, record.loss = model.train_step(state, model.global_batch(args.seed, step))
         checkpointer.maybe_save(step, state)
 
-    checkpointer.close()
-    session.done(identity.total_steps, fingerprint(state["params"]))
+    with session.phase(sk.Phase.TEARDOWN):
+        checkpointer.close()  # waits for the last write
+        params_fingerprint = fingerprint(state["params"])  # a gather across hosts
+    session.done(identity.total_steps, params_fingerprint)
     jax.distributed.shutdown()
     session.close()
     return 0
