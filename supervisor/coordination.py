@@ -190,8 +190,6 @@ class Leader:
             await self._progress(host, message)
         elif kind == "checkpoint":
             status.committed.add(int(message["step"]))
-            if message.get("retained") is not None:
-                status.committed &= {int(s) for s in message["retained"]}
         elif kind == "checkpoint_invalid":
             status.invalid.add(int(message["step"]))
             status.committed.discard(int(message["step"]))

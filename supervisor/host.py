@@ -473,9 +473,7 @@ class HostSupervisor:
             self.detector.activity(now)
             self._last_checkpoint = int(message["step"])
             self.metrics.last_checkpoint_step.set(self._last_checkpoint)
-            await self._report(
-                {"type": "checkpoint", "step": self._last_checkpoint, "retained": message.get("retained")}
-            )
+            await self._report({"type": "checkpoint", "step": self._last_checkpoint})
         elif event is Event.CHECKPOINT_FAILED:
             self.detector.activity(now)
             self.metrics.checkpoint_failures.labels(tier=message.get("tier", "local")).inc()

@@ -69,7 +69,7 @@ class Checkpointer:
             step, future = self._pending.pop(0)
             error = future.exception()
             if error is None:
-                self._session.checkpoint_saved(step, tier="local", retained=self.tier.committed_steps())
+                self._session.checkpoint_saved(step, tier="local")
             else:
                 print(f"slicekeeper: local checkpoint of step {step} failed: {error!r}", file=sys.stderr)
                 self._session.checkpoint_failed(step, tier="local", reason=repr(error))

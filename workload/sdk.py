@@ -111,13 +111,9 @@ class Session:
         yield record
         self._send(Event.STEP_END, step=step, loss=record.loss, **record.extra)
 
-    def checkpoint_saved(self, step: int, tier: str = "local", retained: list[int] | None = None) -> None:
-        """A checkpoint for `step` is committed (durable and complete) on this host.
-
-        `retained`: every step this host still holds in that tier after retention, so the
-        supervisor never picks a step this host has already deleted.
-        """
-        self._send(Event.CHECKPOINT_SAVED, step=step, tier=tier, retained=retained)
+    def checkpoint_saved(self, step: int, tier: str = "local") -> None:
+        """A checkpoint for `step` is committed (durable and complete) on this host."""
+        self._send(Event.CHECKPOINT_SAVED, step=step, tier=tier)
 
     def checkpoint_failed(self, step: int, tier: str = "local", reason: str = "") -> None:
         """`step` must never be used: its save failed, or it was found corrupt when restoring."""

@@ -115,7 +115,14 @@ def test_inside_a_non_step_phase_the_phase_allowance_applies():
 
 
 @pytest.mark.parametrize(
-    "phase", [Phase.CHECKPOINT_SAVE, Phase.CHECKPOINT_RESTORE, Phase.DATA_LOADING, Phase.TRAINING_PREP]
+    "phase",
+    [
+        Phase.CHECKPOINT_SAVE,
+        Phase.CHECKPOINT_RESTORE,
+        Phase.DATA_LOADING,
+        Phase.TRAINING_PREP,
+        Phase.TEARDOWN,
+    ],
 )
 def test_every_reported_phase_gets_the_phase_allowance(phase):
     detector = started(at=0.0)

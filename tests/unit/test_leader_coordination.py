@@ -234,23 +234,6 @@ def test_checkpoints_newer_than_the_restore_point_are_forgotten_at_the_restart()
     run(scenario)
 
 
-def test_a_step_a_host_no_longer_holds_is_never_chosen_for_the_restore():
-    async def scenario():
-        leader, members = await running_job(hosts=2)
-        for step in (10, 20):
-            await members[0].send("checkpoint", step=step)
-        await members[1].send("checkpoint", step=10)
-        await members[1].send("checkpoint", step=20, retained=[20])  # retention deleted step 10
-        await members[0].send("checkpoint", step=30, retained=[20, 30])
-        await eventually(
-            lambda: leader.status[0].committed == {20, 30} and leader.status[1].committed == {20}
-        )
-        assert [s["restore_step"] for s in await restart(members, generation=0)] == [20, 20]
-        await shut(leader, members)
-
-    run(scenario)
-
-
 def test_a_step_reported_invalid_is_never_chosen_for_the_restore():
     async def scenario():
         leader, members = await running_job(hosts=2)

@@ -182,13 +182,12 @@ def test_a_phase_that_raises_still_reports_going_back_to_idle(supervisor):
 
 def test_checkpoint_events_carry_step_tier_and_reason(supervisor):
     session = connect(env_for(supervisor.path))
-    session.checkpoint_saved(20, retained=[10, 20])
+    session.checkpoint_saved(20)
     session.checkpoint_failed(30, tier="remote", reason="OSError(28)")
     session.checkpoint_restored(20)
     session.close()
     _hello, saved, failed, restored = supervisor.messages()
     assert (saved["type"], saved["step"], saved["tier"]) == ("checkpoint_saved", 20, "local")
-    assert saved["retained"] == [10, 20]
     assert (failed["type"], failed["step"], failed["tier"], failed["reason"]) == (
         "checkpoint_failed",
         30,
