@@ -89,14 +89,50 @@ class WorkloadSpec(Model):
     )
 
 
+class PeerTierSpec(Model):
+    """Copies of each host's local checkpoints on other hosts, sent over the network between supervisors."""
+
+    replicas: Annotated[int, Field(ge=0)] = Field(
+        default=1, description="Hosts that keep a copy of each host's shard (0 turns the peer tier off)."
+    )
+    max_to_keep: PositiveInt = Field(default=2, description="Replicated steps kept per host and owner.")
+
+
+class PersistentTierSpec(Model):
+    """Rare saves to storage that outlives every host: a directory or an object-store URI."""
+
+    uri: str = Field(
+        min_length=1,
+        description="Directory, file:// or object-store URI (gs://, s3:// with gcsfs or s3fs installed).",
+    )
+    interval: PositiveInt = Field(
+        default=50, description="Steps between persistent saves; a multiple of spec.checkpoint.interval."
+    )
+    max_to_keep: PositiveInt = Field(default=2, description="Persistent checkpoints kept.")
+
+
 class CheckpointSpec(Model):
-    """Checkpoint tiers. The local tier lives on each host (RAM-backed by default)."""
+    """Checkpoint tiers: local (each host, RAM-backed by default), peer, persistent (optional)."""
 
     local_dir: str = Field(
         default="/dev/shm/slicekeeper", description="Per-host local tier directory (RAM disk by default)."
     )
     interval: PositiveInt = Field(default=10, description="Steps between local-tier saves.")
     max_to_keep: PositiveInt = Field(default=3, description="Local-tier checkpoints kept per host.")
+    peer: PeerTierSpec = Field(default_factory=PeerTierSpec)
+    persistent: PersistentTierSpec | None = Field(
+        default=None, description="The persistent tier; absent: no persistent saves."
+    )
+
+    @model_validator(mode="after")
+    def _persistent_saves_are_local_saves(self) -> CheckpointSpec:
+        # The persistent tier uploads a committed local step: only local steps can be persisted.
+        if self.persistent is not None and self.persistent.interval % self.interval:
+            raise ValueError(
+                f"persistent.interval ({self.persistent.interval}) must be a multiple of "
+                f"interval ({self.interval}): a persistent save uploads a local checkpoint"
+            )
+        return self
 
 
 class PolicyRef(Model):
@@ -140,6 +176,9 @@ class LocalSpec(Model):
     work_dir: str | None = Field(default=None, description="Run directory (default: a new temp dir).")
     metrics_port: Annotated[int, Field(ge=0, le=65535)] = Field(
         default=0, description="First supervisor metrics port (host i gets port+i); 0 picks free ports."
+    )
+    spares: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="Spare host processes, ready to take over the identity of a lost host."
     )
 
 

@@ -20,6 +20,11 @@ class FaultKind(StrEnum):
     """SIGKILL of the workload process."""
     HANG = "hang"
     """The workload stays alive but stops making progress (SIGSTOP)."""
+    LOSE = "lose"
+    """The host is gone for good: supervisor and workload killed, its local disk (local tier and the
+    peer replicas it held) deleted. A spare must take over its identity."""
+    CORRUPT = "corrupt"
+    """Bytes flipped in the host's newest committed local checkpoint; noticed at the next restore."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,8 @@ class KindRules:
 RULES: dict[FaultKind, KindRules] = {
     FaultKind.KILL: KindRules(frozenset({"host"})),
     FaultKind.HANG: KindRules(frozenset({"host"})),
+    FaultKind.LOSE: KindRules(frozenset({"host"})),
+    FaultKind.CORRUPT: KindRules(frozenset({"host"})),
 }
 
 _NEW_FAULT = re.compile(r"^\s*[A-Za-z][\w-]*:")
@@ -115,4 +122,9 @@ def check_hosts(faults: list[Fault], hosts: int) -> None:
             raise UserError(
                 f"--chaos: fault '{fault}' names host {fault.host}, but the job has {hosts} hosts "
                 f"(0..{hosts - 1})"
+            )
+        if fault.kind is FaultKind.LOSE and fault.host == 0:
+            raise UserError(
+                f"--chaos: fault '{fault}': host 0 runs the job's coordination leader, and leader "
+                "hand-over is not supported yet; lose another host"
             )

@@ -21,14 +21,17 @@ def _run(args: argparse.Namespace) -> int:
     from slicekeeper.topology import local_layout
 
     job = load_training_job(args.file)
-    if args.hosts is not None or args.devices_per_host is not None:
-        local = job.spec.local.model_copy(
-            update={
-                k: v
-                for k, v in (("hosts", args.hosts), ("devices_per_host", args.devices_per_host))
-                if v is not None
-            }
+    overrides = {
+        k: v
+        for k, v in (
+            ("hosts", args.hosts),
+            ("devices_per_host", args.devices_per_host),
+            ("spares", args.spares),
         )
+        if v is not None
+    }
+    if overrides:
+        local = job.spec.local.model_copy(update=overrides)
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"local": local})})
     layout = local_layout(job)
     runtime = LocalRuntime(
@@ -53,6 +56,16 @@ def _crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _whole(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {value}")
+    return value
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -71,11 +84,18 @@ def parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a TrainingJob on this machine, hosts as processes")
     run.add_argument("file", type=Path, help="TrainingJob YAML")
     run.add_argument("--steps", type=_positive, help="training steps (overrides spec.workload.steps)")
-    run.add_argument("--chaos", help="faults to inject, e.g. 'kill:host=1@step=30,hang:host=0@step=60'")
+    run.add_argument(
+        "--chaos",
+        help="faults to inject, e.g. 'kill:host=1@step=30,lose:host=2@step=60' "
+        "(kinds: kill, hang, lose, corrupt)",
+    )
     run.add_argument("--report", type=Path, help="report JSON path (default: <run dir>/report.json)")
     run.add_argument("--hosts", type=_positive, help="local host processes (overrides spec.local.hosts)")
     run.add_argument(
         "--devices-per-host", type=_positive, help="CPU devices per host (spec.local.devicesPerHost)"
+    )
+    run.add_argument(
+        "--spares", type=_whole, help="spare host processes for hot-swaps (overrides spec.local.spares)"
     )
     run.set_defaults(handler=_run)
     crd = commands.add_parser("crd", help="print the TrainingJob CustomResourceDefinition")

@@ -10,10 +10,8 @@ identity variables (the supervisor owns identity) and kept for everything else.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from enum import StrEnum
-from pathlib import Path
 from typing import Any, Final
 
 # --- identity and wiring, set by the supervisor for the workload -------------------------------
@@ -74,29 +72,6 @@ class Event(StrEnum):
     CHECKPOINT_FAILED = "checkpoint_failed"
     CHECKPOINT_RESTORED = "checkpoint_restored"
     DONE = "done"
-
-
-# --- the local tier's layout on disk: the workload writes it, the supervisor reads it ----------
-LOCAL_STEP_PREFIX: Final = "step-"
-LOCAL_TMP_SUFFIX: Final = ".tmp"
-LOCAL_MANIFEST: Final = "manifest.json"
-"""A step folder is committed once its manifest exists (written last, then the folder renamed)."""
-
-
-def local_step_dir(directory: Path, step: int) -> Path:
-    return directory / f"{LOCAL_STEP_PREFIX}{step:08d}"
-
-
-def committed_local_steps(directory: Path) -> list[int]:
-    """Steps committed in a host's local tier, read from disk. The supervisor lists them once its
-    workload is dead (nothing can delete one any more) to agree on the restore step."""
-    steps = []
-    for entry in directory.glob(f"{LOCAL_STEP_PREFIX}*"):
-        if entry.name.endswith(LOCAL_TMP_SUFFIX) or not (entry / LOCAL_MANIFEST).is_file():
-            continue
-        with contextlib.suppress(ValueError):
-            steps.append(int(entry.name.removeprefix(LOCAL_STEP_PREFIX)))
-    return sorted(steps)
 
 
 GO = "go"

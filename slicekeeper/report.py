@@ -2,7 +2,9 @@
 
 Built from what each host's supervisor accounted and what the leader recorded. Job-level seconds are
 the mean over hosts, so `goodput + sum(badput_seconds) / wall_seconds == 1`; time a host did not
-account for (the runtime starting and stopping supervisors) counts as `other`.
+account for (the runtime starting and stopping supervisors) counts as `other`. After a hot-swap a host
+identity was served by two machines (the lost one, then the spare): their accounts are added up. A
+spare that was never needed is not a host of the job and does not count.
 """
 
 from __future__ import annotations
@@ -17,6 +19,28 @@ def _relative(value: float | None, start: float) -> float | None:
     return None if value is None else round(value - start, 3)
 
 
+def merge_machines(machines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One account per host identity, in host order, from the reports of the machines that served it."""
+    by_host: dict[int, list[dict[str, Any]]] = {}
+    for report in machines:
+        if report.get("host") is not None:
+            by_host.setdefault(int(report["host"]), []).append(report)
+    merged = []
+    for host in sorted(by_host):
+        parts = sorted(by_host[host], key=lambda r: r.get("lost", False), reverse=True)  # lost first
+        last = parts[-1]
+        merged.append(
+            {
+                **last,
+                "machines": [r.get("machine") for r in parts],
+                "wall_seconds": sum(r["wall_seconds"] for r in parts),
+                "seconds": {k: sum(r["seconds"].get(k, 0.0) for r in parts) for k in last["seconds"]},
+                "productive_step_seconds": [d for r in parts for d in r.get("productive_step_seconds", [])],
+            }
+        )
+    return merged
+
+
 def build_report(
     *,
     job_name: str,
@@ -25,6 +49,7 @@ def build_report(
     summary: dict[str, Any],
     hosts: list[dict[str, Any]],
 ) -> dict[str, Any]:
+    hosts = merge_machines(hosts)
     productive = [h["seconds"][Category.PRODUCTIVE.value] for h in hosts]
     badput: dict[str, float] = {}
     for category in BADPUT:
@@ -57,6 +82,8 @@ def build_report(
             }
         )
     all_steps = [d for h in hosts for d in h.get("productive_step_seconds", [])]
+    restores = summary.get("restores", [])
+    swaps = summary.get("hot_swaps", [])
     return {
         "job": job_name,
         "state": summary.get("state", "unknown"),
@@ -77,6 +104,18 @@ def build_report(
         "ideal_step_seconds": ideal_step_seconds(all_steps),
         "wall_seconds": round(wall_seconds, 3),
         "generations": summary.get("generations", 1),
+        "restores": [
+            {k: r.get(k) for k in ("host", "step", "tier", "holder", "generation", "seconds")}
+            for r in restores
+        ],
+        "persistent_reads": sum(1 for r in restores if r.get("tier") == "persistent"),
+        "hot_swaps": {
+            "count": len(swaps),
+            "hosts": [s["host"] for s in swaps],
+            "details": swaps,
+        },
+        "failed_saves": summary.get("failed_saves", {}),
+        "persistent_checkpoints": summary.get("persistent_committed", []),
         "hosts": [
             {
                 "host": h["host"],
@@ -88,6 +127,7 @@ def build_report(
                 else 0.0,
                 "last_checkpoint_step": h.get("last_checkpoint_step"),
                 "typical_step_seconds": h.get("typical_step_seconds"),
+                "machines": h.get("machines", []),
             }
             for h in hosts
         ],
@@ -124,6 +164,21 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"  fault {fault['kind']} host {fault['host']} @ step {fault['step']}: {detected}{recovered}"
         )
+    if report.get("hot_swaps", {}).get("count"):
+        swapped = ", ".join(f"host {s['host']} -> {s['machine']}" for s in report["hot_swaps"]["details"])
+        lines.append(f"  hot-swaps         {report['hot_swaps']['count']} ({swapped})")
+    if report.get("restores"):
+        last_generation = max(r["generation"] for r in report["restores"])
+        latest = [r for r in report["restores"] if r["generation"] == last_generation]
+        tiers = ", ".join(f"host {r['host']} {r['tier']}" for r in sorted(latest, key=lambda r: r["host"]))
+        lines.append(f"  last restore      step {latest[0]['step']}: {tiers}")
+        lines.append(
+            f"  restores          {len(report['restores'])} shard(s), "
+            f"{report['persistent_reads']} from the persistent tier"
+        )
+    if report.get("failed_saves"):
+        failed = ", ".join(f"{tier} {count}" for tier, count in report["failed_saves"].items())
+        lines.append(f"  failed copies     {failed}")
     if report.get("params_fingerprint"):
         lines.append(f"  params fingerprint {report['params_fingerprint'][:16]}...")
     return "\n".join(lines)

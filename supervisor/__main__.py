@@ -1,4 +1,4 @@
-"""`python -m slicekeeper.supervisor --plan plan.json --host N`: one host's supervisor."""
+"""`python -m slicekeeper.supervisor --plan plan.json --host N | --spare N`: one machine's supervisor."""
 
 import argparse
 import asyncio
@@ -12,10 +12,14 @@ from slicekeeper.supervisor.plan import JobPlan
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m slicekeeper.supervisor")
     parser.add_argument("--plan", required=True, type=Path, help="the job plan (plan.json)")
-    parser.add_argument("--host", required=True, type=int, help="this host's index (JAX process id)")
+    role = parser.add_mutually_exclusive_group(required=True)
+    role.add_argument("--host", type=int, help="this host's index (JAX process id)")
+    role.add_argument("--spare", type=int, help="this spare's index: it waits to take over a lost host")
     args = parser.parse_args(argv)
     plan = JobPlan.read(args.plan)
-    return asyncio.run(HostSupervisor(plan, args.host).run())
+    if args.host is not None:
+        return asyncio.run(HostSupervisor(plan, f"host-{args.host}", args.host).run())
+    return asyncio.run(HostSupervisor(plan, f"spare-{args.spare}", None).run())
 
 
 sys.exit(main())

@@ -4,6 +4,10 @@ Per host, one asyncio loop does everything: it listens to the workload's SDK eve
 socket, watches the process (exits) and the clock (hangs), accounts goodput, injects the chaos
 faults aimed at this host, serves Prometheus metrics, and obeys the leader's start/stop/shutdown.
 The supervisor of slice 0 worker 0 also runs the leader (supervisor.coordination).
+
+A supervisor runs on a machine (`host-i`, or `spare-j` for a spare). A spare registers with the
+leader and waits; when a host is lost, the leader assigns it that host's identity and it joins the
+next generation as that host, staging the host's shard from a peer (supervisor.checkpoint_tiers).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -21,9 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers
 from slicekeeper.supervisor.coordination import Leader, send
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.metrics import SupervisorMetrics
+from slicekeeper.supervisor.persistent_tier import PersistentTier
 from slicekeeper.supervisor.plan import JobPlan, free_port
 from slicekeeper.supervisor.workload_process import WorkloadProcess
 
@@ -37,6 +44,12 @@ SDK_DRAIN_SECONDS = 1.0
 
 WATCH_INTERVAL = 0.05
 """Seconds between hang checks; bounds the detection latency added on top of the timeout."""
+
+SANITY_STEPS = 3
+"""Steps after a restore whose loss must be finite, or the restored step is declared bad."""
+
+LOST_EXIT_CODE = 137
+"""How a supervisor whose machine a `lose` fault took ends (as if SIGKILLed)."""
 
 
 @dataclass
@@ -52,16 +65,32 @@ class Standby:
 
 
 class HostSupervisor:
-    def __init__(self, plan: JobPlan, host: int) -> None:
+    def __init__(self, plan: JobPlan, machine: str, host: int | None) -> None:
+        """`host` None: a spare, which takes a host's identity when the leader assigns one."""
         self.plan = plan
-        self.host = host
+        self.machine = machine
+        self.host = host if host is not None else -1
         self.job = plan.training_job
         self.layout = plan.layout
-        self.identity = self.layout.host(host)
+        self.identity = self.layout.host(max(self.host, 0))
         self.accountant = GoodputAccountant(time.time())
         self.detector = HangDetector(self.job.spec.health)
         self.metrics = SupervisorMetrics(lambda: self.accountant)
         self.faults: list[Fault] = [f for f in parse_chaos(",".join(plan.chaos)) if f.host == host]
+        persistent = self.job.spec.checkpoint.persistent
+        self.tiers = CheckpointTiers(
+            plan.machine_disk(machine),
+            self.job.spec.checkpoint,
+            hosts=plan.hosts,
+            hosts_per_slice=plan.hosts_per_slice,
+            persistent=PersistentTier(persistent.uri, plan.run_key) if persistent else None,
+            metrics=self.metrics,
+            report=self._report,
+            log=self._log,
+        )
+        self.tiers.host = host
+        self._sanity_left = 0
+        self._restored_step: int | None = None
         self.generation = -1
         self.workload: WorkloadProcess | None = None
         self._standby: Standby | None = None
@@ -77,7 +106,7 @@ class HostSupervisor:
         self._fingerprint: str | None = None
         self._last_checkpoint: int | None = None
         self._restarts: dict[str, int] = {}
-        self._dir = plan.host_dir(host)
+        self._dir = plan.machine_dir(machine)
         self._dir.mkdir(parents=True, exist_ok=True)
         self._socket_path = self._dir / "sdk.sock"
         self._tasks: set[asyncio.Task[None]] = set()
@@ -115,6 +144,7 @@ class HostSupervisor:
             self._socket_path.unlink()
         sdk_server = await asyncio.start_unix_server(self._sdk_connection, path=str(self._socket_path))
         leader_host, leader_port = self.plan.leader.rsplit(":", 1)
+        replica_address = await self.tiers.serve(leader_host if self.plan.local else "0.0.0.0")
         if self.host == 0:
             self._leader = Leader(
                 self.plan.hosts,
@@ -122,23 +152,33 @@ class HostSupervisor:
                 self._coordinator_address,
                 Path(self.plan.run_dir) / "job-summary.json",
                 self.job.spec.health.max_restarts_without_progress,
+                persistent=self.tiers.persistent,
+                persistent_keep=self.job.spec.checkpoint.persistent.max_to_keep
+                if self.job.spec.checkpoint.persistent
+                else 2,
             )
             await self._leader.serve(leader_host, int(leader_port))
             publisher = self._spawn_task(self._leader.publish_status())
         reader, self._leader_writer = await self._connect_leader(leader_host, int(leader_port))
-        await send(
-            self._leader_writer,
-            {"type": "register", "host": self.host, "metrics_port": metrics_port, "pid": os.getpid()},
-        )
+        hello = {"metrics_port": metrics_port, "pid": os.getpid(), "machine": self.machine}
+        hello["replica_address"] = replica_address
         watchdog = self._spawn_task(self._watch_hangs())
         try:
-            await self._follow_leader(reader)
+            if self.host >= 0:
+                await send(self._leader_writer, {"type": "register", "host": self.host, **hello})
+                await self._follow_leader(reader)
+            else:
+                spare = int(self.machine.rsplit("-", 1)[-1])
+                await send(self._leader_writer, {"type": "register_spare", "spare": spare, **hello})
+                if await self._await_assignment(reader):
+                    await self._follow_leader(reader)
         finally:
             watchdog.cancel()
             self._drop_standby()
             if self.workload is not None:
                 await self.workload.stop()
             sdk_server.close()
+            await self.tiers.close()
             self._write_report()
             if self._leader is not None:
                 await asyncio.sleep(0.2)  # let the last broadcast reach the members and watchers
@@ -179,6 +219,32 @@ class HostSupervisor:
             await send(self._leader_writer, {"host": self.host, "t": time.time(), **message})
 
     # --- the leader's commands ----------------------------------------------------------------
+    async def _await_assignment(self, reader: asyncio.StreamReader) -> bool:
+        """As a spare: wait until the leader hands over a lost host's identity (False: not needed)."""
+        while line := await reader.readline():
+            message = protocol.decode(line)
+            if message["type"] == "assign":
+                self._adopt(int(message["host"]), set(message.get("fired", [])))
+                return True
+            if message["type"] in ("shutdown", "fail"):
+                self._exit_code = 0  # the job ended without needing this spare
+                return False
+        self._exit_code = 0 if self._finished.is_set() else 1
+        return False
+
+    def _adopt(self, host: int, fired: set[str]) -> None:
+        """Become `host`: its identity, its chaos faults not yet fired, a fresh account of time."""
+        self.host = host
+        self.identity = self.layout.host(host)
+        self.tiers.host = host
+        self.faults = [
+            f for f in parse_chaos(",".join(self.plan.chaos)) if f.host == host and str(f) not in fired
+        ]
+        self.accountant = GoodputAccountant(time.time())
+        self.accountant.switch(Category.INFRASTRUCTURE_RECOVERY, time.time())
+        self._log({"source": "leader", "type": "assign", "host": host, "machine": self.machine})
+        print(f"[{self.machine}] taking over host {host}", file=sys.stderr, flush=True)
+
     async def _follow_leader(self, reader: asyncio.StreamReader) -> None:
         lines = asyncio.create_task(self._leader_lines(reader))
         finished = asyncio.create_task(self._finished.wait())
@@ -204,7 +270,14 @@ class HostSupervisor:
             message = protocol.decode(line)
             kind = message["type"]
             if kind == "start":
-                await self._start(int(message["generation"]), message["coordinator"], message["restore_step"])
+                addresses = {int(h): str(a) for h, a in message.get("replica_addresses", {}).items()}
+                self.tiers.start_generation(int(message["generation"]), addresses)
+                await self._start(
+                    int(message["generation"]),
+                    message["coordinator"],
+                    message["restore_step"],
+                    message.get("sources", []),
+                )
             elif kind == "stop":
                 await self._stop(int(message["generation"]), message["kind"])
             elif kind == "shutdown":
@@ -230,7 +303,7 @@ class HostSupervisor:
                 protocol.ENV_COORDINATOR: coordinator,
                 protocol.ENV_RESTORE_STEP: "" if restore_step is None else str(restore_step),
                 protocol.ENV_TOTAL_STEPS: str(self.plan.total_steps),
-                protocol.ENV_CHECKPOINT_DIR: str(self.plan.checkpoint_dir(self.host)),
+                protocol.ENV_CHECKPOINT_DIR: str(self.tiers.local_dir),
                 protocol.ENV_CHECKPOINT_INTERVAL: str(spec.checkpoint.interval),
                 protocol.ENV_CHECKPOINT_KEEP: str(spec.checkpoint.max_to_keep),
                 protocol.ENV_TPU_WORKER_ID: str(ident.worker),
@@ -258,7 +331,9 @@ class HostSupervisor:
             argv[0] = sys.executable  # the runtime's own environment has slicekeeper installed
         return argv
 
-    async def _start(self, generation: int, coordinator: str, restore_step: int | None) -> None:
+    async def _start(
+        self, generation: int, coordinator: str, restore_step: int | None, sources: list[dict[str, Any]]
+    ) -> None:
         now = time.time()
         self.generation = generation
         self.metrics.generation.set(generation)
@@ -274,6 +349,25 @@ class HostSupervisor:
         self._log(
             {"source": "leader", "type": "start", "generation": generation, "restore_step": restore_step}
         )
+        self.tiers.discard_after(restore_step)
+        self._restored_step, self._sanity_left = restore_step, 0
+        if restore_step is not None:
+            self.accountant.switch(Category.CHECKPOINT_RESTORE, time.time())
+            staged = await self.tiers.stage(restore_step, sources)
+            if staged is None:
+                await self._restore_failed(generation, restore_step, sources)
+                return
+            self._sanity_left = SANITY_STEPS
+            await self._report(
+                {
+                    "type": "restored",
+                    "step": restore_step,
+                    "tier": staged.tier.value,
+                    "holder": staged.holder,
+                    "seconds": round(staged.seconds, 4),
+                    "bytes": staged.bytes,
+                }
+            )
         standby = self._standby
         if standby is not None and standby.ready.is_set() and standby.process.running and standby.writer:
             self._standby = None
@@ -306,18 +400,26 @@ class HostSupervisor:
         await self._report({"type": "state", "state": "starting"})
         self._spawn_task(self._watch_exit(self.workload, generation))
 
+    async def _restore_failed(self, generation: int, step: int, sources: list[dict[str, Any]]) -> None:
+        tried = ", ".join(s["tier"] + (f" (host {s['holder']})" if "holder" in s else "") for s in sources)
+        detail = f"no valid copy of host {self.host}'s shard of step {step} (tried: {tried or 'nothing'})"
+        await self._report({"type": "checkpoint_invalid", "step": step, "tier": "any", "reason": detail})
+        await self._report(
+            {"type": "fault", "generation": generation, "kind": "restore_failed", "detail": detail}
+        )
+
     async def _stop(self, generation: int, kind: str) -> None:
         if generation != self.generation:
             return
         self._stopping = True
+        self.tiers.pause()
         self._log({"source": "leader", "type": "stop", "generation": generation, "kind": kind})
         if self.workload is not None:
             await self.workload.stop()  # the whole group, even when the main process is already gone
         self.accountant.interrupt(time.time())
         self._restarts[kind] = self._restarts.get(kind, 0) + 1
         self.metrics.restarts.labels(kind=kind).inc()
-        committed = protocol.committed_local_steps(self.plan.checkpoint_dir(self.host))
-        await self._report({"type": "stopped", "generation": generation, "committed": committed})
+        await self._report({"type": "stopped", "generation": generation, **self.tiers.inventory()})
 
     async def _prestart_standby(self) -> None:
         """Start the next generation's process now, while this one trains (spec.workload.standby)."""
@@ -464,6 +566,8 @@ class HostSupervisor:
                 self._spawn_task(self._prestart_standby())
             if duration is not None:
                 self.metrics.step_duration.observe(duration)
+            if self._sanity_left > 0 and await self._restored_state_is_bad(step, message.get("loss")):
+                return
             self.metrics.steps.inc()
             self.metrics.step.set(step)
             await self._report(
@@ -473,11 +577,22 @@ class HostSupervisor:
             self.detector.activity(now)
             self._last_checkpoint = int(message["step"])
             self.metrics.last_checkpoint_step.set(self._last_checkpoint)
+            self.tiers.saved(self._last_checkpoint)
             await self._report({"type": "checkpoint", "step": self._last_checkpoint})
         elif event is Event.CHECKPOINT_FAILED:
             self.detector.activity(now)
-            self.metrics.checkpoint_failures.labels(tier=message.get("tier", "local")).inc()
-            await self._report({"type": "checkpoint_invalid", "step": int(message["step"])})
+            during = message.get("during", "save")
+            if during == "save":
+                self.metrics.checkpoint_failures.labels(tier=message.get("tier", "local")).inc()
+            await self._report(
+                {
+                    "type": "checkpoint_invalid",
+                    "step": int(message["step"]),
+                    "tier": "local",
+                    "reason": "save failed" if during == "save" else "corrupt",
+                    "detail": message.get("reason", ""),
+                }
+            )
             print(
                 f"[host {self.host}] checkpoint of step {message['step']} failed: {message.get('reason')}",
                 file=sys.stderr,
@@ -490,33 +605,70 @@ class HostSupervisor:
         else:
             self.detector.activity(now)
 
+    async def _restored_state_is_bad(self, step: int, loss: Any) -> bool:
+        """The first steps after a restore must give a finite loss, or the restored step is bad."""
+        self._sanity_left -= 1
+        if loss is None or math.isfinite(float(loss)):
+            return False
+        self._sanity_left = 0
+        detail = f"loss {loss} at step {step}, right after restoring step {self._restored_step}"
+        await self._report(
+            {
+                "type": "fault",
+                "generation": self.generation,
+                "kind": "nonfinite_loss",
+                "detail": detail,
+                "invalid_step": self._restored_step,
+            }
+        )
+        return True
+
     def _inject(self, step: int, now: float) -> None:
         """Fire the chaos faults aimed at this host and this step (each exactly once)."""
         for fault in [f for f in self.faults if f.step == step]:
             self.faults.remove(fault)
             assert self.workload is not None
-            self._spawn_task(
-                self._report(
-                    {
-                        "type": "chaos",
-                        "kind": fault.kind.value,
-                        "step": step,
-                        "fault": str(fault),
-                        "generation": self.generation,
-                    }
-                )
-            )
+            chaos: dict[str, Any] = {
+                "type": "chaos",
+                "kind": fault.kind.value,
+                "step": step,
+                "fault": str(fault),
+                "generation": self.generation,
+                "disruptive": fault.kind is not FaultKind.CORRUPT,
+            }
             if fault.kind is FaultKind.KILL:
                 self.workload.signal(signal.SIGKILL)
             elif fault.kind is FaultKind.HANG:
                 self.workload.signal(signal.SIGSTOP)
+            elif fault.kind is FaultKind.CORRUPT:
+                chaos["corrupted_step"] = self.tiers.corrupt_newest()
+            elif fault.kind is FaultKind.LOSE:
+                self._spawn_task(self._lose_machine(chaos))
+                continue
+            self._log({"source": "chaos", **chaos})
+            self._spawn_task(self._report(chaos))
+
+    async def _lose_machine(self, chaos: dict[str, Any]) -> None:
+        """Chaos `lose`: this machine is gone for good, processes and disk; the leader sees it vanish."""
+        self._log({"source": "chaos", **chaos})
+        await self._report(chaos)
+        self._drop_standby()
+        if self.workload is not None:
+            self.workload.kill_group()
+        self.tiers.wipe()
+        self.accountant.interrupt(time.time())
+        self._write_report(lost=True)  # a simulation's courtesy: the time this host trained still counts
+        print(f"[{self.machine}] lost (chaos {chaos['fault']})", file=sys.stderr, flush=True)
+        os._exit(LOST_EXIT_CODE)
 
     # --- the end ------------------------------------------------------------------------------
-    def _write_report(self) -> None:
+    def _write_report(self, lost: bool = False) -> None:
         now = time.time()
         seconds = self.accountant.seconds(now)
         report = {
-            "host": self.host,
+            "machine": self.machine,
+            "lost": lost,
+            "host": self.host if self.host >= 0 else None,
             "slice": self.identity.slice,
             "worker": self.identity.worker,
             "wall_seconds": now - self.accountant.start,

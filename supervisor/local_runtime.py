@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.plan import JobPlan, free_port
 from slicekeeper.supervisor.workload_process import die_with_parent
 
@@ -79,6 +80,15 @@ class LocalRuntime:
         _check_writable(self.checkpoint_root, "spec.checkpoint.localDir")
         self.report_path = report_path or self.run_dir / "report.json"
         _check_writable(self.report_path.parent, "--report")
+        self.spares = job.spec.local.spares
+        self.run_key = f"{job.metadata.name}/{self.run_dir.name}"
+        persistent = job.spec.checkpoint.persistent
+        if persistent is not None:
+            # Reported now, not at the first save minutes into the run.
+            try:
+                PersistentTier(persistent.uri, self.run_key).probe()
+            except PersistentTierError as error:
+                raise UserError(f"spec.checkpoint.persistent.uri: {error}") from None
         self.out = out
         self._supervisors: list[asyncio.subprocess.Process] = []
         self._interrupted = False
@@ -100,6 +110,8 @@ class LocalRuntime:
             local=True,
             chaos=[str(f) for f in self.faults],
             metrics_port=self.job.spec.local.metrics_port,
+            spares=self.spares,
+            run_key=self.run_key,
         )
 
     async def run(self) -> dict[str, Any]:
@@ -109,7 +121,7 @@ class LocalRuntime:
         self._say(
             f"slicekeeper: running {self.job.metadata.name} locally: {self.slices} slice(s) x "
             f"{self.hosts // self.slices} host(s) x {self.devices_per_host} CPU device(s), "
-            f"{self.total_steps} steps"
+            f"{self.total_steps} steps" + (f", {self.spares} spare(s)" if self.spares else "")
         )
         if self.faults:
             self._say("  chaos: " + ", ".join(str(f) for f in self.faults))
@@ -119,10 +131,11 @@ class LocalRuntime:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._interrupt)
         try:
-            for host in range(self.hosts):
-                host_dir = plan.host_dir(host)
-                host_dir.mkdir(parents=True, exist_ok=True)
-                with (host_dir / "supervisor.log").open("ab") as log:
+            for machine in plan.machines:
+                machine_dir = plan.machine_dir(machine)
+                machine_dir.mkdir(parents=True, exist_ok=True)
+                role, index = machine.rsplit("-", 1)
+                with (machine_dir / "supervisor.log").open("ab") as log:
                     self._supervisors.append(
                         await asyncio.create_subprocess_exec(
                             sys.executable,
@@ -130,8 +143,8 @@ class LocalRuntime:
                             "slicekeeper.supervisor",
                             "--plan",
                             str(plan_path),
-                            "--host",
-                            str(host),
+                            f"--{role}",
+                            index,
                             stdin=asyncio.subprocess.DEVNULL,
                             stdout=log,
                             stderr=asyncio.subprocess.STDOUT,
@@ -165,8 +178,8 @@ class LocalRuntime:
         summary_path = self.run_dir / "job-summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"state": "failed"}
         hosts = []
-        for host in range(self.hosts):
-            path = plan.host_dir(host) / "report.json"
+        for machine in plan.machines:
+            path = plan.machine_dir(machine) / "report.json"
             if path.exists():
                 hosts.append(json.loads(path.read_text()))
         report = build_report(

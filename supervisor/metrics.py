@@ -76,6 +76,20 @@ class SupervisorMetrics:
             ["tier"],
             registry=self.registry,
         )
+        self.checkpoint_transfer = Histogram(
+            "slicekeeper_checkpoint_transfer_seconds",
+            "Time to copy one host's shard of a step: to a peer or the persistent tier (save), or back "
+            "into the local tier (restore).",
+            ["tier", "direction"],
+            buckets=STEP_BUCKETS,
+            registry=self.registry,
+        )
+        self.restores = Counter(
+            "slicekeeper_restores",
+            "Restores of this host's shard, by the tier it came from.",
+            ["tier"],
+            registry=self.registry,
+        )
         self.hang_timeout = Gauge(
             "slicekeeper_hang_timeout_seconds", "Current hang allowance.", registry=self.registry
         )

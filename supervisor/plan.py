@@ -32,6 +32,10 @@ class JobPlan:
     chaos: list[str] = field(default_factory=list)
     """Faults (as spec strings), each for the host it names."""
     metrics_port: int = 0
+    spares: int = 0
+    """Spare supervisors (machines `spare-0`, ...) waiting to take over a lost host's identity."""
+    run_key: str = ""
+    """This run's folder under the persistent tier's URI: `<job name>/<run id>`."""
 
     @property
     def training_job(self) -> TrainingJob:
@@ -47,11 +51,18 @@ class JobPlan:
     def hosts(self) -> int:
         return self.slices * self.hosts_per_slice
 
-    def host_dir(self, host: int) -> Path:
-        return Path(self.run_dir) / f"host-{host}"
+    @property
+    def machines(self) -> list[str]:
+        """Every supervisor's machine: one per host (`host-i`), then the spares (`spare-j`)."""
+        return [f"host-{h}" for h in range(self.hosts)] + [f"spare-{j}" for j in range(self.spares)]
 
-    def checkpoint_dir(self, host: int) -> Path:
-        return Path(self.checkpoint_root) / f"host-{host}"
+    def machine_dir(self, machine: str) -> Path:
+        """Logs, the SDK socket and the report of one machine's supervisor."""
+        return Path(self.run_dir) / machine
+
+    def machine_disk(self, machine: str) -> Path:
+        """The machine's own checkpoint storage (RAM disk): its local tier and the replicas it holds."""
+        return Path(self.checkpoint_root) / machine
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1))

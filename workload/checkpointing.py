@@ -46,7 +46,9 @@ class Checkpointer:
                 # Set it aside and tell the supervisor before dying: the next attempt agrees on an
                 # older step.
                 self.tier.quarantine(step)
-                self._session.checkpoint_failed(step, tier="local", reason=f"corrupt at restore: {error}")
+                self._session.checkpoint_failed(
+                    step, tier="local", reason=f"corrupt at restore: {error}", during="restore"
+                )
                 raise
         self._session.checkpoint_restored(step, tier="local")
         return shards

@@ -115,9 +115,12 @@ class Session:
         """A checkpoint for `step` is committed (durable and complete) on this host."""
         self._send(Event.CHECKPOINT_SAVED, step=step, tier=tier)
 
-    def checkpoint_failed(self, step: int, tier: str = "local", reason: str = "") -> None:
-        """`step` must never be used: its save failed, or it was found corrupt when restoring."""
-        self._send(Event.CHECKPOINT_FAILED, step=step, tier=tier, reason=reason)
+    def checkpoint_failed(
+        self, step: int, tier: str = "local", reason: str = "", during: str = "save"
+    ) -> None:
+        """This host's copy of `step` must never be used: its save failed (`during="save"`), or it was
+        found corrupt when restoring (`during="restore"`; other tiers may still hold a good copy)."""
+        self._send(Event.CHECKPOINT_FAILED, step=step, tier=tier, reason=reason, during=during)
 
     def checkpoint_restored(self, step: int, tier: str = "local") -> None:
         self._send(Event.CHECKPOINT_RESTORED, step=step, tier=tier)

@@ -135,6 +135,8 @@ def test_once_every_member_registered_each_gets_start_of_generation_0_from_scrat
                 "generation": 0,
                 "coordinator": "10.0.0.1:8476",
                 "restore_step": None,
+                "sources": [],
+                "replica_addresses": {},
             }
         assert leader.state is JobState.RUNNING
         assert leader.summary()["metrics_ports"] == {0: 9100, 1: 9101, 2: 9102}
@@ -195,6 +197,8 @@ def test_after_every_stop_is_acked_the_job_starts_again_from_the_newest_common_c
                 "generation": 1,
                 "coordinator": "10.0.0.1:8477",
                 "restore_step": 10,
+                "sources": [{"tier": "local"}],
+                "replica_addresses": {},
             }
         assert leader.generation == 1
         assert leader.detections[-1].restore_step == 10
@@ -370,13 +374,14 @@ def test_a_completed_step_resets_the_count_of_starts_without_progress():
     run(scenario)
 
 
-def test_losing_contact_with_a_member_fails_the_job():
+def test_losing_a_member_with_no_spare_left_fails_the_job_with_that_reason():
     async def scenario():
         leader, members = await running_job(hosts=2)
         members[1].close()
+        assert (await members[0].receive())["type"] == "stop"
         message = await members[0].receive()
         assert message["type"] == "fail"
-        assert "lost contact with the supervisor of host 1" in message["reason"]
+        assert "host 1 was lost and no spare is left" in message["reason"]
         assert leader.state is JobState.FAILED
         await shut(leader, members[:1])
 

@@ -6,8 +6,10 @@ import threading
 
 import numpy as np
 import pytest
-from slicekeeper.workload import local_tier
-from slicekeeper.workload.local_tier import MANIFEST, CorruptCheckpoint, LocalTier
+from slicekeeper.workload.local_tier import CorruptCheckpoint, LocalTier
+
+from slicekeeper import shard_folder
+from slicekeeper.shard_folder import MANIFEST
 
 WAIT = 5.0
 """Seconds a test waits for a background save before calling it stuck."""
@@ -63,14 +65,14 @@ def test_special_float_values_and_empty_arrays_survive_a_round_trip(tier):
 def test_a_step_is_listed_only_once_its_save_has_completed(tier, monkeypatch):
     release = threading.Event()
     writing = threading.Event()
-    real_sha256 = local_tier._sha256
+    real_sha256 = shard_folder.sha256_file
 
     def slow_sha256(path):
         writing.set()
         assert release.wait(WAIT), "the test never released the save"
         return real_sha256(path)
 
-    monkeypatch.setattr(local_tier, "_sha256", slow_sha256)
+    monkeypatch.setattr(shard_folder, "sha256_file", slow_sha256)
     future = tier.save_async(10, shards_for(10))
     assert writing.wait(WAIT)
     assert not future.done()
@@ -133,7 +135,7 @@ def test_a_missing_shard_makes_restore_refuse_the_step(tier):
 def test_a_missing_manifest_makes_restore_refuse_the_step(tier):
     save(tier, 10)
     (step_dir(tier, 10) / MANIFEST).unlink()
-    with pytest.raises(CorruptCheckpoint, match="unreadable manifest"):
+    with pytest.raises(CorruptCheckpoint, match="no readable manifest"):
         tier.restore(10)
 
 
@@ -276,8 +278,6 @@ def test_a_step_found_corrupt_at_restore_is_set_aside_and_reported(tmp_path):
     from slicekeeper.workload.local_tier import CorruptCheckpoint
     from slicekeeper.workload.sdk import HostIdentity, Session
 
-    from slicekeeper import protocol
-
     sent: list[dict] = []
 
     class Recording(Session):
@@ -293,6 +293,6 @@ def test_a_step_found_corrupt_at_restore_is_set_aside_and_reported(tmp_path):
     shard.write_bytes(shard.read_bytes()[:-3] + b"bad")
     with pytest.raises(CorruptCheckpoint):
         checkpointer.restore(10)
-    assert protocol.committed_local_steps(tmp_path) == []  # never listed again
+    assert shard_folder.committed_steps(tmp_path) == []  # never listed again
     assert (tmp_path / "step-00000010.corrupt").is_dir()  # kept for a post-mortem
     assert [m["type"] for m in sent if m["type"] == "checkpoint_failed"] == ["checkpoint_failed"]

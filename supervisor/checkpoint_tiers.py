@@ -1,0 +1,293 @@
+"""A host supervisor's share of the checkpoint tiers: replicate, persist, stage back, inventory.
+
+The workload only ever writes and reads its local tier (fast, RAM-backed). Everything else happens
+here, in the supervisor, off the training process's critical path:
+
+- after each committed local save, the step folder is pushed to this host's peer holders over TCP
+  (supervisor.peer_tier) and, every `persistent.interval` steps, uploaded to the persistent tier;
+- at a restart, before the workload starts, this host's shard of the agreed step is staged into the
+  local tier from the first source that holds a valid copy (local, a peer, persistent), verifying
+  checksums and falling back on any mismatch or missing copy;
+- when the workload is stopped, what this machine holds is listed for the leader.
+
+The machine's disk is `<checkpoint root>/<machine>/`: `local/` (the local tier) and `peers/` (the
+replicas it keeps for other hosts). A lost machine loses both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slicekeeper.supervisor.metrics import SupervisorMetrics
+from slicekeeper.supervisor.peer_tier import (
+    ReplicaServer,
+    ReplicaStore,
+    ReplicationError,
+    fetch_replica,
+    push_replica,
+    replica_holders,
+)
+from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
+from slicekeeper.supervisor.restore_plan import Tier
+
+from slicekeeper import shard_folder
+from slicekeeper.api import CheckpointSpec
+from slicekeeper.shard_folder import CorruptCheckpoint
+
+Report = Callable[[dict[str, Any]], Awaitable[None]]
+Log = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Staged:
+    step: int
+    tier: Tier
+    holder: int | None
+    seconds: float
+    bytes: int
+
+
+class CheckpointTiers:
+    def __init__(
+        self,
+        disk: Path,
+        spec: CheckpointSpec,
+        *,
+        hosts: int,
+        hosts_per_slice: int,
+        persistent: PersistentTier | None,
+        metrics: SupervisorMetrics,
+        report: Report,
+        log: Log,
+    ) -> None:
+        self.disk = disk
+        self.local_dir = disk / "local"
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        self.replicas = ReplicaStore(disk / "peers", spec.peer.max_to_keep)
+        self._server = ReplicaServer(self.replicas)
+        self._spec = spec
+        self._hosts, self._hosts_per_slice = hosts, hosts_per_slice
+        self.persistent = persistent
+        self._metrics, self._report, self._log = metrics, report, log
+        self.host: int | None = None
+        self.generation = -1
+        self._addresses: dict[int, str] = {}
+        self._queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+        self._worker: asyncio.Task[None] | None = None
+
+    async def serve(self, address: str) -> str:
+        """Start the replica endpoint; returns the `host:port` peers reach it at."""
+        port = await self._server.serve(address, 0)
+        self._worker = asyncio.create_task(self._copy_saved_steps())
+        return f"{address}:{port}"
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+        await self._server.close()
+
+    # --- after a save: copies to the other tiers ----------------------------------------------
+    def saved(self, step: int) -> None:
+        """The workload committed `step` in the local tier: queue its copies (never blocks)."""
+        self._queue.put_nowait((self.generation, step))
+
+    def pause(self) -> None:
+        """The workload is being stopped: drop the copies not started (a push under way finishes)."""
+        while not self._queue.empty():
+            self._queue.get_nowait()
+
+    def start_generation(self, generation: int, addresses: dict[int, str]) -> None:
+        self.generation = generation
+        self._addresses = addresses
+
+    async def _copy_saved_steps(self) -> None:
+        while True:
+            generation, step = await self._queue.get()
+            if generation != self.generation or self.host is None:
+                continue  # a save of a generation being torn down
+            folder = shard_folder.step_dir(self.local_dir, step)
+            if not folder.is_dir():
+                continue  # already gone by retention
+            await self._replicate(step, folder)
+            persistent = self._spec.persistent
+            if self.persistent is not None and persistent is not None and step % persistent.interval == 0:
+                await self._persist(step, folder)
+
+    async def _replicate(self, step: int, folder: Path) -> None:
+        assert self.host is not None
+        holders = replica_holders(self.host, self._hosts, self._hosts_per_slice, self._spec.peer.replicas)
+        for holder in holders:
+            address = self._addresses.get(holder)
+            if address is None:
+                continue
+            try:
+                transfer = await push_replica(address, self.host, folder)
+            except (ReplicationError, CorruptCheckpoint, OSError) as error:
+                await self._failed(step, Tier.PEER, "replication failed", f"to host {holder}: {error}")
+                continue
+            self._metrics.checkpoint_transfer.labels(tier="peer", direction="save").observe(transfer.seconds)
+            self._log(
+                {
+                    "source": "supervisor",
+                    "type": "replicated",
+                    "step": step,
+                    "holder": holder,
+                    "seconds": round(transfer.seconds, 4),
+                    "bytes": transfer.bytes,
+                }
+            )
+
+    async def _persist(self, step: int, folder: Path) -> None:
+        assert self.host is not None and self.persistent is not None
+        started = time.time()
+        try:
+            size = await asyncio.to_thread(self.persistent.upload, self.host, folder)
+        except (PersistentTierError, CorruptCheckpoint, OSError) as error:
+            await self._failed(step, Tier.PERSISTENT, "upload failed", str(error))
+            return
+        seconds = time.time() - started
+        self._metrics.checkpoint_transfer.labels(tier="persistent", direction="save").observe(seconds)
+        self._log(
+            {
+                "source": "supervisor",
+                "type": "persisted",
+                "step": step,
+                "seconds": round(seconds, 4),
+                "bytes": size,
+            }
+        )
+        await self._report({"type": "persisted", "step": step})
+
+    async def _failed(self, step: int, tier: Tier, reason: str, detail: str) -> None:
+        """A copy that failed: logged, counted, reported; training goes on without that copy."""
+        self._metrics.checkpoint_failures.labels(tier=tier.value).inc()
+        self._log(
+            {
+                "source": "supervisor",
+                "type": "checkpoint_failed",
+                "step": step,
+                "tier": tier.value,
+                "detail": detail,
+            }
+        )
+        print(
+            f"[host {self.host}] {tier.value} copy of step {step}: {reason}: {detail}",
+            file=sys.stderr,
+            flush=True,
+        )
+        await self._report(
+            {
+                "type": "checkpoint_invalid",
+                "step": step,
+                "tier": tier.value,
+                "reason": reason,
+                "detail": detail,
+            }
+        )
+
+    # --- at a stop: what this machine holds ---------------------------------------------------
+    def inventory(self) -> dict[str, Any]:
+        """Read from disk with the workload dead: committed local steps and the replicas held."""
+        return {
+            "committed": shard_folder.committed_steps(self.local_dir),
+            "replicas": {str(owner): steps for owner, steps in self.replicas.inventory().items()},
+        }
+
+    def discard_after(self, step: int | None) -> None:
+        """Drop replicas newer than the agreed step: they belong to an abandoned timeline."""
+        for owner, steps in self.replicas.inventory().items():
+            for held in steps:
+                if step is None or held > step:
+                    shutil.rmtree(self.replicas.folder(owner, held), ignore_errors=True)
+
+    # --- at a start: this host's shard of the agreed step, into the local tier ----------------
+    async def stage(self, step: int, sources: list[dict[str, Any]]) -> Staged | None:
+        """Bring this host's shard of `step` into the local tier from the first valid source."""
+        assert self.host is not None
+        for source in sources:
+            tier, holder = Tier(source["tier"]), source.get("holder")
+            started = time.time()
+            try:
+                size = await self._fetch(step, tier, source)
+            except CorruptCheckpoint as error:
+                await self._source_failed(step, tier, holder, f"corrupt: {error}")
+                if tier is Tier.LOCAL:
+                    shard_folder.quarantine(shard_folder.step_dir(self.local_dir, step))
+                    await self._report(
+                        {"type": "checkpoint_invalid", "step": step, "tier": "local", "reason": "corrupt"}
+                    )
+                continue
+            except (ReplicationError, PersistentTierError, OSError) as error:
+                await self._source_failed(step, tier, holder, str(error))
+                continue
+            seconds = time.time() - started
+            self._metrics.checkpoint_transfer.labels(tier=tier.value, direction="restore").observe(seconds)
+            self._metrics.restores.labels(tier=tier.value).inc()
+            staged = Staged(step, tier, holder, seconds, size)
+            self._log({"source": "supervisor", "type": "staged", **vars(staged)})
+            return staged
+        return None
+
+    async def _fetch(self, step: int, tier: Tier, source: dict[str, Any]) -> int:
+        assert self.host is not None
+        if tier is Tier.LOCAL:
+            manifest = await asyncio.to_thread(
+                shard_folder.verify, shard_folder.step_dir(self.local_dir, step)
+            )
+            return manifest.total_bytes
+        # A copy from elsewhere replaces whatever stale or partial folder is here.
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(shard_folder.step_dir(self.local_dir, step))
+        if tier is Tier.PEER:
+            transfer = await fetch_replica(str(source["address"]), self.host, step, self.local_dir)
+            return transfer.bytes
+        if self.persistent is None:
+            raise PersistentTierError("this job has no persistent tier (spec.checkpoint.persistent)")
+        return await asyncio.to_thread(self.persistent.download, self.host, step, self.local_dir)
+
+    async def _source_failed(self, step: int, tier: Tier, holder: int | None, detail: str) -> None:
+        where = tier.value + (f" (host {holder})" if holder is not None else "")
+        self._log(
+            {
+                "source": "supervisor",
+                "type": "stage_failed",
+                "step": step,
+                "tier": tier.value,
+                "detail": detail,
+            }
+        )
+        print(
+            f"[host {self.host}] step {step} from {where} unusable, trying the next source: {detail}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    # --- chaos --------------------------------------------------------------------------------
+    def wipe(self) -> None:
+        """The machine is lost: its disk (local tier and held replicas) goes with it."""
+        shutil.rmtree(self.disk, ignore_errors=True)
+
+    def corrupt_newest(self) -> int | None:
+        """Flip bytes in the newest committed local step (its largest shard file); returns the step."""
+        steps = shard_folder.committed_steps(self.local_dir)
+        if not steps:
+            return None
+        folder = shard_folder.step_dir(self.local_dir, steps[-1])
+        try:
+            manifest = shard_folder.read_manifest(folder)
+            target = folder / max(manifest.shards, key=lambda s: s.size).file
+            data = bytearray(target.read_bytes())
+            for offset in range(len(data) // 2, min(len(data), len(data) // 2 + 8)):
+                data[offset] ^= 0xFF
+            target.write_bytes(bytes(data))
+        except (OSError, CorruptCheckpoint, ValueError):
+            return None  # removed by retention meanwhile
+        return steps[-1]
