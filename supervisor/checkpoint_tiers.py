@@ -103,23 +103,34 @@ class CheckpointTiers:
         """The workload is being stopped: drop the copies not started (a push under way finishes)."""
         while not self._queue.empty():
             self._queue.get_nowait()
+            self._queue.task_done()
 
     def start_generation(self, generation: int, addresses: dict[int, str]) -> None:
         self.generation = generation
         self._addresses = addresses
 
+    async def drain(self) -> None:
+        """Wait until every queued copy is done: the final checkpoint must reach every tier."""
+        await self._queue.join()
+
     async def _copy_saved_steps(self) -> None:
         while True:
             generation, step = await self._queue.get()
-            if generation != self.generation or self.host is None:
-                continue  # a save of a generation being torn down
-            folder = shard_folder.step_dir(self.local_dir, step)
-            if not folder.is_dir():
-                continue  # already gone by retention
-            await self._replicate(step, folder)
-            persistent = self._spec.persistent
-            if self.persistent is not None and persistent is not None and step % persistent.interval == 0:
-                await self._persist(step, folder)
+            try:
+                await self._copy(generation, step)
+            finally:
+                self._queue.task_done()
+
+    async def _copy(self, generation: int, step: int) -> None:
+        if generation != self.generation or self.host is None:
+            return  # a save of a generation being torn down
+        folder = shard_folder.step_dir(self.local_dir, step)
+        if not folder.is_dir():
+            return  # already gone by retention
+        await self._replicate(step, folder)
+        persistent = self._spec.persistent
+        if self.persistent is not None and persistent is not None and step % persistent.interval == 0:
+            await self._persist(step, folder)
 
     async def _replicate(self, step: int, folder: Path) -> None:
         assert self.host is not None

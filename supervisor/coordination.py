@@ -380,7 +380,8 @@ class Leader:
             await self._start()
 
     async def _assign_spare(self, host: int) -> None:
-        spare = self._spares.pop(0)
+        spare = min(self._spares, key=lambda s: s.spare)  # deterministic: the lowest index first
+        self._spares.remove(spare)
         status = HostStatus(
             state="stopped",
             metrics_port=spare.metrics_port,

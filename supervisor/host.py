@@ -465,6 +465,8 @@ class HostSupervisor:
         if self._stopping or generation != self.generation or self._finished.is_set():
             return
         if status.succeeded and self._done_message is not None:
+            self.accountant.switch(Category.CHECKPOINT_SAVE, time.time())
+            await self.tiers.drain()  # the final checkpoint reaches the peer and persistent tiers
             self.accountant.switch(Category.OTHER, time.time())
             await self._report(
                 {

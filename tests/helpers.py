@@ -37,7 +37,9 @@ def sdk_loop_job(path: Path, steps: int = 40, **spec_changes: Any) -> Path:
             "steps": steps,
             "standby": False,
         },
-        "checkpoint": {"interval": 5},
+        # No spares and no persistent tier unless a test asks: nothing written outside tmp dirs.
+        "checkpoint": {"interval": 5, "persistent": None},
+        "local": {"spares": 0},
     }
     for key, value in spec_changes.items():
         if isinstance(value, dict) and isinstance(changes.get(key), dict):

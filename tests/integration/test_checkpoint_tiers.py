@@ -1,0 +1,147 @@
+"""`slicekeeper run` with the peer and persistent tiers: hot-swaps, fallbacks, and nothing lost.
+
+The fast SDK example loop (50 ms steps, 4 hosts, a local save every 5 steps) stands in for the JAX
+trainer; the JAX acceptance run is in tests/chaos. Every faulty run must end with the parameters of
+the fault-free run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, processes_mentioning, read_report, run_cli, sdk_loop_job
+
+STEPS = 40
+
+
+def run_job(tmp_path, *extra: str, **spec):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    job = sdk_loop_job(tmp_path / "job.yaml", steps=STEPS, **spec)
+    report_path = tmp_path / "report.json"
+    result = run_cli("run", str(job), "--report", str(report_path), *extra)
+    report = read_report(report_path) if report_path.exists() else None
+    return result, report
+
+
+def with_persistent(tmp_path, interval: int = 10, replicas: int = 1):
+    uri = str(tmp_path / "persistent")
+    return {"checkpoint": {"peer": {"replicas": replicas}, "persistent": {"uri": uri, "interval": interval}}}
+
+
+@pytest.fixture(scope="module")
+def clean_fingerprint(tmp_path_factory):
+    result, report = run_job(tmp_path_factory.mktemp("clean"))
+    assert result.returncode == 0, result.stderr
+    assert report["restores"] == [] and report["hot_swaps"]["count"] == 0
+    return report["params_fingerprint"]
+
+
+def last_restore(report):
+    generation = max(r["generation"] for r in report["restores"])
+    return {r["host"]: r for r in report["restores"] if r["generation"] == generation}
+
+
+# --- hot-swap ------------------------------------------------------------------------------------
+def test_a_lost_host_is_replaced_by_a_spare_that_restores_its_shard_from_a_peer(tmp_path, clean_fingerprint):
+    result, report = run_job(tmp_path, "--spares", "1", "--chaos", "lose:host=1@step=23")
+    assert result.returncode == 0, result.stderr
+    assert report["params_fingerprint"] == clean_fingerprint
+    assert report["hot_swaps"]["count"] == 1 and report["hot_swaps"]["hosts"] == [1]
+    restore = last_restore(report)
+    assert {h: r["tier"] for h, r in restore.items()} == {0: "local", 1: "peer", 2: "local", 3: "local"}
+    assert restore[1]["holder"] == 3  # the same worker on the other slice keeps host 1's replica
+    assert report["persistent_reads"] == 0
+    assert report["restarts"] == {"host_lost": 1}
+    assert report["faults"][0]["detected_as"] == "host_lost"
+    assert report["faults"][0]["productive_at"] is not None
+    host_1 = next(h for h in report["hosts"] if h["host"] == 1)
+    assert host_1["machines"] == ["host-1", "spare-0"]
+    assert "hot-swap: spare 0 (spare-0) takes over host 1" in result.stdout
+    assert processes_mentioning(report["run_dir"]) == []
+
+
+def test_a_lost_host_without_a_peer_copy_restores_from_the_persistent_tier(tmp_path, clean_fingerprint):
+    spec = with_persistent(tmp_path, interval=10, replicas=0)
+    result, report = run_job(tmp_path, "--spares", "1", "--chaos", "lose:host=2@step=28", **spec)
+    assert result.returncode == 0, result.stderr
+    assert report["params_fingerprint"] == clean_fingerprint
+    restore = last_restore(report)
+    assert restore[2]["tier"] == "persistent"
+    assert {restore[h]["tier"] for h in (0, 1, 3)} == {"local"}
+    # The newest persistent step committed before the loss (20 unless the machine is very busy).
+    assert restore[2]["step"] in (10, 20) and {r["step"] for r in restore.values()} == {restore[2]["step"]}
+    assert report["persistent_reads"] == 1
+    assert report["persistent_checkpoints"] == [30, 40]  # retention: maxToKeep 2
+
+
+def test_losing_a_host_with_no_spare_left_fails_the_job_with_the_reason(tmp_path):
+    result, report = run_job(tmp_path, "--chaos", "lose:host=3@step=12")
+    assert result.returncode == 1
+    assert "host 3 was lost and no spare is left" in result.stderr
+    assert report["state"] == "failed"
+    assert processes_mentioning(report["run_dir"]) == []
+
+
+def test_a_second_lost_host_is_replaced_by_the_next_spare(tmp_path, clean_fingerprint):
+    result, report = run_job(tmp_path, "--spares", "2", "--chaos", "lose:host=1@step=12,lose:host=2@step=27")
+    assert result.returncode == 0, result.stderr
+    assert report["params_fingerprint"] == clean_fingerprint
+    assert [(s["host"], s["machine"]) for s in report["hot_swaps"]["details"]] == [
+        (1, "spare-0"),
+        (2, "spare-1"),
+    ]
+    assert report["faults"][0]["step"] == 12 and len(report["faults"]) == 2  # each fired once
+
+
+# --- integrity -----------------------------------------------------------------------------------
+def test_a_corrupt_local_checkpoint_is_noticed_at_the_restore_and_taken_from_a_peer(
+    tmp_path, clean_fingerprint
+):
+    result, report = run_job(tmp_path, "--chaos", "corrupt:host=2@step=18,kill:host=0@step=20")
+    assert result.returncode == 0, result.stderr
+    assert report["params_fingerprint"] == clean_fingerprint
+    restore = last_restore(report)
+    assert restore[2]["step"] == 15 and restore[2]["tier"] == "peer"
+    assert {restore[h]["tier"] for h in (0, 1, 3)} == {"local"}
+    log = (Path(report["run_dir"]) / "host-2" / "supervisor.log").read_text()
+    assert "step 15 from local unusable" in log and "checksum mismatch" in log
+
+
+def test_a_silently_bad_restored_state_is_caught_by_its_loss_and_an_older_step_restored(
+    tmp_path, clean_fingerprint
+):
+    loop = ROOT / "tests" / "fixtures" / "silently_bad_checkpoint_loop.py"
+    workload = {"command": [sys.executable, str(loop)], "args": [], "steps": STEPS, "standby": False}
+    result, report = run_job(tmp_path, "--chaos", "kill:host=1@step=13", workload=workload)
+    assert result.returncode == 0, result.stderr
+    assert report["params_fingerprint"] == clean_fingerprint
+    assert [d["kind"] for d in report["detections"]] == ["crash", "nonfinite_loss"]
+    assert sorted({r["step"] for r in report["restores"]}) == [5, 10]  # 10 was bad, 5 was not
+    assert report["restarts"] == {"crash": 1, "nonfinite_loss": 1}
+
+
+# --- bad input -----------------------------------------------------------------------------------
+def test_an_unwritable_persistent_location_is_reported_before_anything_starts(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    spec = {"checkpoint": {"persistent": {"uri": str(blocker / "checkpoints"), "interval": 10}}}
+    result, report = run_job(tmp_path, **spec)
+    assert result.returncode == 2
+    assert "spec.checkpoint.persistent.uri" in result.stderr and str(blocker) in result.stderr
+    assert report is None
+
+
+def test_an_unknown_object_store_scheme_is_reported_before_anything_starts(tmp_path):
+    spec = {"checkpoint": {"persistent": {"uri": "nosuchstore://bucket/checkpoints", "interval": 10}}}
+    result, _ = run_job(tmp_path, **spec)
+    assert result.returncode == 2
+    assert "spec.checkpoint.persistent.uri" in result.stderr and "nosuchstore" in result.stderr
+
+
+def test_losing_host_0_is_refused_up_front_because_it_runs_the_leader(tmp_path):
+    result, _ = run_job(tmp_path, "--spares", "1", "--chaos", "lose:host=0@step=5")
+    assert result.returncode == 2
+    assert "host 0 runs the job's coordination leader" in result.stderr

@@ -1,0 +1,206 @@
+"""A supervisor's tier copies: replicate and persist after each save, stage back with fallback.
+
+Real replica servers on 127.0.0.1 and a real persistent directory; failures are injected by
+unreachable peers and a persistent tier whose uploads fail, as a full disk would make them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers
+from slicekeeper.supervisor.metrics import SupervisorMetrics
+from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
+from slicekeeper.supervisor.restore_plan import Tier
+
+from slicekeeper import shard_folder
+from slicekeeper.api import CheckpointSpec
+from slicekeeper.goodput import GoodputAccountant
+from slicekeeper.shard_folder import Manifest, ShardFile
+
+WAIT = 5.0
+
+
+def write_step(directory: Path, step: int, payload: bytes = b"weights") -> Path:
+    tmp = shard_folder.tmp_dir(directory, step)
+    tmp.mkdir(parents=True)
+    (tmp / "00000.npy").write_bytes(payload * step)
+    shard = ShardFile("params", "00000.npy", shard_folder.sha256_file(tmp / "00000.npy"), len(payload) * step)
+    shard_folder.write_manifest(tmp, Manifest(step, (shard,)))
+    final = shard_folder.step_dir(directory, step)
+    shard_folder.commit(tmp, final)
+    return final
+
+
+class Host:
+    """One supervisor's CheckpointTiers with what it reports and logs recorded."""
+
+    def __init__(
+        self, root: Path, host: int, spec: CheckpointSpec, persistent: PersistentTier | None
+    ) -> None:
+        self.reports: list[dict[str, Any]] = []
+        self.logs: list[dict[str, Any]] = []
+        self.metrics = SupervisorMetrics(lambda: GoodputAccountant(0.0))
+        self.tiers = CheckpointTiers(
+            root / f"host-{host}",
+            spec,
+            hosts=2,
+            hosts_per_slice=1,
+            persistent=persistent,
+            metrics=self.metrics,
+            report=self._report,
+            log=self.logs.append,
+        )
+        self.tiers.host = host
+
+    async def _report(self, message: dict[str, Any]) -> None:
+        self.reports.append(message)
+
+    def failures(self, tier: str) -> float:
+        value = self.metrics.registry.get_sample_value(
+            "slicekeeper_checkpoint_failures_total", {"tier": tier}
+        )
+        return value or 0.0
+
+
+class FullDisk(PersistentTier):
+    def upload(self, host: int, folder: Path) -> int:
+        raise PersistentTierError(f"{self.location}: cannot write: no space left on device")
+
+
+def spec(tmp_path: Path, interval: int = 5) -> CheckpointSpec:
+    return CheckpointSpec.model_validate(
+        {"interval": 5, "persistent": {"uri": str(tmp_path / "persistent"), "interval": interval}}
+    )
+
+
+def run(scenario: Any) -> None:
+    asyncio.run(asyncio.wait_for(scenario(), 3 * WAIT))
+
+
+def test_a_saved_step_is_replicated_to_the_peer_and_persisted(tmp_path):
+    async def scenario():
+        persistent = PersistentTier(str(tmp_path / "persistent"), "job/run")
+        owner, holder = Host(tmp_path, 0, spec(tmp_path), persistent), Host(tmp_path, 1, spec(tmp_path), None)
+        addresses = {0: await owner.tiers.serve("127.0.0.1"), 1: await holder.tiers.serve("127.0.0.1")}
+        owner.tiers.start_generation(0, addresses)
+        write_step(owner.tiers.local_dir, 5)
+        owner.tiers.saved(5)
+        await asyncio.wait_for(owner.tiers.drain(), WAIT)
+        assert holder.tiers.replicas.steps(0) == [5]
+        assert persistent.hosts_uploaded(5) == {0}
+        assert {"type": "persisted", "step": 5} in owner.reports
+        assert [r["type"] for r in owner.logs] == ["replicated", "persisted"]
+        await owner.tiers.close()
+        await holder.tiers.close()
+
+    run(scenario)
+
+
+def test_a_failed_upload_is_reported_counted_and_logged_and_later_saves_go_on(tmp_path):
+    async def scenario():
+        host = Host(tmp_path, 0, spec(tmp_path), FullDisk(str(tmp_path / "persistent"), "job/run"))
+        await host.tiers.serve("127.0.0.1")
+        host.tiers.start_generation(0, {})
+        for step in (5, 10):
+            write_step(host.tiers.local_dir, step)
+            host.tiers.saved(step)
+        await asyncio.wait_for(host.tiers.drain(), WAIT)
+        invalid = [r for r in host.reports if r["type"] == "checkpoint_invalid"]
+        assert [(r["step"], r["tier"], r["reason"]) for r in invalid] == [
+            (5, "persistent", "upload failed"),
+            (10, "persistent", "upload failed"),
+        ]
+        assert "no space left" in invalid[0]["detail"]
+        assert host.failures("persistent") == 2
+        assert [r["type"] for r in host.logs] == ["checkpoint_failed", "checkpoint_failed"]
+        await host.tiers.close()
+
+    run(scenario)
+
+
+def test_an_unreachable_peer_is_a_counted_replication_failure_not_a_stop(tmp_path):
+    async def scenario():
+        host = Host(tmp_path, 0, CheckpointSpec(), None)
+        await host.tiers.serve("127.0.0.1")
+        host.tiers.start_generation(0, {1: "127.0.0.1:9"})  # nothing listens on the discard port
+        write_step(host.tiers.local_dir, 10)
+        host.tiers.saved(10)
+        await asyncio.wait_for(host.tiers.drain(), WAIT)
+        assert [(r["tier"], r["reason"]) for r in host.reports] == [("peer", "replication failed")]
+        assert host.failures("peer") == 1
+        await host.tiers.close()
+
+    run(scenario)
+
+
+def test_saves_of_a_generation_being_torn_down_are_not_copied(tmp_path):
+    async def scenario():
+        owner, holder = Host(tmp_path, 0, CheckpointSpec(), None), Host(tmp_path, 1, CheckpointSpec(), None)
+        addresses = {0: await owner.tiers.serve("127.0.0.1"), 1: await holder.tiers.serve("127.0.0.1")}
+        owner.tiers.start_generation(3, addresses)
+        write_step(owner.tiers.local_dir, 10)
+        owner.tiers.saved(10)
+        owner.tiers.pause()  # the stop arrives before the copy started
+        owner.tiers.start_generation(4, addresses)
+        await asyncio.wait_for(owner.tiers.drain(), WAIT)
+        assert holder.tiers.replicas.steps(0) == []
+        await owner.tiers.close()
+        await holder.tiers.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_staging_falls_back_from_a_bad_local_copy_to_the_peer_replica(tmp_path, damage):
+    async def scenario():
+        owner, holder = Host(tmp_path, 0, CheckpointSpec(), None), Host(tmp_path, 1, CheckpointSpec(), None)
+        addresses = {0: await owner.tiers.serve("127.0.0.1"), 1: await holder.tiers.serve("127.0.0.1")}
+        owner.tiers.start_generation(0, addresses)
+        folder = write_step(owner.tiers.local_dir, 10)
+        owner.tiers.saved(10)
+        await asyncio.wait_for(owner.tiers.drain(), WAIT)
+        if damage == "corrupt":
+            assert owner.tiers.corrupt_newest() == 10
+        else:
+            (folder / "00000.npy").unlink()
+        sources = [{"tier": "local"}, {"tier": "peer", "holder": 1, "address": addresses[1]}]
+        staged = await owner.tiers.stage(10, sources)
+        assert staged is not None and (staged.tier, staged.holder) == (Tier.PEER, 1)
+        shard_folder.verify(shard_folder.step_dir(owner.tiers.local_dir, 10))  # a good copy again
+        invalid = [r for r in owner.reports if r["type"] == "checkpoint_invalid"]
+        assert [(r["step"], r["tier"], r["reason"]) for r in invalid] == [(10, "local", "corrupt")]
+        assert (owner.tiers.local_dir / "step-00000010.corrupt").is_dir()  # kept for a post-mortem
+        await owner.tiers.close()
+        await holder.tiers.close()
+
+    run(scenario)
+
+
+def test_staging_with_no_valid_source_left_returns_none_and_commits_nothing(tmp_path):
+    async def scenario():
+        host = Host(tmp_path, 0, CheckpointSpec(), None)
+        await host.tiers.serve("127.0.0.1")
+        sources = [{"tier": "peer", "holder": 1, "address": "127.0.0.1:9"}, {"tier": "persistent"}]
+        assert await host.tiers.stage(10, sources) is None
+        assert shard_folder.committed_steps(host.tiers.local_dir) == []
+        assert [r["type"] for r in host.logs] == ["stage_failed", "stage_failed"]
+        await host.tiers.close()
+
+    run(scenario)
+
+
+def test_a_lost_machine_loses_its_local_tier_and_the_replicas_it_held(tmp_path):
+    host = Host(tmp_path, 0, CheckpointSpec(), None)
+    write_step(host.tiers.local_dir, 10)
+    write_step(host.tiers.replicas.folder(1, 10).parent, 10)
+    host.tiers.wipe()
+    assert not host.tiers.disk.exists()
+
+
+def test_corrupting_with_no_committed_step_does_nothing(tmp_path):
+    host = Host(tmp_path, 0, CheckpointSpec(), None)
+    assert host.tiers.corrupt_newest() is None
