@@ -213,7 +213,14 @@ class CheckpointTiers:
         }
 
     def discard_after(self, step: int | None) -> None:
-        """Drop replicas newer than the agreed step: they belong to an abandoned timeline."""
+        """Drop local steps and replicas newer than the agreed step: an abandoned timeline.
+
+        Called with no workload running, before the next one starts, so a workload that dies before
+        its own restore cannot leave a step of the abandoned timeline to be listed at the next stop.
+        """
+        for held in shard_folder.committed_steps(self.local_dir):
+            if step is None or held > step:
+                shutil.rmtree(shard_folder.step_dir(self.local_dir, held), ignore_errors=True)
         for owner, steps in self.replicas.inventory().items():
             for held in steps:
                 if step is None or held > step:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from slicekeeper.supervisor.persistent_tier import PersistentTier
+from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.restore_plan import Holdings, RestorePlan, Tier, plan_restore
 
 from slicekeeper import protocol
@@ -183,8 +184,12 @@ class Leader:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while line := await reader.readline():
-                await self._handle(protocol.decode(line), writer)
-        except (ConnectionError, ValueError):
+                try:
+                    await self._handle(protocol.decode(line), writer)
+                except (ValueError, KeyError, TypeError) as error:
+                    # A bad message must not end the connection: that would read as a lost host.
+                    print(f"leader: ignored a malformed message {line[:200]!r}: {error!r}", file=sys.stderr)
+        except ConnectionError:
             pass
         finally:
             if writer in self._watchers:
@@ -437,7 +442,7 @@ class Leader:
         try:
             await asyncio.to_thread(self.persistent.commit, step)
             await asyncio.to_thread(self.persistent.retain, self._persistent_keep)
-        except OSError as error:
+        except (OSError, PersistentTierError) as error:
             self.failed_saves[Tier.PERSISTENT] += 1
             await self._event(f"persistent checkpoint of step {step} not committed: {error}")
             return
@@ -493,7 +498,9 @@ class Leader:
         for status in self.status.values():
             status.committed = {s for s in status.committed if keep(s)}
             status.replicas = {o: {s for s in v if keep(s)} for o, v in status.replicas.items()}
+            status.invalid = {s for s in status.invalid if keep(s)}  # a re-saved step is a new one
             status.state = "starting"
+        self.job_invalid = {s for s in self.job_invalid if keep(s)}
         self._persisted = {s: h for s, h in self._persisted.items() if keep(s)}
         self.persistent_committed = {s for s in self.persistent_committed if keep(s)}
         if self.detections:

@@ -52,3 +52,51 @@ def test_a_host_that_does_not_exist_is_refused():
     with pytest.raises(UserError, match="names host 4, but the job has 4 hosts"):
         check_hosts(parse_chaos("kill:host=4@step=3"), 4)
     check_hosts(parse_chaos("kill:host=3@step=3"), 4)
+
+
+# --- lose and corrupt -----------------------------------------------------------------------------
+
+
+def test_lose_and_corrupt_parse_like_the_other_kinds():
+    faults = parse_chaos("lose:host=2@step=40,corrupt:host=1@step=25")
+    assert faults == [Fault(FaultKind.LOSE, 40, {"host": "2"}), Fault(FaultKind.CORRUPT, 25, {"host": "1"})]
+    assert [str(f) for f in faults] == ["lose:host=2@step=40", "corrupt:host=1@step=25"]
+    assert [f.host for f in faults] == [2, 1]
+
+
+def test_every_kind_round_trips_through_its_text():
+    spec = "kill:host=1@step=3,hang:host=2@step=4,lose:host=3@step=5,corrupt:host=0@step=6"
+    assert ",".join(str(f) for f in parse_chaos(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("lose:@step=3", "missing host="),
+        ("corrupt:host=1,bytes=4@step=3", "unknown argument(s) bytes for corrupt"),
+        ("lose:host=x@step=3", "host must be a host index"),
+    ],
+)
+def test_lose_and_corrupt_need_exactly_a_host(spec, message):
+    with pytest.raises(UserError) as caught:
+        parse_chaos(spec)
+    assert message in str(caught.value)
+
+
+def test_losing_host_0_is_refused_because_it_runs_the_leader():
+    with pytest.raises(UserError) as caught:
+        check_hosts(parse_chaos("lose:host=0@step=10"), 4)
+    message = str(caught.value)
+    assert "'lose:host=0@step=10'" in message
+    assert "host 0 runs the job's coordination leader" in message
+
+
+def test_losing_another_host_and_other_faults_on_host_0_are_accepted():
+    check_hosts(
+        parse_chaos("lose:host=1@step=10,kill:host=0@step=5,corrupt:host=0@step=7,hang:host=0@step=9"), 2
+    )
+
+
+def test_a_lost_host_that_does_not_exist_is_refused_as_such():
+    with pytest.raises(UserError, match="names host 2, but the job has 2 hosts"):
+        check_hosts(parse_chaos("lose:host=2@step=10"), 2)

@@ -3,7 +3,7 @@
 import pytest
 
 from slicekeeper.goodput import BADPUT, Category
-from slicekeeper.report import build_report, format_report
+from slicekeeper.report import build_report, format_report, merge_machines
 
 STARTED = 1_700_000_000.0
 
@@ -212,3 +212,125 @@ def test_the_text_report_gives_the_failure_reason_and_the_biggest_badput_first()
     badput_lines = [line.split()[0] for line in text.splitlines() if line.startswith("    ")]
     assert badput_lines[0] == "program_startup"
     assert "data_loading" not in badput_lines  # nothing lost there
+
+
+# --- hot-swaps: two machines serving one host identity --------------------------------------------
+
+
+def machine_report(host: int | None, machine: str, wall: float, lost: bool = False, **seconds: float) -> dict:
+    report = host_report(0 if host is None else host, wall, **seconds)
+    report.update(host=host, machine=machine, lost=lost)
+    return report
+
+
+def swapped_hosts() -> list[dict]:
+    """Host 1's machine was lost after 40 s; spare-0 took over for 55 s; spare-1 was never needed."""
+    spare = machine_report(1, "spare-0", 55.0, productive=35.0, infrastructure_recovery=15.0)
+    spare.update(productive_step_seconds=[0.6], last_checkpoint_step=90, exit_code=0)
+    lost = machine_report(1, "host-1", 40.0, lost=True, productive=30.0, program_startup=10.0)
+    lost.update(productive_step_seconds=[0.5, 0.5], last_checkpoint_step=20, exit_code=None)
+    idle = machine_report(None, "spare-1", 100.0, other=100.0)
+    return [machine_report(0, "host-0", 98.0, productive=70.0, other=28.0), spare, idle, lost]
+
+
+def test_a_lost_machine_and_its_spare_add_up_to_one_host_listing_both_machines():
+    hosts = merge_machines(swapped_hosts())
+    assert [h["host"] for h in hosts] == [0, 1]
+    host_1 = hosts[1]
+    assert host_1["machines"] == ["host-1", "spare-0"]  # the lost machine first, whatever the order given
+    assert host_1["wall_seconds"] == pytest.approx(95.0)
+    assert host_1["seconds"]["productive"] == pytest.approx(65.0)
+    assert host_1["seconds"]["program_startup"] == pytest.approx(10.0)
+    assert host_1["seconds"]["infrastructure_recovery"] == pytest.approx(15.0)
+    assert sorted(host_1["productive_step_seconds"]) == [0.5, 0.5, 0.6]
+    # what the machine serving the host at the end knows wins
+    assert host_1["last_checkpoint_step"] == 90
+    assert host_1["exit_code"] == 0
+    assert hosts[0]["machines"] == ["host-0"]
+
+
+def test_an_unassigned_spare_is_not_a_host_of_the_report():
+    merged = merge_machines(swapped_hosts())
+    assert all("spare-1" not in h["machines"] for h in merged)
+    report = report_of(hosts=swapped_hosts())
+    assert [h["host"] for h in report["hosts"]] == [0, 1]
+    assert report["hosts"][1]["machines"] == ["host-1", "spare-0"]
+    # means over the two host identities only: (70 + 65) / 2; the idle spare's 100 s of other is not in
+    assert report["productive_seconds"] == pytest.approx(67.5)
+    assert report["goodput"] == pytest.approx(0.675)
+    assert report["badput_seconds"]["other"] == pytest.approx((28.0 + 2.0 + 5.0) / 2)
+
+
+def test_a_run_with_only_idle_spares_reporting_has_no_hosts():
+    assert merge_machines([machine_report(None, "spare-0", 10.0)]) == []
+
+
+RESTORES = [
+    {"host": 0, "step": 10, "tier": "local", "holder": None, "generation": 1, "seconds": 0.1, "bytes": 100},
+    {
+        "host": 1,
+        "step": 10,
+        "tier": "persistent",
+        "holder": None,
+        "generation": 1,
+        "seconds": 2.0,
+        "bytes": 100,
+    },
+    {"host": 0, "step": 20, "tier": "local", "holder": None, "generation": 2, "seconds": 0.1, "bytes": 100},
+    {"host": 1, "step": 20, "tier": "peer", "holder": 0, "generation": 2, "seconds": 0.4, "bytes": 100},
+]
+SWAPS = [{"host": 1, "spare": 0, "machine": "spare-0", "generation": 1}]
+
+
+def tiered_report() -> dict:
+    return report_of(
+        hosts=swapped_hosts(),
+        restores=RESTORES,
+        hot_swaps=SWAPS,
+        failed_saves={"local": 1, "persistent": 2},
+        persistent_committed=[10],
+        generations=3,
+    )
+
+
+def test_the_report_lists_every_restore_without_its_byte_count():
+    report = tiered_report()
+    assert report["restores"] == [{k: v for k, v in r.items() if k != "bytes"} for r in RESTORES]
+
+
+def test_persistent_reads_count_the_restores_from_the_persistent_tier():
+    assert tiered_report()["persistent_reads"] == 1
+    assert report_of(restores=RESTORES[2:])["persistent_reads"] == 0
+
+
+def test_hot_swaps_are_counted_with_their_hosts_and_details():
+    assert tiered_report()["hot_swaps"] == {"count": 1, "hosts": [1], "details": SWAPS}
+
+
+def test_failed_saves_and_persistent_checkpoints_come_from_the_summary():
+    report = tiered_report()
+    assert report["failed_saves"] == {"local": 1, "persistent": 2}
+    assert report["persistent_checkpoints"] == [10]
+
+
+def test_a_summary_without_tiers_gives_empty_tier_figures():
+    report = report_of()
+    assert report["restores"] == []
+    assert report["persistent_reads"] == 0
+    assert report["hot_swaps"] == {"count": 0, "hosts": [], "details": []}
+    assert report["failed_saves"] == {}
+    assert report["persistent_checkpoints"] == []
+
+
+def test_the_text_report_shows_the_hot_swap_the_last_restores_tiers_and_failed_copies():
+    text = format_report(tiered_report())
+    assert "  hot-swaps         1 (host 1 -> spare-0)" in text
+    assert "  last restore      step 20: host 0 local, host 1 peer" in text
+    assert "  restores          4 shard(s), 1 from the persistent tier" in text
+    assert "  failed copies     local 1, persistent 2" in text
+
+
+def test_the_text_report_says_nothing_of_tiers_when_none_was_used():
+    text = format_report(report_of())
+    for absent in ("hot-swaps", "last restore", "restores ", "failed copies"):
+        assert absent not in text

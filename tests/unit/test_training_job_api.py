@@ -135,3 +135,123 @@ def test_local_hosts_that_do_not_split_over_slices_are_refused():
 def test_cluster_layout_follows_the_tpu_table():
     layout = cluster_layout(api.load_training_job(EXAMPLE))
     assert (layout.slices, layout.hosts_per_slice, layout.devices_per_host) == (2, 2, 4)
+
+
+# --- checkpoint tiers and spares ------------------------------------------------------------------
+
+
+def test_the_example_still_validates_and_round_trips_with_its_tier_settings():
+    job = api.load_training_job(EXAMPLE)
+    checkpoint = job.spec.checkpoint
+    if checkpoint.persistent is not None:
+        assert checkpoint.persistent.interval % checkpoint.interval == 0
+    assert api.parse_training_job(api.dump_training_job(job)) == job
+
+
+def test_a_job_without_tier_settings_gets_one_peer_replica_no_persistent_tier_and_no_spares():
+    job = api.parse_training_job(
+        {
+            "apiVersion": "slicekeeper.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "a"},
+            "spec": {"tpu": {"type": "v5e-4"}},
+        }
+    )
+    assert job.spec.checkpoint.peer == api.PeerTierSpec(replicas=1, max_to_keep=2)
+    assert job.spec.checkpoint.persistent is None
+    assert job.spec.local.spares == 0
+
+
+def test_peer_and_persistent_defaults():
+    document = example()
+    document["spec"]["checkpoint"]["interval"] = 10
+    document["spec"]["checkpoint"]["persistent"] = {"uri": "gs://bucket/ckpt"}
+    checkpoint = api.parse_training_job(document).spec.checkpoint
+    assert (checkpoint.peer.replicas, checkpoint.peer.max_to_keep) == (1, 2)
+    assert checkpoint.persistent == api.PersistentTierSpec(uri="gs://bucket/ckpt", interval=50, max_to_keep=2)
+
+
+def test_the_tiers_and_spares_round_trip_in_camel_case():
+    document = example()
+    document["spec"]["checkpoint"]["interval"] = 10
+    document["spec"]["checkpoint"]["peer"] = {"replicas": 2, "maxToKeep": 3}
+    document["spec"]["checkpoint"]["persistent"] = {"uri": "/mnt/ckpt", "interval": 20, "maxToKeep": 4}
+    document["spec"]["local"]["spares"] = 2
+    job = api.parse_training_job(document)
+    assert job.spec.checkpoint.peer.max_to_keep == 3
+    assert job.spec.checkpoint.persistent is not None
+    assert (job.spec.checkpoint.persistent.interval, job.spec.checkpoint.persistent.max_to_keep) == (20, 4)
+    assert job.spec.local.spares == 2
+    dumped = api.dump_training_job(job)
+    assert dumped["spec"]["checkpoint"]["persistent"] == {"uri": "/mnt/ckpt", "interval": 20, "maxToKeep": 4}
+    assert dumped["spec"]["checkpoint"]["peer"] == {"replicas": 2, "maxToKeep": 3}
+    assert api.parse_training_job(dumped) == job
+
+
+def test_the_peer_tier_may_be_turned_off():
+    document = example()
+    document["spec"]["checkpoint"]["peer"] = {"replicas": 0}
+    assert api.parse_training_job(document).spec.checkpoint.peer.replicas == 0
+
+
+def test_a_persistent_interval_that_is_not_a_multiple_of_the_local_interval_is_refused():
+    document = example()
+    document["spec"]["checkpoint"]["interval"] = 10
+    document["spec"]["checkpoint"]["persistent"] = {"uri": "gs://bucket/ckpt", "interval": 25}
+    message = errors_for(document)
+    assert "spec.checkpoint: persistent.interval (25) must be a multiple of interval (10)" in message
+
+
+def test_the_default_persistent_interval_is_checked_against_the_local_interval_too():
+    document = example()
+    document["spec"]["checkpoint"]["interval"] = 15
+    document["spec"]["checkpoint"]["persistent"] = {"uri": "gs://bucket/ckpt"}
+    assert "persistent.interval (50) must be a multiple of interval (15)" in errors_for(document)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (
+            lambda d: d["spec"]["local"].update(spares=-1),
+            "spec.local.spares: Input should be greater than or equal to 0",
+        ),
+        (
+            lambda d: d["spec"]["checkpoint"].update(peer={"replicas": -1}),
+            "spec.checkpoint.peer.replicas: Input should be greater than or equal to 0",
+        ),
+        (
+            lambda d: d["spec"]["checkpoint"].update(peer={"maxToKeep": 0}),
+            "spec.checkpoint.peer.maxToKeep: Input should be greater than 0",
+        ),
+        (
+            lambda d: d["spec"]["checkpoint"].update(persistent={"interval": 10}),
+            "spec.checkpoint.persistent.uri: Field required",
+        ),
+        (
+            lambda d: d["spec"]["checkpoint"].update(persistent={"uri": ""}),
+            "spec.checkpoint.persistent.uri: String should have at least 1 character",
+        ),
+        (
+            lambda d: d["spec"]["checkpoint"].update(persistent={"uri": "/x", "interval": 0}),
+            "spec.checkpoint.persistent.interval: Input should be greater than 0",
+        ),
+        (
+            lambda d: d["spec"]["checkpoint"].update(persistent={"uri": "/x", "bucket": "b"}),
+            "spec.checkpoint.persistent.bucket: unknown field",
+        ),
+    ],
+    ids=[
+        "negative-spares",
+        "negative-replicas",
+        "peer-keeps-nothing",
+        "persistent-without-uri",
+        "persistent-empty-uri",
+        "persistent-interval-0",
+        "persistent-unknown-field",
+    ],
+)
+def test_bad_tier_or_spare_settings_name_the_field(mutate, expected):
+    document = example()
+    mutate(document)
+    assert expected in errors_for(document)
