@@ -59,6 +59,17 @@ def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str
     )
 
 
+def run_job(
+    tmp_path: Path, *extra: str, steps: int = 40, **spec: Any
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
+    """`slicekeeper run` of the SDK example loop job in `tmp_path`: the result and the report, if any."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    job = sdk_loop_job(tmp_path / "job.yaml", steps=steps, **spec)
+    report_path = tmp_path / "report.json"
+    result = run_cli("run", str(job), "--report", str(report_path), *extra)
+    return result, read_report(report_path) if report_path.exists() else None
+
+
 def read_report(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())  # type: ignore[no-any-return]
 

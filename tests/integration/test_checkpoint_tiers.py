@@ -12,18 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, processes_mentioning, read_report, run_cli, sdk_loop_job
+from tests.helpers import ROOT, processes_mentioning, run_job
 
-STEPS = 40
-
-
-def run_job(tmp_path, *extra: str, **spec):
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    job = sdk_loop_job(tmp_path / "job.yaml", steps=STEPS, **spec)
-    report_path = tmp_path / "report.json"
-    result = run_cli("run", str(job), "--report", str(report_path), *extra)
-    report = read_report(report_path) if report_path.exists() else None
-    return result, report
+STEPS = 40  # run_job's default
 
 
 def with_persistent(tmp_path, interval: int = 10, replicas: int = 1):

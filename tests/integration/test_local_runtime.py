@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, processes_mentioning, read_report, run_cli, sdk_loop_job
+from tests.helpers import ROOT, processes_mentioning, read_report, run_cli, run_job, sdk_loop_job
 
 REQUIRED_FIELDS = {
     "steps_completed",
@@ -21,15 +21,6 @@ REQUIRED_FIELDS = {
     "params_fingerprint",
     "wall_seconds",
 }
-
-
-def run_job(tmp_path, *extra: str, steps: int = 40, **spec):
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    job = sdk_loop_job(tmp_path / "job.yaml", steps=steps, **spec)
-    report_path = tmp_path / "report.json"
-    result = run_cli("run", str(job), "--report", str(report_path), *extra)
-    report = read_report(report_path) if report_path.exists() else None
-    return result, report
 
 
 def test_a_fault_free_run_succeeds_with_a_complete_report(tmp_path):

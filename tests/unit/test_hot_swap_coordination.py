@@ -8,7 +8,6 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from slicekeeper.supervisor.coordination import JobState, Leader
 from slicekeeper.supervisor.persistent_tier import PersistentTierError
 
