@@ -79,6 +79,7 @@ def build_report(
                 "recovery_seconds": None
                 if resumed is None or detected is None
                 else round(resumed - detected, 3),
+                "detail": fault.get("detail", ""),
             }
         )
     all_steps = [d for h in hosts for d in h.get("productive_step_seconds", [])]
@@ -154,7 +155,7 @@ def format_report(report: dict[str, Any]) -> str:
         detected = (
             f"detected as {fault['detected_as']} after {fault['detection_seconds']:.2f} s"
             if fault["detection_seconds"] is not None
-            else "not detected"
+            else fault.get("detail") or "not detected"
         )
         recovered = (
             f", training again {fault['recovery_seconds']:.2f} s later"

@@ -104,6 +104,7 @@ class FaultRecord:
     """The fault as written in --chaos, so that a spare never fires a fault its host already fired."""
     disruptive: bool = True
     """False for faults that stop nothing by themselves (corrupt): no detection is theirs."""
+    detail: str = ""
 
 
 @dataclass
@@ -267,6 +268,7 @@ class Leader:
                 int(message.get("generation", -1)),
                 spec=str(message.get("fault", "")),
                 disruptive=bool(message.get("disruptive", True)),
+                detail=str(message.get("detail", "")),
             )
             self.faults.append(record)
             await self._event(f"chaos: {message['kind']} host {host} at step {message['step']}", host=host)

@@ -643,7 +643,12 @@ class HostSupervisor:
             elif fault.kind is FaultKind.HANG:
                 self.workload.signal(signal.SIGSTOP)
             elif fault.kind is FaultKind.CORRUPT:
-                chaos["corrupted_step"] = self.tiers.corrupt_newest()
+                corrupted = self.tiers.corrupt_newest()
+                chaos["detail"] = (
+                    f"flipped bytes in local step {corrupted}, noticed at the next restore"
+                    if corrupted is not None
+                    else "no committed local step to corrupt yet"
+                )
             elif fault.kind is FaultKind.LOSE:
                 self._spawn_task(self._lose_machine(chaos))
                 continue

@@ -10,7 +10,7 @@
             record.loss = train_step(...)
     session.done(fingerprint)
 
-Stdlib only: importing it costs nothing; checkpointing with orbax lives in
+Stdlib only: importing it costs nothing; checkpointing of JAX state lives in
 `slicekeeper.workload.jax_checkpoint` and is imported only by JAX trainers.
 """
 

@@ -1,9 +1,10 @@
 """The reference JAX workload: one process per TPU host, the tiny LM trained data+model parallel.
 
 Run by the supervisor (`spec.workload.command` default). Uses only the public SDK, so it doubles as
-the example of a user's loop: phases reported, every step bracketed and blocked on, local-tier
-checkpoints through orbax, the agreed step restored on restart, a persistent compilation cache so a
-restarted process does not compile from scratch.
+the example of a user's loop: phases reported, every step bracketed and blocked on, each host's
+shards saved to the local tier (the supervisor copies them to the peer and persistent tiers), the
+agreed step restored on restart, a persistent compilation cache so a restarted process does not
+compile from scratch.
 """
 
 from __future__ import annotations
