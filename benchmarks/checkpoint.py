@@ -81,6 +81,7 @@ from recovery import (
     say,
     slicekeeper_command,
     step_durations,
+    step_intervals,
     tail,
 )
 
@@ -210,24 +211,6 @@ class RunFigures:
     restore: RestoreFigures | None = None
     recovery: RecoveryFigures | None = None
     notes: list[str] = field(default_factory=list)
-
-
-def step_intervals(events: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
-    """(step, begin, end) of the completed steps, the first of each start left out (as step_durations)."""
-    intervals = []
-    begun: dict[tuple[int, int], float] = {}
-    seen_generations: set[int] = set()
-    for event in events:
-        if event.get("source") != "workload":
-            continue
-        key = (int(event.get("generation", -1)), int(event.get("step", -1)))
-        if event["type"] == "step_begin":
-            begun[key] = float(event["t"])
-        elif event["type"] == "step_end" and key in begun:
-            if key[0] in seen_generations:
-                intervals.append((key[1], begun[key], float(event["t"])))
-            seen_generations.add(key[0])
-    return intervals
 
 
 def phase_seconds(events: list[dict[str, Any]], phase: str, generation: int) -> list[float]:
@@ -521,36 +504,16 @@ def build_rows(runs: dict[str, list[RunFigures]]) -> list[Row]:
                 out.append(float(get(records)))
         return out
 
-    add(
-        "peer push (one shard to one holder), median",
-        copy_values(PEER, "replicated", lambda r: statistics.median(c.seconds for c in r)),
-        "s",
-    )
-    add(
-        "peer push (one shard to one holder), max",
-        copy_values(PEER, "replicated", lambda r: max(c.seconds for c in r)),
-        "s",
-    )
-    add(
-        "peer push size (MB)",
-        copy_values(PEER, "replicated", lambda r: statistics.median(c.bytes for c in r) / MB),
-        "",
-    )
-    add(
-        "persistent upload (one shard), median",
-        copy_values(PERSISTENT, "persisted", lambda r: statistics.median(c.seconds for c in r)),
-        "s",
-    )
-    add(
-        "persistent upload (one shard), max",
-        copy_values(PERSISTENT, "persisted", lambda r: max(c.seconds for c in r)),
-        "s",
-    )
-    add(
-        "persistent upload size (MB)",
-        copy_values(PERSISTENT, "persisted", lambda r: statistics.median(c.bytes for c in r) / MB),
-        "",
-    )
+    for label, key, kind in (
+        ("peer push (one shard to one holder)", PEER, "replicated"),
+        ("persistent upload (one shard)", PERSISTENT, "persisted"),
+    ):
+        add(
+            f"{label}, median", copy_values(key, kind, lambda r: statistics.median(c.seconds for c in r)), "s"
+        )
+        add(f"{label}, max", copy_values(key, kind, lambda r: max(c.seconds for c in r)), "s")
+        size = copy_values(key, kind, lambda r: statistics.median(c.bytes for c in r) / MB)
+        add(f"{label.split(' (')[0]} size (MB)", size, "")
 
     for key, source in ((KILL, "local"), (LOSE_PEER, "peer"), (LOSE_PERSISTENT, "persistent")):
         add(

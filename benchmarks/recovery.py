@@ -120,9 +120,10 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return sorted(events, key=lambda e: float(e["t"]))
 
 
-def step_durations(events: list[dict[str, Any]]) -> list[float]:
-    """Completed step durations (step_begin -> step_end of the same generation), first of each start out."""
-    durations = []
+def step_intervals(events: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
+    """(step, begin, end) of completed steps (step_begin -> step_end of the same generation), the
+    first step of each start left out (it includes compilation)."""
+    intervals = []
     begun: dict[tuple[int, int], float] = {}
     seen_generations: set[int] = set()
     for event in events:
@@ -133,9 +134,14 @@ def step_durations(events: list[dict[str, Any]]) -> list[float]:
             begun[key] = float(event["t"])
         elif event["type"] == "step_end" and key in begun:
             if key[0] in seen_generations:
-                durations.append(float(event["t"]) - begun[key])
+                intervals.append((key[1], begun[key], float(event["t"])))
             seen_generations.add(key[0])
-    return durations
+    return intervals
+
+
+def step_durations(events: list[dict[str, Any]]) -> list[float]:
+    """Completed step durations, first of each start left out (see step_intervals)."""
+    return [end - begin for _, begin, end in step_intervals(events)]
 
 
 def checkpoint_save_seconds(events: list[dict[str, Any]]) -> list[float]:

@@ -180,20 +180,7 @@ class CheckpointTiers:
     async def _failed(self, step: int, tier: Tier, reason: str, detail: str) -> None:
         """A copy that failed: logged, counted, reported; training goes on without that copy."""
         self._metrics.checkpoint_failures.labels(tier=tier.value).inc()
-        self._log(
-            {
-                "source": "supervisor",
-                "type": "checkpoint_failed",
-                "step": step,
-                "tier": tier.value,
-                "detail": detail,
-            }
-        )
-        print(
-            f"[host {self.host}] {tier.value} copy of step {step}: {reason}: {detail}",
-            file=sys.stderr,
-            flush=True,
-        )
+        self._warn("checkpoint_failed", step, tier, detail, f"{tier.value} copy of step {step}: {reason}")
         await self._report(
             {
                 "type": "checkpoint_invalid",
@@ -273,20 +260,14 @@ class CheckpointTiers:
 
     async def _source_failed(self, step: int, tier: Tier, holder: int | None, detail: str) -> None:
         where = tier.value + (f" (host {holder})" if holder is not None else "")
-        self._log(
-            {
-                "source": "supervisor",
-                "type": "stage_failed",
-                "step": step,
-                "tier": tier.value,
-                "detail": detail,
-            }
+        self._warn(
+            "stage_failed", step, tier, detail, f"step {step} from {where} unusable, trying the next source"
         )
-        print(
-            f"[host {self.host}] step {step} from {where} unusable, trying the next source: {detail}",
-            file=sys.stderr,
-            flush=True,
-        )
+
+    def _warn(self, kind: str, step: int, tier: Tier, detail: str, text: str) -> None:
+        """A copy or restore source that did not work: into the event log and onto stderr."""
+        self._log({"source": "supervisor", "type": kind, "step": step, "tier": tier.value, "detail": detail})
+        print(f"[host {self.host}] {text}: {detail}", file=sys.stderr, flush=True)
 
     # --- chaos --------------------------------------------------------------------------------
     def wipe(self) -> None:
