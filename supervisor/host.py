@@ -303,6 +303,7 @@ class HostSupervisor:
                 protocol.ENV_COORDINATOR: coordinator,
                 protocol.ENV_RESTORE_STEP: "" if restore_step is None else str(restore_step),
                 protocol.ENV_TOTAL_STEPS: str(self.plan.total_steps),
+                protocol.ENV_RESTORE_VERIFIED: "1",  # _start stages and verifies before every start
                 protocol.ENV_CHECKPOINT_DIR: str(self.tiers.local_dir),
                 protocol.ENV_CHECKPOINT_INTERVAL: str(spec.checkpoint.interval),
                 protocol.ENV_CHECKPOINT_KEEP: str(spec.checkpoint.max_to_keep),

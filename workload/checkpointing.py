@@ -41,7 +41,9 @@ class Checkpointer:
             return None
         with self._session.phase(Phase.CHECKPOINT_RESTORE):
             try:
-                shards = self.tier.restore(step)
+                # Under a supervisor the shard was staged and verified just before this process
+                # started; hashing a large checkpoint twice would only lengthen the restart.
+                shards = self.tier.restore(step, verify=not self._session.identity.restore_verified)
             except CorruptCheckpoint as error:
                 # Set it aside and tell the supervisor before dying: the next attempt agrees on an
                 # older step.

@@ -28,6 +28,8 @@ class HostIdentity:
     generation: int
     coordinator: str | None
     restore_step: int | None
+    restore_verified: bool
+    """The supervisor already verified this host's shard of `restore_step` against its checksums."""
     total_steps: int
     checkpoint_dir: str | None
     checkpoint_interval: int
@@ -44,6 +46,7 @@ class HostIdentity:
             generation=int(env.get(protocol.ENV_GENERATION, "0")),
             coordinator=env.get(protocol.ENV_COORDINATOR) or None,
             restore_step=int(restore) if restore else None,
+            restore_verified=env.get(protocol.ENV_RESTORE_VERIFIED) == "1",
             total_steps=int(env.get(protocol.ENV_TOTAL_STEPS, "100")),
             checkpoint_dir=env.get(protocol.ENV_CHECKPOINT_DIR) or None,
             checkpoint_interval=int(env.get(protocol.ENV_CHECKPOINT_INTERVAL, "10")),

@@ -296,3 +296,23 @@ def test_a_step_found_corrupt_at_restore_is_set_aside_and_reported(tmp_path):
     assert shard_folder.committed_steps(tmp_path) == []  # never listed again
     assert (tmp_path / "step-00000010.corrupt").is_dir()  # kept for a post-mortem
     assert [m["type"] for m in sent if m["type"] == "checkpoint_failed"] == ["checkpoint_failed"]
+
+
+@pytest.mark.parametrize("verified", [False, True])
+def test_a_restore_the_supervisor_already_verified_is_not_hashed_again(tmp_path, monkeypatch, verified):
+    from slicekeeper.workload.checkpointing import Checkpointer
+    from slicekeeper.workload.sdk import HostIdentity, Session
+
+    env = {
+        "SLICEKEEPER_CHECKPOINT_DIR": str(tmp_path),
+        "SLICEKEEPER_RESTORE_VERIFIED": "1" if verified else "",
+    }
+    checkpointer = Checkpointer(Session(HostIdentity.from_env(env), None))
+    checkpointer.tier.save_async(10, {"x": np.arange(4.0)}).result()
+    hashed: list[object] = []
+    real_sha256 = shard_folder.sha256_file
+    monkeypatch.setattr(shard_folder, "sha256_file", lambda path: hashed.append(path) or real_sha256(path))
+    restored = checkpointer.restore(10)
+    assert restored is not None and restored["x"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert len(hashed) == (0 if verified else 1)
+    checkpointer.close()

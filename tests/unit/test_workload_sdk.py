@@ -253,6 +253,7 @@ def test_identity_is_parsed_from_an_explicit_environment():
             protocol.ENV_GENERATION: "5",
             protocol.ENV_COORDINATOR: "10.0.0.2:8476",
             protocol.ENV_RESTORE_STEP: "120",
+            protocol.ENV_RESTORE_VERIFIED: "1",
             protocol.ENV_TOTAL_STEPS: "500",
             protocol.ENV_CHECKPOINT_DIR: "/dev/shm/sk/host-3",
             protocol.ENV_CHECKPOINT_INTERVAL: "25",
@@ -266,6 +267,7 @@ def test_identity_is_parsed_from_an_explicit_environment():
         generation=5,
         coordinator="10.0.0.2:8476",
         restore_step=120,
+        restore_verified=True,
         total_steps=500,
         checkpoint_dir="/dev/shm/sk/host-3",
         checkpoint_interval=25,
@@ -283,6 +285,7 @@ def test_an_empty_environment_gives_a_single_host_fresh_start():
     identity = HostIdentity.from_env({})
     assert (identity.host, identity.num_hosts, identity.generation) == (0, 1, 0)
     assert identity.restore_step is None
+    assert identity.restore_verified is False  # standalone: the loop verifies its own restores
     assert identity.coordinator is None
     assert identity.checkpoint_dir is None
     assert identity.compilation_cache is None
