@@ -1,8 +1,10 @@
 """A training loop of your own under the slicekeeper supervisor: the SDK calls and nothing else.
 
 The "model" is a numpy vector updated from data that is a pure function of (seed, step), so a
-restored run ends with exactly the parameters of an uninterrupted one. Run it as the workload of a
-TrainingJob (`spec.workload.command: ["python", "examples/sdk_loop.py"]`) or alone to try it.
+restored run ends with exactly the parameters of an uninterrupted one, and every host computes the
+same vector: the fingerprint is the same whatever the number of hosts taking part (a scaled-down
+job included). Run it as the workload of a TrainingJob
+(`spec.workload.command: ["python", "examples/sdk_loop.py"]`) or alone to try it.
 """
 
 import hashlib
@@ -28,7 +30,13 @@ for step in range(first, session.total_steps + 1):
     with session.step(step) as record:  # the supervisor times this and watches for hangs
         batch = np.random.default_rng([SEED, step]).normal(size=SIZE)
         params = 0.9 * params + 0.1 * batch
-        time.sleep(STEP_SECONDS)  # the real work of a step
+        # The real work of a step, simulated in 5 ms slices: like computing, it advances only while
+        # the process runs (a stopped or throttled process falls behind, as a slow chip would).
+        for _ in range(round(STEP_SECONDS / 0.005)):
+            time.sleep(0.005)
+        # This loop's hosts never wait for each other, so all of the step is the host's own work;
+        # a data-parallel loop marks this before its all-reduce (straggler scores use it).
+        record.work_done()
         record.loss = float(np.mean(params**2))
     checkpointer.maybe_save(step, lambda params=params: {"params": params.copy()})
 

@@ -135,12 +135,49 @@ class CheckpointSpec(Model):
         return self
 
 
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+class LevelBudget(Model):
+    """One rung of the escalation ladder: at most `max` uses within any `windowSeconds`."""
+
+    max: NonNegativeInt = Field(description="Uses allowed within the window (0: never).")
+    window_seconds: PositiveFloat = Field(default=3600.0, description="Length of the sliding window.")
+
+
+class RestartBudget(LevelBudget):
+    max: NonNegativeInt = Field(default=10, description="In-job restarts the policy may order per window.")
+
+
+class ReplaceBudget(LevelBudget):
+    max: NonNegativeInt = Field(default=4, description="Hot-swaps (host replaced by a spare) per window.")
+
+
+class ScaleDownBudget(LevelBudget):
+    max: NonNegativeInt = Field(default=4, description="Elastic scale-downs per window.")
+
+
+class PolicyBudgets(Model):
+    """Budgets of the escalation ladder's levels; spec.health.maxRestarts still caps all restarts."""
+
+    restart: RestartBudget = Field(default_factory=RestartBudget)
+    replace: ReplaceBudget = Field(default_factory=ReplaceBudget)
+    scale_down: ScaleDownBudget = Field(default_factory=ScaleDownBudget)
+
+
 class PolicyRef(Model):
     """Which remediation policy decides on faults: `default` (the escalation ladder) or a user file."""
 
     name: str = Field(default="default")
-    file: str | None = Field(default=None, description="Path of a user policy file (local mode).")
+    file: str | None = Field(
+        default=None,
+        description="Path of a user policy file (local mode; relative to the TrainingJob file).",
+    )
     config_map: str | None = Field(default=None, description="ConfigMap holding the policy (cluster).")
+    hook_timeout_seconds: PositiveFloat = Field(
+        default=2.0, description="A hook running longer falls back to the default policy for that decision."
+    )
+    budgets: PolicyBudgets = Field(default_factory=PolicyBudgets)
 
 
 class HealthSpec(Model):
@@ -185,11 +222,23 @@ class LocalSpec(Model):
 class TrainingJobSpec(Model):
     tpu: TpuSpec
     slices: PositiveInt = Field(default=1, description="Number of TPU slices (multislice over DCN).")
+    min_slices: PositiveInt = Field(
+        default=1, description="Elastic scale-down never leaves the job with fewer slices than this."
+    )
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     policy: PolicyRef = Field(default_factory=PolicyRef)
     health: HealthSpec = Field(default_factory=HealthSpec)
     local: LocalSpec = Field(default_factory=LocalSpec)
+
+    @model_validator(mode="after")
+    def _min_slices_fit(self) -> TrainingJobSpec:
+        if self.min_slices > self.slices:
+            raise ValueError(
+                f"minSlices ({self.min_slices}) must not exceed slices ({self.slices}): "
+                "scale-down keeps at least minSlices of the job's slices"
+            )
+        return self
 
 
 class Metadata(Model):

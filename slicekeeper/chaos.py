@@ -3,11 +3,17 @@
 Shared by tests and users (`--chaos`). A spec is a comma-separated list of faults, each
 `KIND:ARGS@step=S`; ARGS are `key=value` pairs (or a bare value) separated by commas, so a fault may
 carry several (`slow:host=2,factor=2@step=30`): a comma starts a new fault only when what follows
-looks like `KIND:`. Each fault fires exactly once, the first time its host reaches step S.
+looks like `KIND:`. Each fault fires exactly once: a host fault the first time its host reaches step S,
+a job fault (`spare:+1@step=80`, no host) the first time the job reaches step S.
+
+Most kinds aim at one host (`Fault.targets_host`); `spare` aims at the job. `Fault.host` refuses a
+hostless fault rather than invent a host index: code that picks the faults of one host uses
+`Fault.aimed_at(host)`, which is simply False for a job fault.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -25,6 +31,27 @@ class FaultKind(StrEnum):
     peer replicas it held) deleted. A spare must take over its identity."""
     CORRUPT = "corrupt"
     """Bytes flipped in the host's newest committed local checkpoint; noticed at the next restore."""
+    SLOW = "slow"
+    """`slow:host=H,factor=F@step=S`: the machine serving host H does its work F times slower (F > 1)
+    from step S on, for as long as that machine serves, across in-job restarts. Slowness belongs to
+    the machine, not the host index: a spare that later takes over host H runs at normal speed (the
+    fault has fired; a host replaced before it reached step S hands the unfired fault on, as usual)."""
+    SPARE = "spare"
+    """`spare:+N@step=S`: N new spare machines join the job when the job reaches step S (capacity
+    returned, e.g. after an elastic scale-down). Aims at no host."""
+
+    @property
+    def disruptive(self) -> bool:
+        """Whether the fault stops the workload by itself, so that a detection can be attributed to
+        it: corrupt waits for the next restore, slow only slows (the straggler detector's business,
+        not the hang detector's), spare adds capacity."""
+        return self in {FaultKind.KILL, FaultKind.HANG, FaultKind.LOSE}
+
+
+_BARE = "value"
+"""The argument name a bare value (`+1` in `spare:+1@step=80`) is stored under."""
+
+_SPARE_COUNT = re.compile(r"^\+([0-9]+)$")
 
 
 @dataclass(frozen=True)
@@ -38,6 +65,8 @@ RULES: dict[FaultKind, KindRules] = {
     FaultKind.HANG: KindRules(frozenset({"host"})),
     FaultKind.LOSE: KindRules(frozenset({"host"})),
     FaultKind.CORRUPT: KindRules(frozenset({"host"})),
+    FaultKind.SLOW: KindRules(frozenset({"host", "factor"})),
+    FaultKind.SPARE: KindRules(frozenset({_BARE})),
 }
 
 _NEW_FAULT = re.compile(r"^\s*[A-Za-z][\w-]*:")
@@ -50,11 +79,40 @@ class Fault:
     args: dict[str, str] = field(default_factory=dict, hash=False)
 
     @property
+    def targets_host(self) -> bool:
+        """True for a fault aimed at one host (all kinds but `spare`, which aims at the job)."""
+        return "host" in self.args
+
+    @property
     def host(self) -> int:
+        """The host index the fault is aimed at; ValueError for a job fault (see `targets_host`)."""
+        if not self.targets_host:
+            raise ValueError(f"chaos fault '{self}' aims at no host (check Fault.targets_host first)")
         return int(self.args["host"])
 
+    def aimed_at(self, host: int | None) -> bool:
+        """Whether this fault is one of `host`'s; False for a job fault and for `host` None (a spare
+        that has no host identity yet)."""
+        return host is not None and self.targets_host and self.host == host
+
+    @property
+    def factor(self) -> float:
+        """How many times slower a `slow` fault makes its host's work (> 1)."""
+        if self.kind is not FaultKind.SLOW:
+            raise ValueError(f"chaos fault '{self}' has no slowdown factor (only slow faults do)")
+        return float(self.args["factor"])
+
+    @property
+    def count(self) -> int:
+        """How many spare machines a `spare` fault adds (>= 1)."""
+        if self.kind is not FaultKind.SPARE:
+            raise ValueError(f"chaos fault '{self}' adds no spares (only spare faults do)")
+        match = _SPARE_COUNT.match(self.args[_BARE])
+        assert match is not None, "validated by parse_chaos"
+        return int(match.group(1))
+
     def __str__(self) -> str:
-        args = ",".join(f"{k}={v}" for k, v in self.args.items())
+        args = ",".join(v if k == _BARE else f"{k}={v}" for k, v in self.args.items())
         return f"{self.kind}:{args}@step={self.step}"
 
 
@@ -91,22 +149,48 @@ def _parse_one(text: str) -> Fault:
     for item in filter(None, (part.strip() for part in arg_text.split(","))):
         name, eq, val = item.partition("=")
         if not eq:
-            name, val = "value", item
+            name, val = _BARE, item
         if not val.strip():
             raise UserError(f"{where}: argument '{name}' has no value")
         if name.strip() in args:
-            raise UserError(f"{where}: argument '{name}' given twice")
+            what = "more than one bare value" if name == _BARE else f"argument '{name}' given twice"
+            raise UserError(f"{where}: {what}")
         args[name.strip()] = val.strip()
     rules = RULES[kind]
     missing = rules.required - args.keys()
+    if _BARE in missing:
+        raise UserError(f"{where}: missing the value (e.g. {kind}:+1@step=S)")
     if missing:
         raise UserError(f"{where}: missing {', '.join(sorted(missing))}=...")
     unknown = args.keys() - rules.required - rules.optional
     if unknown:
-        raise UserError(f"{where}: unknown argument(s) {', '.join(sorted(unknown))} for {kind}")
+        names = ", ".join(
+            f"a bare value '{args[_BARE]}'" if name == _BARE else name for name in sorted(unknown)
+        )
+        raise UserError(f"{where}: unknown argument(s) {names} for {kind}")
     if "host" in args and not args["host"].isdigit():
         raise UserError(f"{where}: host must be a host index (0, 1, ...), not '{args['host']}'")
+    if "factor" in args:
+        _check_factor(where, args["factor"])
+    if kind is FaultKind.SPARE:
+        match = _SPARE_COUNT.match(args[_BARE])
+        if match is None or int(match.group(1)) < 1:
+            raise UserError(
+                f"{where}: expected spare:+N@step=S with N a whole number of new spares >= 1, "
+                f"not '{args[_BARE]}'"
+            )
     return Fault(kind, step, args)
+
+
+def _check_factor(where: str, text: str) -> None:
+    try:
+        factor = float(text)
+    except ValueError:
+        raise UserError(f"{where}: factor must be a number greater than 1, not '{text}'") from None
+    if not math.isfinite(factor) or factor <= 1.0:
+        raise UserError(
+            f"{where}: factor must be a finite number greater than 1 (how many times slower), not '{text}'"
+        )
 
 
 def parse_chaos(spec: str | None) -> list[Fault]:
@@ -118,7 +202,7 @@ def parse_chaos(spec: str | None) -> list[Fault]:
 
 def check_hosts(faults: list[Fault], hosts: int) -> None:
     for fault in faults:
-        if "host" in fault.args and fault.host >= hosts:
+        if fault.targets_host and fault.host >= hosts:
             raise UserError(
                 f"--chaos: fault '{fault}' names host {fault.host}, but the job has {hosts} hosts "
                 f"(0..{hosts - 1})"

@@ -1,4 +1,5 @@
-"""The `slicekeeper` command line: `run` a job locally, `crd` to print the generated CRD.
+"""The `slicekeeper` command line: `run` a job locally, `policy replay` a policy on an event log,
+`crd` to print the generated CRD.
 
 User errors (a bad file, a bad field, a bad flag) print one clear message and exit 2; a job that
 fails exits 1; success exits 0. The CLI is the one core module that dispatches to the runtimes.
@@ -12,7 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from slicekeeper.api import load_training_job
+from slicekeeper.api import TrainingJob, load_training_job
 from slicekeeper.errors import JobFailed, UserError
 
 
@@ -34,6 +35,7 @@ def _run(args: argparse.Namespace) -> int:
     if overrides:
         local = job.spec.local.model_copy(update=overrides)
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"local": local})})
+    job = _with_checked_policy(job, job_file=args.file, policy=args.policy)
     layout = local_layout(job)
     runtime = LocalRuntime(
         job,
@@ -47,6 +49,34 @@ def _run(args: argparse.Namespace) -> int:
     report = asyncio.run(runtime.run())
     if report["state"] != "succeeded":
         raise JobFailed(report.get("failure_reason") or report["state"])
+    return 0
+
+
+def _with_checked_policy(job: TrainingJob, *, job_file: Path, policy: Path | None) -> TrainingJob:
+    """The job with its policy file (`--policy`, relative to the current directory, else
+    `spec.policy.file`, relative to the TrainingJob file) loaded, checked and made absolute, so that
+    every supervisor reads the same file; a policy that cannot work stops the run before it starts."""
+    from slicekeeper.policy_engine import PolicyEngine
+
+    if policy is not None:
+        path: Path | None = policy.resolve()
+    elif job.spec.policy.file is not None:
+        path = (job_file.parent / job.spec.policy.file).resolve()
+    else:
+        path = None
+    ref = job.spec.policy.model_copy(update={"file": str(path) if path else None})
+    PolicyEngine.from_spec(ref)  # raises UserError for a file that cannot work
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"policy": ref})})
+
+
+def _policy_replay(args: argparse.Namespace) -> int:
+    from slicekeeper.policy_engine import PolicyEngine, load_policy
+    from slicekeeper.policy_replay import format_replay, read_log, replay
+
+    engine = PolicyEngine(load_policy(args.policy) if args.policy else None)
+    records = read_log(args.events)
+    name = args.policy.name if args.policy else "default policy"
+    sys.stdout.write(format_replay(replay(records, engine), policy=name))
     return 0
 
 
@@ -86,7 +116,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--chaos",
         help="faults to inject, e.g. 'kill:host=1@step=30,lose:host=2@step=60' "
-        "(kinds: kill, hang, lose, corrupt)",
+        "(kinds: kill, hang, lose, corrupt, slow, spare; docs/local-mode.md)",
     )
     run.add_argument("--report", type=Path, help="report JSON path (default: <run dir>/report.json)")
     run.add_argument("--hosts", type=_positive, help="local host processes (overrides spec.local.hosts)")
@@ -96,7 +126,21 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--spares", type=_whole, help="spare host processes for hot-swaps (overrides spec.local.spares)"
     )
+    run.add_argument(
+        "--policy",
+        type=Path,
+        help="remediation policy file (overrides spec.policy.file; docs/policy.md)",
+    )
     run.set_defaults(handler=_run)
+    policy = commands.add_parser("policy", help="work with remediation policies")
+    policy_commands = policy.add_subparsers(dest="policy_command", required=True)
+    replay = policy_commands.add_parser(
+        "replay",
+        help="print the decisions a policy would take on a recorded event log (runs nothing)",
+    )
+    replay.add_argument("events", type=Path, help="event log (policy-events.jsonl, next to the report)")
+    replay.add_argument("--policy", type=Path, help="policy file (default: the default policy)")
+    replay.set_defaults(handler=_policy_replay)
     crd = commands.add_parser("crd", help="print the TrainingJob CustomResourceDefinition")
     crd.set_defaults(handler=_crd)
     return top

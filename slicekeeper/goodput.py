@@ -31,6 +31,8 @@ class Category(StrEnum):
     CHECKPOINT_RESTORE = "checkpoint_restore"
     WASTED_PROGRESS = "wasted_progress"
     INFRASTRUCTURE_RECOVERY = "infrastructure_recovery"
+    SCALED_DOWN = "scaled_down"
+    """A host of a slice the job dropped (elastic scale-down), idle until the slice comes back."""
     OTHER = "other"
 
 

@@ -18,8 +18,18 @@ from typing import Any, Final
 ENV_SOCKET: Final = "SLICEKEEPER_SOCKET"
 """Unix socket path of this host's supervisor. Absent: the SDK runs standalone (events dropped)."""
 ENV_HOST: Final = "SLICEKEEPER_HOST"
-"""Global host index = JAX process id = slice * hosts_per_slice + worker."""
+"""Global host index = slice * hosts_per_slice + worker: which shard and checkpoint this host owns.
+
+Fixed for the life of the job; equal to the JAX process id only while every host takes part."""
 ENV_NUM_HOSTS: Final = "SLICEKEEPER_NUM_HOSTS"
+"""Hosts taking part in this generation: the JAX world size (fewer than the job's after a
+scale-down)."""
+ENV_PROCESS_ID: Final = "SLICEKEEPER_PROCESS_ID"
+"""This host's rank in this generation's world = its JAX process id, 0 .. num_hosts - 1.
+Absent: the host index (every host takes part)."""
+ENV_FULL_HOSTS: Final = "SLICEKEEPER_FULL_HOSTS"
+"""Hosts of the full job, what the global batch is sized for; a scaled-down generation keeps that
+batch by accumulating gradients. Absent: the number of hosts of this generation."""
 ENV_GENERATION: Final = "SLICEKEEPER_GENERATION"
 """Restart generation every host of the job agreed on; 0 for the first start."""
 ENV_COORDINATOR: Final = "SLICEKEEPER_COORDINATOR"

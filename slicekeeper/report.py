@@ -27,7 +27,8 @@ def merge_machines(machines: list[dict[str, Any]]) -> list[dict[str, Any]]:
             by_host.setdefault(int(report["host"]), []).append(report)
     merged = []
     for host in sorted(by_host):
-        parts = sorted(by_host[host], key=lambda r: r.get("lost", False), reverse=True)  # lost first
+        # the machines that left (lost or replaced while alive) first, the one serving at the end last
+        parts = sorted(by_host[host], key=lambda r: bool(r.get("lost") or r.get("retired")), reverse=True)
         last = parts[-1]
         merged.append(
             {
@@ -116,6 +117,10 @@ def build_report(
             "details": swaps,
         },
         "failed_saves": summary.get("failed_saves", {}),
+        "decisions": [{**d, "t": _relative(d["t"], started_at)} for d in summary.get("decisions", [])],
+        "stragglers": [{**s, "t": _relative(s["t"], started_at)} for s in summary.get("stragglers", [])],
+        "world": [{**w, "t": _relative(w["t"], started_at)} for w in summary.get("world", [])],
+        "scale_events": [{**e, "t": _relative(e["t"], started_at)} for e in summary.get("scale_events", [])],
         "persistent_checkpoints": summary.get("persistent_committed", []),
         "hosts": [
             {
@@ -162,9 +167,8 @@ def format_report(report: dict[str, Any]) -> str:
             if fault["recovery_seconds"] is not None
             else ""
         )
-        lines.append(
-            f"  fault {fault['kind']} host {fault['host']} @ step {fault['step']}: {detected}{recovered}"
-        )
+        where = f" host {fault['host']}" if fault["host"] >= 0 else ""
+        lines.append(f"  fault {fault['kind']}{where} @ step {fault['step']}: {detected}{recovered}")
     if report.get("hot_swaps", {}).get("count"):
         swapped = ", ".join(f"host {s['host']} -> {s['machine']}" for s in report["hot_swaps"]["details"])
         lines.append(f"  hot-swaps         {report['hot_swaps']['count']} ({swapped})")
@@ -177,6 +181,25 @@ def format_report(report: dict[str, Any]) -> str:
             f"  restores          {len(report['restores'])} shard(s), "
             f"{report['persistent_reads']} from the persistent tier"
         )
+    for straggler in report.get("stragglers", []):
+        lines.append(
+            f"  straggler         host {straggler['host']} score {straggler['score']:.2f} "
+            f"(found at step {straggler['step']})"
+        )
+    for scale in report.get("scale_events", []):
+        lines.append(
+            f"  scale-{scale['kind']:<11} step {scale['step']}: "
+            f"{scale['from_hosts']} -> {scale['to_hosts']} hosts (slices {scale['to_slices']})"
+        )
+    if report.get("decisions"):
+        lines.append("  decisions")
+        for decision in report["decisions"]:
+            event = decision["event"]
+            on = f" host {event['host']}" if event.get("host") is not None else ""
+            lines.append(
+                f"    step {decision['step']:>5}  {event['kind']}{on} -> "
+                f"{decision['action']['name']} ({decision['source']})"
+            )
     if report.get("failed_saves"):
         failed = ", ".join(f"{tier} {count}" for tier, count in report["failed_saves"].items())
         lines.append(f"  failed copies     {failed}")

@@ -15,11 +15,12 @@ def main(argv: list[str] | None = None) -> int:
     role = parser.add_mutually_exclusive_group(required=True)
     role.add_argument("--host", type=int, help="this host's index (JAX process id)")
     role.add_argument("--spare", type=int, help="this spare's index: it waits to take over a lost host")
+    parser.add_argument("--joined-by", help="the chaos fault that brought this spare in (spare:+N@step=S)")
     args = parser.parse_args(argv)
     plan = JobPlan.read(args.plan)
     if args.host is not None:
         return asyncio.run(HostSupervisor(plan, f"host-{args.host}", args.host).run())
-    return asyncio.run(HostSupervisor(plan, f"spare-{args.spare}", None).run())
+    return asyncio.run(HostSupervisor(plan, f"spare-{args.spare}", None, joined_by=args.joined_by).run())
 
 
 sys.exit(main())

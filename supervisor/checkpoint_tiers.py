@@ -72,7 +72,7 @@ class CheckpointTiers:
         self.local_dir = disk / "local"
         self.local_dir.mkdir(parents=True, exist_ok=True)
         self.replicas = ReplicaStore(disk / "peers", spec.peer.max_to_keep)
-        self._server = ReplicaServer(self.replicas)
+        self._server = ReplicaServer(self.replicas, own_copy=self._own_copy)
         self._spec = spec
         self._hosts, self._hosts_per_slice = hosts, hosts_per_slice
         self.persistent = persistent
@@ -80,6 +80,7 @@ class CheckpointTiers:
         self.host: int | None = None
         self.generation = -1
         self._addresses: dict[int, str] = {}
+        self._world: list[int] | None = None
         self._queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
 
@@ -105,9 +106,20 @@ class CheckpointTiers:
             self._queue.get_nowait()
             self._queue.task_done()
 
-    def start_generation(self, generation: int, addresses: dict[int, str]) -> None:
+    def start_generation(
+        self, generation: int, addresses: dict[int, str], world: list[int] | None = None
+    ) -> None:
+        """A new generation: the peers' addresses, and the hosts taking part (replicas go only to them)."""
         self.generation = generation
         self._addresses = addresses
+        self._world = world
+
+    def _own_copy(self, owner: int, step: int) -> Path | None:
+        """This host's committed local step, served to a rejoining twin (see supervisor.restore_plan)."""
+        folder = shard_folder.step_dir(self.local_dir, step)
+        if owner != self.host or step not in shard_folder.committed_steps(self.local_dir):
+            return None
+        return folder
 
     async def drain(self) -> None:
         """Wait until every queued copy is done: the final checkpoint must reach every tier."""
@@ -134,7 +146,9 @@ class CheckpointTiers:
 
     async def _replicate(self, step: int, folder: Path) -> None:
         assert self.host is not None
-        holders = replica_holders(self.host, self._hosts, self._hosts_per_slice, self._spec.peer.replicas)
+        holders = replica_holders(
+            self.host, self._hosts, self._hosts_per_slice, self._spec.peer.replicas, self._world
+        )
         for holder in holders:
             address = self._addresses.get(holder)
             if address is None:
@@ -215,7 +229,10 @@ class CheckpointTiers:
 
     # --- at a start: this host's shard of the agreed step, into the local tier ----------------
     async def stage(self, step: int, sources: list[dict[str, Any]]) -> Staged | None:
-        """Bring this host's shard of `step` into the local tier from the first valid source."""
+        """Bring this host's shard of `step` into the local tier from the first valid source.
+
+        A source with an `owner` is a twin's copy (the same worker in another slice, whose shard equals
+        this host's): how a host rejoining after a scale-down catches up."""
         assert self.host is not None
         for source in sources:
             tier, holder = Tier(source["tier"]), source.get("holder")
@@ -251,12 +268,13 @@ class CheckpointTiers:
         # A copy from elsewhere replaces whatever stale or partial folder is here.
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(shard_folder.step_dir(self.local_dir, step))
+        owner = int(source.get("owner", self.host))
         if tier is Tier.PEER:
-            transfer = await fetch_replica(str(source["address"]), self.host, step, self.local_dir)
+            transfer = await fetch_replica(str(source["address"]), owner, step, self.local_dir)
             return transfer.bytes
         if self.persistent is None:
             raise PersistentTierError("this job has no persistent tier (spec.checkpoint.persistent)")
-        return await asyncio.to_thread(self.persistent.download, self.host, step, self.local_dir)
+        return await asyncio.to_thread(self.persistent.download, owner, step, self.local_dir)
 
     async def _source_failed(self, step: int, tier: Tier, holder: int | None, detail: str) -> None:
         where = tier.value + (f" (host {holder})" if holder is not None else "")

@@ -13,17 +13,29 @@ turns the first fault of a generation into one restart of ALL hosts:
 Faults from an older generation, or while already stopping, are ignored: no host rejoins a stale
 peer, and one fault seen by every host (a hang stalls everyone) restarts the job once.
 
-A member whose connection drops is a lost host (its machine is gone): the job stops as for a fault,
-and a spare (a supervisor registered with `register_spare`) takes over the lost host's identity; it
-restores that host's shard from a peer replica (supervisor.restore_plan). With no spare left the
-job fails with that reason. The leader also commits persistent checkpoints once every host's shard
-of a step is uploaded. Watchers (the local runtime's progress display) receive status and events.
+What the job does about a fault is the remediation policy's decision (supervisor.remediation, the
+user's hooks or the default escalation ladder): restart in job, replace a host by a spare, scale down
+by whole slices, scale back up, wait, ignore, fail. The decision is taken while the members stop; the
+next generation's start applies it:
+
+- replace: a spare (a supervisor registered with `register_spare`) takes over the host's identity and
+  restores its shard from a peer replica (supervisor.restore_plan); a live machine being replaced (a
+  straggler) is told to `retire` first;
+- scale down: the slices dropped get `park` instead of `start`; the others start on a smaller world
+  (rank and world size in `start`); scale up brings parked hosts and spares back in.
+
+A member whose connection drops is a lost host (its machine is gone). Straggler findings (from the
+per-host own-work times in `progress`) and spares registering while the job is scaled down are events
+too, decided while the job runs. The leader also commits persistent checkpoints once every active
+host's shard of a step is uploaded. Watchers (the local runtime's progress display) receive status
+and events.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -35,9 +47,12 @@ from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
+from slicekeeper.supervisor.remediation import Remediation
 from slicekeeper.supervisor.restore_plan import Holdings, RestorePlan, Tier, plan_restore
+from slicekeeper.supervisor.world import JobWorld
 
-from slicekeeper import protocol
+from slicekeeper import policy, protocol
+from slicekeeper.policy_engine import PolicyEngine
 
 STOP_ACK_SECONDS = 30.0
 """How long every member gets to kill its workload and ack a stop before the job fails."""
@@ -133,8 +148,25 @@ class Leader:
         max_restarts_without_progress: int = 3,
         persistent: PersistentTier | None = None,
         persistent_keep: int = 2,
+        *,
+        hosts_per_slice: int | None = None,
+        min_slices: int = 1,
+        devices_per_host: int = 1,
+        engine: PolicyEngine | None = None,
+        events_path: Path | None = None,
     ) -> None:
         self.hosts = hosts
+        per_slice = hosts_per_slice or hosts
+        self.world = JobWorld(hosts // per_slice, per_slice, min_slices, devices_per_host)
+        self.remediation = Remediation(engine or PolicyEngine(None), self.world, events_path=events_path)
+        self._deciding = 0
+        """Decisions under way that the next start must wait for."""
+        self._decision_turn = asyncio.Lock()
+        self._waiting = 0
+        """`Wait` decisions taken while the job is stopped: it stays stopped until they are reconsidered."""
+        self._joined: set[int] = set()
+        """Hosts entering the world at the next start (their slice comes back): they may use twins."""
+        self._capacity_offer = False
         self.max_restarts = max_restarts
         self.max_restarts_without_progress = max_restarts_without_progress
         self._progress_this_generation = False
@@ -151,6 +183,9 @@ class Leader:
         self._persisted: dict[int, set[int]] = {}
         """step -> hosts whose shard of it is uploaded to the persistent tier."""
         self.persistent_committed: set[int] = set()
+        self._persistent_owners: dict[int, set[int]] = {}
+        """Committed persistent step -> hosts whose shard it holds (the world of that step)."""
+        self._tasks: set[asyncio.Future[None]] = set()
         self.job_invalid: set[int] = set()
         """Steps no host may restore (a restore of them gave a non-finite loss)."""
         self.restores: list[dict[str, Any]] = []
@@ -176,6 +211,8 @@ class Leader:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
         if self._server is not None:
             self._server.close()
         for writer in [*self._members.values(), *self._watchers]:
@@ -235,6 +272,22 @@ class Leader:
             )
             self._spares.append(spare)
             await self._event(f"spare {spare.spare} ({spare.machine}) registered")
+            if message.get("chaos"):
+                self.faults.append(
+                    FaultRecord(
+                        "spare",
+                        -1,
+                        self.high_water,
+                        time.time(),
+                        self.generation,
+                        spec=str(message["chaos"]),
+                        disruptive=False,
+                        detail=f"{spare.machine} joined",
+                    )
+                )
+            if self.world.scaled_down:
+                self._capacity_offer = True
+                await self._offer_capacity()
             return
         host = int(message["host"])
         status = self.status[host]
@@ -291,7 +344,7 @@ class Leader:
         ):
             self._finished[host] = message
             status.state = "finished"
-            if len(self._finished) == self.hosts:
+            if set(self.world.hosts) <= self._finished.keys():
                 await self._succeed()
 
     async def _progress(self, host: int, message: dict[str, Any]) -> None:
@@ -303,6 +356,27 @@ class Leader:
         status.steps_seen.append((now, step))
         self._progress_this_generation = True
         del status.steps_seen[:-50]
+        work = message.get("work")
+        for finding in self.remediation.observe(
+            host, step, None if work is None else float(work), status.machine
+        ):
+            await self._event(
+                f"straggler: host {finding.host} score {finding.score:.2f} at step {finding.step}",
+                host=finding.host,
+            )
+            for record in self.faults:  # a `slow` fault is detected when its host is found straggling
+                if record.kind == "slow" and record.host == finding.host and record.detected_at is None:
+                    record.detected_at, record.detected_as = now, "straggler"
+            event = policy.Straggler(
+                t=now,
+                step=self.high_water,
+                generation=self.generation,
+                host=finding.host,
+                score=finding.score,
+            )
+            self._spawn(self._decide_and_act(event))
+        if self._capacity_offer:
+            await self._offer_capacity()
         for record in list(self._awaiting_resume):
             if self.generation <= record.detected_in_generation:
                 continue  # a step of the generation being torn down
@@ -321,16 +395,25 @@ class Leader:
             # The restored state proved bad (e.g. a non-finite loss right after a restore): no host
             # may restore that step again, from any tier.
             self.job_invalid.add(int(message["invalid_step"]))
-        await self._stop_job(host, message["kind"], message.get("detail", ""), float(message["t"]))
+        event = Remediation.fault_event(host, message, self.high_water, generation)
+        if await self._stop_job(host, message["kind"], message.get("detail", ""), float(message["t"])):
+            await self._decide_and_act(event)
 
-    async def _stop_job(self, host: int, kind: str, detail: str, now: float) -> bool:
-        """Turn a fault of the running generation into a stop of every host; False if the job failed."""
+    async def _stop_job(self, host: int, kind: str, detail: str, now: float, planned: bool = False) -> bool:
+        """Turn a fault of the running generation into a stop of every host; False if the job failed.
+
+        `planned`: a stop the policy chose with nothing broken (a scale-up): no restart budget applies."""
         generation = self.generation
         # Decide before the first await: a concurrent report of the same stall must see STOPPING.
         self._restarts_without_progress = (
-            0 if self._progress_this_generation else self._restarts_without_progress + 1
+            0 if self._progress_this_generation or planned else self._restarts_without_progress + 1
         )
-        if self._restarts_without_progress >= self.max_restarts_without_progress:
+        if planned:
+            reason = None
+            self.restarts[kind] += 1
+            self.state = JobState.STOPPING
+            self._stopped.clear()
+        elif self._restarts_without_progress >= self.max_restarts_without_progress:
             reason = (
                 f"no progress across {self._restarts_without_progress} consecutive starts "
                 f"(spec.health.maxRestartsWithoutProgress); last fault: {kind} on host {host} ({detail})"
@@ -345,18 +428,25 @@ class Leader:
             self.restarts[kind] += 1
             self.state = JobState.STOPPING
             self._stopped.clear()
-        self.detections.append(Detection(kind, host, generation, now, detail))
-        for record in self.faults:
+        for record in self.faults if not planned else []:
             if record.detected_at is None and record.generation == generation and record.disruptive:
                 record.detected_at, record.detected_as = now, kind
                 record.high_water_at_detection = self.high_water
                 record.detected_in_generation = generation
                 self._awaiting_resume.append(record)
-        await self._event(f"{kind} detected on host {host}: {detail}", host=host, kind=kind)
+        if planned:
+            await self._event(f"stopping every host: {detail} ({kind})", kind=kind)
+        else:
+            self.detections.append(Detection(kind, host, generation, now, detail))
+            await self._event(f"{kind} detected on host {host}: {detail}", host=host, kind=kind)
         if reason is not None:
             await self._fail(reason)
             return False
-        await self._broadcast({"type": "stop", "generation": self.generation, "kind": kind})
+        for member in self.world.hosts:
+            if member in self._members:
+                await send(
+                    self._members[member], {"type": "stop", "generation": self.generation, "kind": kind}
+                )
         self._ack_deadline = asyncio.get_running_loop().call_later(
             STOP_ACK_SECONDS, self._acks_overdue, self.generation
         )
@@ -369,24 +459,146 @@ class Leader:
         lost.state, lost.committed, lost.replicas = "lost", set(), {}
         self._stopped.discard(host)
         detail = f"lost contact with the supervisor of host {host} ({lost.machine or 'unknown machine'})"
+        if host not in self.world.hosts:
+            # An idle host of a dropped slice: nothing stops; a scale-up will need a spare for it.
+            await self._event(f"idle host {host} of a dropped slice lost: {detail}", host=host)
+            return
         if self.state is JobState.RUNNING:
             if not await self._stop_job(host, "host_lost", detail, time.time()):
                 return
         else:
             await self._event(f"host_lost detected on host {host}: {detail}", host=host, kind="host_lost")
-        if not self._spares:
-            await self._fail(
-                f"host {host} was lost and no spare is left to take over its identity "
-                "(spec.local.spares / --spares); elastic scale-down is not available yet"
-            )
+        if self.state is JobState.REGISTERING:
+            # Before the first start nothing trained yet: a spare stands in, or the job cannot start.
+            if not self._spares:
+                await self._fail(f"host {host} was lost before the job started and no spare is left")
+                return
+            await self._assign_spare(host)
+            if len(self._members) == self.hosts:
+                await self._start()
             return
-        await self._assign_spare(host)
-        if self.state is JobState.STOPPING:
-            await self._start_when_all_stopped()
-        elif self.state is JobState.REGISTERING and len(self._members) == self.hosts:
-            await self._start()
+        event = policy.HostLost(
+            t=time.time(), step=self.high_water, generation=self.generation, host=host, machine=lost.machine
+        )
+        await self._decide_and_act(event)
 
-    async def _assign_spare(self, host: int) -> None:
+    # --- remediation: decide, then act --------------------------------------------------------
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _idle_hosts(self) -> set[int]:
+        return {h for h in self._members if h not in self.world.hosts}
+
+    async def _decide_and_act(self, event: policy.Event) -> None:
+        self._deciding += 1  # counted while queued too: no start before every pending decision is in
+        try:
+            # One at a time: each decision is taken on the world the previous one left.
+            async with self._decision_turn:
+                if self.state in (JobState.SUCCEEDED, JobState.FAILED):
+                    return
+                decision = await asyncio.to_thread(
+                    self.remediation.decide,
+                    event,
+                    spares=len(self._spares),
+                    idle=self._idle_hosts(),
+                    step=self.high_water,
+                    generation=self.generation,
+                )
+                action = decision.action
+                reason = f" ({decision.reason})" if decision.reason else ""
+                await self._event(
+                    f"decision ({decision.source.value}): {action.name} for {event.summary}{reason}"
+                )
+                await self._act(event, action)
+        finally:
+            self._deciding -= 1
+        await self._start_when_all_stopped()
+
+    async def _act(self, event: policy.Event, action: policy.Action) -> None:
+        if self.state in (JobState.SUCCEEDED, JobState.FAILED):
+            return
+        if isinstance(action, policy.Fail):
+            await self._fail(action.reason)
+        elif isinstance(action, policy.Wait):
+            holds = self.state is JobState.STOPPING  # the job stays stopped until reconsidered
+            self._waiting += holds
+            loop = asyncio.get_running_loop()
+            loop.call_later(action.seconds, lambda: self._spawn(self._reconsider(event, holds)))
+        elif isinstance(action, (policy.ReplaceHost, policy.ScaleDown, policy.ScaleUp)):
+            if self.state is JobState.RUNNING:
+                host = getattr(event, "host", 0)
+                planned = isinstance(action, policy.ScaleUp)
+                if not await self._stop_job(host, str(event.kind), action.name, time.time(), planned):
+                    return
+            await self._apply(event, action)
+        # RestartInJob: the stop under way is the restart; Ignore: nothing to do.
+
+    async def _reconsider(self, event: policy.Event, held: bool) -> None:
+        """A `Wait` is over: offer the same event again, with the facts of now."""
+        self._waiting -= held
+        if isinstance(event, policy.CapacityReturned) and not self.world.scaled_down:
+            return
+        fresh = dataclasses.replace(event, t=time.time(), step=self.high_water, generation=self.generation)
+        await self._decide_and_act(fresh)
+
+    async def _offer_capacity(self) -> None:
+        """Spares joined while the job runs scaled down: the policy may scale back up."""
+        if self.state is not JobState.RUNNING or not self._progress_this_generation or self._deciding:
+            return  # offered once the job trains again
+        self._capacity_offer = False
+        event = policy.CapacityReturned(
+            t=time.time(), step=self.high_water, generation=self.generation, spares=len(self._spares)
+        )
+        await self._decide_and_act(event)
+
+    async def _apply(self, event: policy.Event, action: policy.Action) -> None:
+        """Change who takes part, while the job is stopped; the next start runs the new world."""
+        before = list(self.world.active)
+        if isinstance(action, policy.ReplaceHost):
+            if not self._spares:
+                await self._fail(f"no spare left to replace host {action.host}")
+                return
+            if action.host in self._members:
+                await self._retire(action.host, f"replaced ({event.kind})")
+            await self._assign_spare(action.host)
+        elif isinstance(action, policy.ScaleDown):
+            host = getattr(event, "host", None)
+            slices = list(action.slices) or ([self.world.slice_of(host)] if host is not None else [])
+            slices = [s for s in slices if s in self.world.active]
+            if slices:
+                try:
+                    self.world.drop(slices)
+                except ValueError as error:
+                    await self._fail(str(error))
+                    return
+                self._joined -= {h for s in slices for h in self.world.hosts_of(s)}
+                self.remediation.scaled("down", before, self.high_water, self.generation, str(event.kind))
+                await self._event(
+                    f"scale-down: slice(s) {slices} dropped, {len(self.world.hosts)} hosts go on"
+                )
+        elif isinstance(action, policy.ScaleUp):
+            back = self.world.restorable(self._idle_hosts(), len(self._spares))
+            for slice_index in back:
+                for host in self.world.hosts_of(slice_index):
+                    if host not in self._members:
+                        await self._assign_spare(host, scale_up=True)
+                    self._stopped.add(host)  # idle or new: no workload to stop
+                    self._joined.add(host)
+            if back:
+                self.world.restore(back)
+                self.remediation.scaled("up", before, self.high_water, self.generation, str(event.kind))
+                await self._event(f"scale-up: slice(s) {back} back, {len(self.world.hosts)} hosts")
+
+    async def _retire(self, host: int, reason: str) -> None:
+        """A live machine leaves the job (replaced, e.g. a straggler): its supervisor ends."""
+        writer = self._members.pop(host)
+        await send(writer, {"type": "retire", "generation": self.generation, "reason": reason})
+        await self._event(f"host {host} ({self.status[host].machine}) retired: {reason}", host=host)
+
+    async def _assign_spare(self, host: int, scale_up: bool = False) -> None:
+        """Give a spare `host`'s identity: a hot-swap, or (`scale_up`) a dropped slice coming back."""
         spare = min(self._spares, key=lambda s: s.spare)  # deterministic: the lowest index first
         self._spares.remove(spare)
         status = HostStatus(
@@ -399,19 +611,24 @@ class Leader:
         self._members[host] = spare.writer
         if self.state is JobState.STOPPING:
             self._stopped.add(host)  # a newcomer has no workload to stop and holds nothing yet
-        self.hot_swaps.append(
-            {"host": host, "spare": spare.spare, "machine": spare.machine, "generation": self.generation}
-        )
+        self.remediation.detector.reset(self.world.hosts)  # the old machine's timings are not the new one's
+        if not scale_up:
+            self.hot_swaps.append(
+                {"host": host, "spare": spare.spare, "machine": spare.machine, "generation": self.generation}
+            )
         fired = [record.spec for record in self.faults if record.host == host]
         await send(
             spare.writer, {"type": "assign", "host": host, "generation": self.generation, "fired": fired}
         )
-        await self._event(
-            f"hot-swap: spare {spare.spare} ({spare.machine}) takes over host {host}", host=host
-        )
+        what = "scale-up" if scale_up else "hot-swap"
+        await self._event(f"{what}: spare {spare.spare} ({spare.machine}) takes over host {host}", host=host)
 
     async def _start_when_all_stopped(self) -> None:
-        if self.state is JobState.STOPPING and len(self._stopped) == self.hosts:
+        """Start once every live active member acked its stop and no decision is still being taken."""
+        if self.state is not JobState.STOPPING or self._deciding or self._waiting:
+            return
+        live = {h for h in self.world.hosts if h in self._members}
+        if live <= self._stopped:
             await self._start()
 
     async def _checkpoint_invalid(self, host: int, message: dict[str, Any]) -> None:
@@ -439,7 +656,11 @@ class Leader:
         """Commit a persistent step once every host's shard of it is uploaded, then apply retention."""
         uploaded = self._persisted.setdefault(step, set())
         uploaded.add(host)
-        if len(uploaded) < self.hosts or self.persistent is None or step in self.persistent_committed:
+        if (
+            not set(self.world.hosts) <= uploaded
+            or self.persistent is None
+            or step in self.persistent_committed
+        ):
             return
         try:
             await asyncio.to_thread(self.persistent.commit, step)
@@ -449,6 +670,7 @@ class Leader:
             await self._event(f"persistent checkpoint of step {step} not committed: {error}")
             return
         self.persistent_committed = set(sorted({*self.persistent_committed, step})[-self._persistent_keep :])
+        self._persistent_owners[step] = set(uploaded)
         for old in [s for s in self._persisted if s <= step]:
             del self._persisted[old]
         await self._event(f"persistent checkpoint of step {step} committed")
@@ -473,14 +695,18 @@ class Leader:
             persistent=set(self.persistent_committed),
             invalid={h: set(s.invalid) for h, s in self.status.items()},
             job_invalid=set(self.job_invalid),
+            persistent_owners={s: set(o) for s, o in self._persistent_owners.items()},
         )
 
     def restore_plan(self) -> RestorePlan:
-        return plan_restore(range(self.hosts), self.holdings(), live=self._members.keys())
+        twins = {h: [t for t in self.world.twins(h) if t not in self._joined] for h in self._joined}
+        return plan_restore(self.world.hosts, self.holdings(), live=self._members.keys(), twins=twins)
 
     def _acks_overdue(self, generation: int) -> None:
         if self.state is JobState.STOPPING and self.generation == generation:
-            missing = sorted(set(range(self.hosts)) - self._stopped)
+            missing = sorted(set(self.world.hosts) & self._members.keys() - self._stopped)
+            if not missing:
+                return  # all stopped; the start waits for a decision (a policy's Wait), not for acks
             reason = f"host(s) {missing} did not stop their workload within {STOP_ACK_SECONDS:.0f} s"
             self._overdue = asyncio.ensure_future(self._fail(reason))
 
@@ -488,10 +714,18 @@ class Leader:
         if self._ack_deadline is not None:
             self._ack_deadline.cancel()
         first = self.state is JobState.REGISTERING
+        missing = [h for h in self.world.hosts if h not in self._members]
+        if missing:
+            await self._fail(
+                f"host(s) {missing} have no machine, and the policy decided neither a replacement nor a "
+                "scale-down for them"
+            )
+            return
         plan = RestorePlan(None, {}) if first else self.restore_plan()
         if not first:
             self.generation += 1
         restore_step = plan.step
+        self._joined.clear()
 
         def keep(step: int) -> bool:
             # Steps newer than the restore belong to an abandoned timeline: every tier drops them.
@@ -501,7 +735,6 @@ class Leader:
             status.committed = {s for s in status.committed if keep(s)}
             status.replicas = {o: {s for s in v if keep(s)} for o, v in status.replicas.items()}
             status.invalid = {s for s in status.invalid if keep(s)}  # a re-saved step is a new one
-            status.state = "starting"
         self.job_invalid = {s for s in self.job_invalid if keep(s)}
         self._persisted = {s: h for s, h in self._persisted.items() if keep(s)}
         self.persistent_committed = {s for s in self.persistent_committed if keep(s)}
@@ -510,9 +743,19 @@ class Leader:
         self.state = JobState.RUNNING
         self._progress_this_generation = False
         self._finished.clear()
+        self.world.record(self.high_water, self.generation)
+        self.remediation.new_world()
+        world = self.world.hosts
         address = self._coordinator_address(self.generation)
         addresses = {h: s.replica_address for h, s in self.status.items() if s.replica_address}
         for host, writer in list(self._members.items()):
+            if host not in world:
+                self.status[host].state = "parked"
+                await send(
+                    writer, {"type": "park", "generation": self.generation, "restore_step": restore_step}
+                )
+                continue
+            self.status[host].state = "starting"
             await send(
                 writer,
                 {
@@ -522,13 +765,16 @@ class Leader:
                     "restore_step": restore_step,
                     "sources": [src.to_message(addresses) for src in plan.sources.get(host, ())],
                     "replica_addresses": addresses,
+                    "world": world,
+                    "rank": world.index(host),
                 },
             )
         if restore_step is None and not first:
             where = "from scratch: no checkpoint step is complete across the hosts"
         else:
             where = f"from step {restore_step}" if restore_step is not None else "from scratch"
-        await self._event(f"generation {self.generation} starting {where}", generation=self.generation)
+        size = f" on {len(world)} of {self.hosts} hosts" if len(world) < self.hosts else ""
+        await self._event(f"generation {self.generation} starting {where}{size}", generation=self.generation)
 
     async def _succeed(self) -> None:
         self.state = JobState.SUCCEEDED
@@ -597,6 +843,10 @@ class Leader:
             "persistent_committed": sorted(self.persistent_committed),
             "failed_saves": dict(self.failed_saves),
             "machines": {h: s.machine for h, s in self.status.items()},
+            "decisions": self.remediation.decisions,
+            "stragglers": self.remediation.stragglers,
+            "world": self.world.history,
+            "scale_events": self.remediation.scale_events,
         }
 
     def write_summary(self) -> None:

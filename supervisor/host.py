@@ -8,6 +8,9 @@ The supervisor of slice 0 worker 0 also runs the leader (supervisor.coordination
 A supervisor runs on a machine (`host-i`, or `spare-j` for a spare). A spare registers with the
 leader and waits; when a host is lost, the leader assigns it that host's identity and it joins the
 next generation as that host, staging the host's shard from a peer (supervisor.checkpoint_tiers).
+When the job scales down, the hosts of a dropped slice are `park`ed (idle, accounted as
+`scaled_down`) until a scale-up starts them again; a machine being replaced while alive (a
+straggler) is told to `retire` and ends.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.metrics import SupervisorMetrics
 from slicekeeper.supervisor.persistent_tier import PersistentTier
 from slicekeeper.supervisor.plan import JobPlan, free_port
+from slicekeeper.supervisor.throttle import Throttle
 from slicekeeper.supervisor.workload_process import WorkloadProcess
 
 from slicekeeper import protocol
 from slicekeeper.chaos import Fault, FaultKind, parse_chaos
 from slicekeeper.goodput import PHASE_CATEGORY, Category, GoodputAccountant
+from slicekeeper.policy_engine import PolicyEngine
 from slicekeeper.protocol import Event, Phase
 
 SDK_DRAIN_SECONDS = 1.0
@@ -65,9 +70,11 @@ class Standby:
 
 
 class HostSupervisor:
-    def __init__(self, plan: JobPlan, machine: str, host: int | None) -> None:
-        """`host` None: a spare, which takes a host's identity when the leader assigns one."""
+    def __init__(self, plan: JobPlan, machine: str, host: int | None, joined_by: str | None = None) -> None:
+        """`host` None: a spare, which takes a host's identity when the leader assigns one
+        (`joined_by`: the chaos fault that brought it in, for the report)."""
         self.plan = plan
+        self.joined_by = joined_by
         self.machine = machine
         self.host = host if host is not None else -1
         self.job = plan.training_job
@@ -76,7 +83,7 @@ class HostSupervisor:
         self.accountant = GoodputAccountant(time.time())
         self.detector = HangDetector(self.job.spec.health)
         self.metrics = SupervisorMetrics(lambda: self.accountant)
-        self.faults: list[Fault] = [f for f in parse_chaos(",".join(plan.chaos)) if f.host == host]
+        self.faults: list[Fault] = self._faults_of(host, fired=set())
         persistent = self.job.spec.checkpoint.persistent
         self.tiers = CheckpointTiers(
             plan.machine_disk(machine),
@@ -106,6 +113,12 @@ class HostSupervisor:
         self._fingerprint: str | None = None
         self._last_checkpoint: int | None = None
         self._restarts: dict[str, int] = {}
+        self._world: list[int] = list(range(plan.hosts))
+        self._rank = max(self.host, 0)
+        self._slow: float | None = None
+        """Chaos `slow`: this machine's work factor (a machine property: a spare taking over is not slow)."""
+        self._throttle: Throttle | None = None
+        self._retired = False
         self._dir = plan.machine_dir(machine)
         self._dir.mkdir(parents=True, exist_ok=True)
         self._socket_path = self._dir / "sdk.sock"
@@ -129,6 +142,14 @@ class HostSupervisor:
         error = task.exception()
         traceback.print_exception(error, file=sys.stderr)
         self._terminate(f"internal error: {error!r}", exit_code=1)
+
+    def _faults_of(self, host: int | None, fired: set[str]) -> list[Fault]:
+        """The chaos faults aimed at `host` (not the job-wide ones, e.g. `spare`) not fired yet."""
+        return [
+            f
+            for f in parse_chaos(",".join(self.plan.chaos))
+            if f.targets_host and f.host == host and str(f) not in fired
+        ]
 
     def _log(self, record: dict[str, Any]) -> None:
         """Append to this host's event log (what happened, when): for post-mortems and replay."""
@@ -156,6 +177,11 @@ class HostSupervisor:
                 persistent_keep=self.job.spec.checkpoint.persistent.max_to_keep
                 if self.job.spec.checkpoint.persistent
                 else 2,
+                hosts_per_slice=self.plan.hosts_per_slice,
+                min_slices=self.job.spec.min_slices,
+                devices_per_host=self.plan.devices_per_host,
+                engine=PolicyEngine.from_spec(self.job.spec.policy),
+                events_path=Path(self.plan.run_dir) / "policy-events.jsonl",
             )
             await self._leader.serve(leader_host, int(leader_port))
             publisher = self._spawn_task(self._leader.publish_status())
@@ -169,7 +195,8 @@ class HostSupervisor:
                 await self._follow_leader(reader)
             else:
                 spare = int(self.machine.rsplit("-", 1)[-1])
-                await send(self._leader_writer, {"type": "register_spare", "spare": spare, **hello})
+                joined = {"chaos": self.joined_by} if self.joined_by else {}
+                await send(self._leader_writer, {"type": "register_spare", "spare": spare, **hello, **joined})
                 if await self._await_assignment(reader):
                     await self._follow_leader(reader)
         finally:
@@ -237,9 +264,7 @@ class HostSupervisor:
         self.host = host
         self.identity = self.layout.host(host)
         self.tiers.host = host
-        self.faults = [
-            f for f in parse_chaos(",".join(self.plan.chaos)) if f.host == host and str(f) not in fired
-        ]
+        self.faults = self._faults_of(host, fired)
         self.accountant = GoodputAccountant(time.time())
         self.accountant.switch(Category.INFRASTRUCTURE_RECOVERY, time.time())
         self._log({"source": "leader", "type": "assign", "host": host, "machine": self.machine})
@@ -271,7 +296,9 @@ class HostSupervisor:
             kind = message["type"]
             if kind == "start":
                 addresses = {int(h): str(a) for h, a in message.get("replica_addresses", {}).items()}
-                self.tiers.start_generation(int(message["generation"]), addresses)
+                self._world = [int(h) for h in message.get("world", range(self.plan.hosts))]
+                self._rank = int(message.get("rank", self._world.index(self.host)))
+                self.tiers.start_generation(int(message["generation"]), addresses, self._world)
                 await self._start(
                     int(message["generation"]),
                     message["coordinator"],
@@ -280,6 +307,11 @@ class HostSupervisor:
                 )
             elif kind == "stop":
                 await self._stop(int(message["generation"]), message["kind"])
+            elif kind == "park":
+                self._park(int(message["generation"]), message.get("restore_step"))
+            elif kind == "retire":
+                await self._retire(str(message.get("reason", "")))
+                return
             elif kind == "shutdown":
                 self._exit_code = 0
                 return
@@ -298,7 +330,9 @@ class HostSupervisor:
             {
                 protocol.ENV_SOCKET: str(self._socket_path),
                 protocol.ENV_HOST: str(self.host),
-                protocol.ENV_NUM_HOSTS: str(self.plan.hosts),
+                protocol.ENV_NUM_HOSTS: str(len(self._world)),
+                protocol.ENV_PROCESS_ID: str(self._rank),
+                protocol.ENV_FULL_HOSTS: str(self.plan.hosts),
                 protocol.ENV_GENERATION: str(generation),
                 protocol.ENV_COORDINATOR: coordinator,
                 protocol.ENV_RESTORE_STEP: "" if restore_step is None else str(restore_step),
@@ -377,6 +411,8 @@ class HostSupervisor:
                 protocol.ENV_GENERATION: str(generation),
                 protocol.ENV_COORDINATOR: coordinator,
                 protocol.ENV_RESTORE_STEP: "" if restore_step is None else str(restore_step),
+                protocol.ENV_NUM_HOSTS: str(len(self._world)),  # the world may have changed since
+                protocol.ENV_PROCESS_ID: str(self._rank),
             }
             await send(standby.writer, {"type": protocol.GO, "env": go_env})
             self.workload = standby.process
@@ -400,6 +436,7 @@ class HostSupervisor:
         self.accountant.switch(Category.PROGRAM_STARTUP, time.time())
         await self._report({"type": "state", "state": "starting"})
         self._spawn_task(self._watch_exit(self.workload, generation))
+        self._throttle_workload()
 
     async def _restore_failed(self, generation: int, step: int, sources: list[dict[str, Any]]) -> None:
         tried = ", ".join(s["tier"] + (f" (host {s['holder']})" if "holder" in s else "") for s in sources)
@@ -415,12 +452,43 @@ class HostSupervisor:
         self._stopping = True
         self.tiers.pause()
         self._log({"source": "leader", "type": "stop", "generation": generation, "kind": kind})
+        await self._stop_throttle()
         if self.workload is not None:
             await self.workload.stop()  # the whole group, even when the main process is already gone
         self.accountant.interrupt(time.time())
         self._restarts[kind] = self._restarts.get(kind, 0) + 1
         self.metrics.restarts.labels(kind=kind).inc()
         await self._report({"type": "stopped", "generation": generation, **self.tiers.inventory()})
+
+    def _park(self, generation: int, restore_step: int | None) -> None:
+        """This host's slice was dropped (scale-down): idle, its steps past the restore point dropped."""
+        self.generation = generation  # an older workload's late words no longer count
+        self._stopping = True
+        self._drop_standby()
+        self.tiers.start_generation(generation, {}, [])
+        self.tiers.discard_after(restore_step)
+        self.accountant.switch(Category.SCALED_DOWN, time.time())
+        self._log(
+            {"source": "leader", "type": "park", "generation": generation, "restore_step": restore_step}
+        )
+        print(f"[host {self.host}] parked: slice dropped by a scale-down", file=sys.stderr, flush=True)
+
+    async def _retire(self, reason: str) -> None:
+        """The leader replaced this machine while it was alive (e.g. a straggler): end, cleanly."""
+        await self._stop_throttle()
+        self._drop_standby()
+        if self.workload is not None:
+            await self.workload.stop()
+        self.accountant.interrupt(time.time())
+        self._retired = True
+        self._exit_code = 0
+        self._log({"source": "leader", "type": "retire", "reason": reason})
+        print(f"[{self.machine}] retired: {reason}", file=sys.stderr, flush=True)
+
+    async def _stop_throttle(self, resume: bool = True) -> None:
+        if self._throttle is not None:
+            throttle, self._throttle = self._throttle, None
+            await throttle.stop(resume=resume)
 
     async def _prestart_standby(self) -> None:
         """Start the next generation's process now, while this one trains (spec.workload.standby)."""
@@ -434,7 +502,7 @@ class HostSupervisor:
         self._standby_starting = True
         env = self._workload_env(self.generation, "", None)
         for key in (protocol.ENV_GENERATION, protocol.ENV_COORDINATOR, protocol.ENV_RESTORE_STEP):
-            env.pop(key)  # they come with `go`
+            env.pop(key)  # they come with `go` (and the world size and rank, which may change)
         env[protocol.ENV_STANDBY] = "1"
         try:
             standby = Standby(await WorkloadProcess.spawn(self._argv(), env, self._dir / "workload.log"))
@@ -484,6 +552,8 @@ class HostSupervisor:
                 "type": "fault",
                 "generation": generation,
                 "kind": "crash",
+                "exit_code": status.returncode if status.returncode >= 0 else None,
+                "signal": status.signal_name,
                 "detail": f"workload {detail} (log: {workload.log_path})",
             }
         )
@@ -503,6 +573,7 @@ class HostSupervisor:
                         "type": "fault",
                         "generation": self.generation,
                         "kind": "hang",
+                        "silent_seconds": round(silent, 3),
                         "detail": f"no progress for {silent:.1f} s (limit {self.detector.limit():.1f} s)",
                     }
                 )
@@ -574,7 +645,13 @@ class HostSupervisor:
             self.metrics.steps.inc()
             self.metrics.step.set(step)
             await self._report(
-                {"type": "progress", "generation": self.generation, "step": step, "loss": message.get("loss")}
+                {
+                    "type": "progress",
+                    "generation": self.generation,
+                    "step": step,
+                    "loss": message.get("loss"),
+                    "work": message.get("work"),
+                }
             )
         elif event is Event.CHECKPOINT_SAVED:
             self.detector.activity(now)
@@ -637,12 +714,16 @@ class HostSupervisor:
                 "step": step,
                 "fault": str(fault),
                 "generation": self.generation,
-                "disruptive": fault.kind is not FaultKind.CORRUPT,
+                # corrupt and slow stop nothing by themselves: no restart's detection is theirs
+                "disruptive": fault.kind.disruptive,
             }
             if fault.kind is FaultKind.KILL:
                 self.workload.signal(signal.SIGKILL)
             elif fault.kind is FaultKind.HANG:
-                self.workload.signal(signal.SIGSTOP)
+                self._spawn_task(self._hang_workload(self.workload))
+            elif fault.kind is FaultKind.SLOW:
+                self._slow = fault.factor
+                self._throttle_workload()
             elif fault.kind is FaultKind.CORRUPT:
                 corrupted = self.tiers.corrupt_newest()
                 chaos["detail"] = (
@@ -655,6 +736,23 @@ class HostSupervisor:
                 continue
             self._log({"source": "chaos", **chaos})
             self._spawn_task(self._report(chaos))
+
+    def _throttle_workload(self) -> None:
+        """Chaos `slow`: duty-cycle this machine's workload (every new process of it, too).
+
+        The cycle is a third of a typical step, from 50 to 200 ms: short cycles lose
+        precision on a busy machine, where a stopped process gets some CPU back after each stop."""
+        if self._slow is None or self.workload is None:
+            return
+        typical = self.detector.typical_step_seconds or 0.15
+        period = min(0.2, max(0.05, typical / 3))
+        self._throttle = Throttle(self.workload.pid, self._slow, period=period)
+        self._throttle.start()
+
+    async def _hang_workload(self, workload: WorkloadProcess) -> None:
+        """Chaos `hang`: stopped for good (a slow machine's throttle must not wake it up again)."""
+        await self._stop_throttle(resume=False)
+        workload.signal(signal.SIGSTOP)
 
     async def _lose_machine(self, chaos: dict[str, Any]) -> None:
         """Chaos `lose`: this machine is gone for good, processes and disk; the leader sees it vanish."""
@@ -676,6 +774,7 @@ class HostSupervisor:
         report = {
             "machine": self.machine,
             "lost": lost,
+            "retired": self._retired,
             "host": self.host if self.host >= 0 else None,
             "slice": self.identity.slice,
             "worker": self.identity.worker,

@@ -26,7 +26,7 @@ from slicekeeper.supervisor.workload_process import die_with_parent
 
 from slicekeeper import protocol
 from slicekeeper.api import TrainingJob, dump_training_job
-from slicekeeper.chaos import check_hosts, parse_chaos
+from slicekeeper.chaos import FaultKind, check_hosts, parse_chaos
 from slicekeeper.errors import UserError
 from slicekeeper.report import build_report, format_report
 
@@ -91,6 +91,9 @@ class LocalRuntime:
                 raise UserError(f"spec.checkpoint.persistent.uri: {error}") from None
         self.out = out
         self._supervisors: list[asyncio.subprocess.Process] = []
+        self._machines: list[str] = []
+        self._capacity = [f for f in self.faults if f.kind is FaultKind.SPARE]
+        """Chaos `spare:+N@step=S`: spare machines that join when the job reaches step S."""
         self._interrupted = False
 
     def _say(self, text: str) -> None:
@@ -132,28 +135,15 @@ class LocalRuntime:
             loop.add_signal_handler(signum, self._interrupt)
         try:
             for machine in plan.machines:
-                machine_dir = plan.machine_dir(machine)
-                machine_dir.mkdir(parents=True, exist_ok=True)
-                role, index = machine.rsplit("-", 1)
-                with (machine_dir / "supervisor.log").open("ab") as log:
-                    self._supervisors.append(
-                        await asyncio.create_subprocess_exec(
-                            sys.executable,
-                            "-m",
-                            "slicekeeper.supervisor",
-                            "--plan",
-                            str(plan_path),
-                            f"--{role}",
-                            index,
-                            stdin=asyncio.subprocess.DEVNULL,
-                            stdout=log,
-                            stderr=asyncio.subprocess.STDOUT,
-                            start_new_session=True,
-                            preexec_fn=die_with_parent,
-                        )
-                    )
-            watcher = asyncio.create_task(self._watch(plan.leader))
-            codes = await asyncio.gather(*(p.wait() for p in self._supervisors))
+                await self._launch(plan, plan_path, machine)
+            watcher = asyncio.create_task(self._watch(plan, plan_path))
+            hosts = self._supervisors[: plan.hosts]
+            codes = list(await asyncio.gather(*(p.wait() for p in hosts)))
+            # The job is over once every host's supervisor ended. Spares end when the leader says so;
+            # one that joined too late to hear it is stopped below (_stop_all), after a short grace.
+            spares = [p.wait() for p in self._supervisors[plan.hosts :] if p.returncode is None]
+            if spares:
+                await asyncio.wait([asyncio.ensure_future(w) for w in spares], timeout=STOP_GRACE_SECONDS)
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
@@ -162,6 +152,12 @@ class LocalRuntime:
             shutil.rmtree(self.checkpoint_root, ignore_errors=True)
         wall = time.time() - started
         report = self._gather(plan, started, wall)
+        events = self.run_dir / "policy-events.jsonl"
+        if events.exists():
+            # The decisions' event log, next to the report: `slicekeeper policy replay` reads it.
+            events_copy = self.report_path.with_name(self.report_path.stem + ".events.jsonl")
+            shutil.copyfile(events, events_copy)
+            report["events_log"] = str(events_copy)
         if self._interrupted:
             report["state"], report["failure_reason"] = "interrupted", "stopped by the user (Ctrl-C)"
         elif report["state"] != "succeeded" and not report.get("failure_reason"):
@@ -178,7 +174,7 @@ class LocalRuntime:
         summary_path = self.run_dir / "job-summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"state": "failed"}
         hosts = []
-        for machine in plan.machines:
+        for machine in self._machines:
             path = plan.machine_dir(machine) / "report.json"
             if path.exists():
                 hosts.append(json.loads(path.read_text()))
@@ -191,6 +187,43 @@ class LocalRuntime:
         )
         report["run_dir"] = str(self.run_dir)
         return report
+
+    async def _launch(
+        self, plan: JobPlan, plan_path: Path, machine: str, joined_by: str | None = None
+    ) -> None:
+        """Start one machine's supervisor, in its own process group, logging to its machine folder."""
+        machine_dir = plan.machine_dir(machine)
+        machine_dir.mkdir(parents=True, exist_ok=True)
+        role, index = machine.rsplit("-", 1)
+        extra = ["--joined-by", joined_by] if joined_by else []
+        with (machine_dir / "supervisor.log").open("ab") as log:
+            self._supervisors.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "slicekeeper.supervisor",
+                    "--plan",
+                    str(plan_path),
+                    f"--{role}",
+                    index,
+                    *extra,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent,
+                )
+            )
+        self._machines.append(machine)
+
+    async def _capacity_returns(self, plan: JobPlan, plan_path: Path, step: int) -> None:
+        """Chaos `spare:+N@step=S`: the job reached step S, N new spare machines join it."""
+        for fault in [f for f in self._capacity if f.step <= step]:
+            self._capacity.remove(fault)
+            for _ in range(fault.count):
+                spare = f"spare-{sum(1 for m in self._machines if m.startswith('spare-'))}"
+                self._say(f"  [{time.strftime('%H:%M:%S')}] chaos: {fault}: {spare} joins")
+                await self._launch(plan, plan_path, spare, joined_by=str(fault))
 
     def _interrupt(self) -> None:
         if not self._interrupted:
@@ -226,9 +259,9 @@ class LocalRuntime:
                     process.kill()
                 await process.wait()
 
-    async def _watch(self, leader: str) -> None:
-        """Show live progress from the leader's status lines."""
-        host, port = leader.rsplit(":", 1)
+    async def _watch(self, plan: JobPlan, plan_path: Path) -> None:
+        """Show live progress from the leader's status lines (and bring in spares due at a step)."""
+        host, port = plan.leader.rsplit(":", 1)
         deadline = time.time() + 60
         while True:
             try:
@@ -246,6 +279,8 @@ class LocalRuntime:
             if message["type"] == "event":
                 self._say(f"  [{time.strftime('%H:%M:%S')}] {message['text']}")
             elif message["type"] == "status":
+                if self._capacity and message["state"] == "running":
+                    await self._capacity_returns(plan, plan_path, max(h["step"] for h in message["hosts"]))
                 ports = [h["metrics_port"] for h in message["hosts"]]
                 if not printed_ports and all(ports):
                     printed_ports = True
@@ -260,9 +295,10 @@ class LocalRuntime:
 
 def _status_line(status: dict[str, Any], total: int) -> str:
     hosts = status["hosts"]
-    step = min(h["step"] for h in hosts)
+    training = [h for h in hosts if h["state"] not in ("parked", "lost")] or hosts
+    step = min(h["step"] for h in training)
     losses = [h["loss"] for h in hosts if h["loss"] is not None]
-    rates = [h["steps_per_second"] for h in hosts if h["steps_per_second"]]
+    rates = [h["steps_per_second"] for h in training if h["steps_per_second"]]
     states = " ".join(f"{h['host']}:{h['state']}" for h in hosts)
     loss = f"{losses[0]:.4f}" if losses else "-"
     rate = f"{min(rates):.1f}" if rates else "-"

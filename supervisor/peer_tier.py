@@ -23,7 +23,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -41,15 +41,19 @@ Writer: TypeAlias = asyncio.StreamWriter
 Connection: TypeAlias = tuple[Reader, Writer]
 
 
-def replica_holders(owner: int, hosts: int, hosts_per_slice: int, replicas: int) -> list[int]:
+def replica_holders(
+    owner: int, hosts: int, hosts_per_slice: int, replicas: int, active: Collection[int] | None = None
+) -> list[int]:
     """The hosts that keep `owner`'s replicas, in order: first the same worker index on the following
     slices (so a copy survives the loss of a whole slice), then the other hosts in ring order after owner.
-    Never includes owner; at most min(replicas, hosts-1) entries; deterministic."""
+    Only hosts in `active` (the current world; default all) are chosen. Never includes owner; at most
+    `replicas` entries; deterministic."""
     if hosts_per_slice < 1 or hosts % hosts_per_slice or not 0 <= owner < hosts or replicas < 0:
         raise ValueError(f"no replica placement for host {owner} of {hosts} ({hosts_per_slice} per slice)")
     same_worker = [(owner + k * hosts_per_slice) % hosts for k in range(1, hosts // hosts_per_slice)]
     ring = [(owner + k) % hosts for k in range(1, hosts)]
-    return (same_worker + [h for h in ring if h not in same_worker])[:replicas]
+    order = same_worker + [h for h in ring if h not in same_worker]
+    return [h for h in order if active is None or h in active][:replicas]
 
 
 class ReplicationError(Exception):
@@ -194,8 +198,16 @@ async def _send_files(writer: Writer, folder: Path, manifest: Manifest, idle: Se
 class ReplicaServer:
     """One supervisor's replica endpoint (asyncio TCP, JSON header lines + raw bytes)."""
 
-    def __init__(self, store: ReplicaStore, idle_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        store: ReplicaStore,
+        idle_timeout: float = 60.0,
+        own_copy: Callable[[int, int], Path | None] | None = None,
+    ) -> None:
         self.store = store
+        self.own_copy = own_copy or (lambda owner, step: None)
+        """(owner, step) -> this machine's own committed local step folder, when owner is its host:
+        a host rejoining after a scale-down restores its twin's shard from the twin's local tier."""
         self.idle_timeout = idle_timeout  # seconds a peer may stay silent (or not read) before it is dropped
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[Any], Writer] = {}
@@ -260,14 +272,16 @@ class ReplicaServer:
         await _write_line(writer, {"ok": True}, self.idle_timeout)
 
     async def _send(self, owner: int, step: int, writer: Writer) -> None:
-        if step not in self.store.steps(owner):
+        own = self.own_copy(owner, step)
+        if own is None and step not in self.store.steps(owner):
             raise _Refused(f"not held: host {owner} step {step} (held: {self.store.steps(owner)})")
-        folder = self.store.folder(owner, step)
+        folder = own or self.store.folder(owner, step)
         try:
             manifest = await asyncio.to_thread(shard_folder.verify, folder)
         except CorruptCheckpoint as error:
-            self.store.quarantine(owner, step)
-            raise _Refused(f"corrupt: {error}; quarantined") from None
+            if own is None:
+                self.store.quarantine(owner, step)
+            raise _Refused(f"corrupt: {error}" + ("" if own else "; quarantined")) from None
         text = manifest.to_json().encode()
         await _write_line(writer, {"ok": True, "manifest": len(text)}, self.idle_timeout)
         writer.write(text)

@@ -5,10 +5,12 @@
     session = sk.connect()
     with session.phase(sk.Phase.TPU_INITIALIZATION):
         jax.distributed.initialize(**session.jax_distributed_args())
-    for step in range(session.first_step(restored), session.total_steps):
+    for step in range(first, session.total_steps + 1):
         with session.step(step) as record:
-            record.loss = train_step(...)
-    session.done(fingerprint)
+            grads = local_gradients(...)  # this host's own work, blocked on
+            record.work_done()  # from here on: waiting for the other hosts
+            record.loss = all_reduce_and_update(grads)
+    session.done(session.total_steps, fingerprint)
 
 Stdlib only: importing it costs nothing; checkpointing of JAX state lives in
 `slicekeeper.workload.jax_checkpoint` and is imported only by JAX trainers.

@@ -4,12 +4,16 @@ Each host saves only the shards it holds (its addressable shards) into its own l
 host waits on another to save and a host's copy survives a restart of the job. The blocking part
 of a save is the copy of those shards to host memory; writing happens on a background thread
 (workload.checkpointing), and restores rebuild the global arrays on the current mesh.
+
+Shards are named by their position in the global array, not by process: when the job shrinks or
+grows by data-parallel replicas, a host's parameters (replicated over `data`, split over `model`
+within the host) keep the same positions, so it restores its own shards in any world size.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -42,9 +46,20 @@ def host_shards(tree: Any) -> Shards:
     return shards
 
 
+class MissingShard(LookupError):
+    """The checkpoint has no shard at a position the current mesh asks this host for."""
+
+
 def _shard_reader(shards: Shards, number: int, shape: tuple[int, ...]) -> Callable[[Any], np.ndarray]:
     def read(index: Any) -> np.ndarray:
-        return shards[f"leaf{number:04d}/{_index_key(index, shape)}"]
+        key = f"leaf{number:04d}/{_index_key(index, shape)}"
+        if key not in shards:
+            held = sorted(name for name in shards if name.startswith(f"leaf{number:04d}/"))
+            raise MissingShard(
+                f"no shard {key} (global shape {shape}) in this host's checkpoint, which holds "
+                f"{held or 'nothing'} for that leaf: was it saved with another model sharding?"
+            )
+        return shards[key]
 
     return read
 
@@ -60,16 +75,33 @@ def from_host_shards(shards: Shards, target: Any) -> Any:
     return jax.tree_util.tree_unflatten(treedef, restored)
 
 
-def fingerprint(tree: Any) -> str:
-    """sha256 over every leaf's shape, dtype and bytes: equal parameters, equal fingerprints."""
+def gather(tree: Any) -> dict[str, np.ndarray]:
+    """Every leaf in full, keyed by its path in the tree (`layers/0/qkv`), in leaf order.
+
+    A collective across processes: every process must call it.
+    """
     from jax.experimental import multihost_utils
 
+    return {
+        jax.tree_util.keystr(path, simple=True, separator="/"): np.asarray(
+            multihost_utils.process_allgather(leaf, tiled=True)
+        )
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
+
+
+def fingerprint_gathered(leaves: Mapping[str, np.ndarray]) -> str:
+    """sha256 over every leaf's shape, dtype and bytes: equal parameters, equal fingerprints."""
     digest = hashlib.sha256()
-    for leaf in jax.tree_util.tree_leaves(tree):
-        full = np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+    for full in leaves.values():
         digest.update(f"{full.shape}{full.dtype}".encode())
         digest.update(np.ascontiguousarray(full).tobytes())
     return digest.hexdigest()
+
+
+def fingerprint(tree: Any) -> str:
+    """The fingerprint of a sharded tree (a gather across processes, see `gather`)."""
+    return fingerprint_gathered(gather(tree))
 
 
 class JaxCheckpointer:
@@ -83,7 +115,10 @@ class JaxCheckpointer:
         shards = self._checkpointer.restore(step)
         if shards is None:
             return None
-        state = from_host_shards(shards, target)
+        try:
+            state = from_host_shards(shards, target)
+        except MissingShard as error:
+            raise MissingShard(f"restoring step {step}: {error}") from None
         jax.block_until_ready(state)
         return state
 

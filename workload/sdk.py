@@ -24,7 +24,13 @@ class HostIdentity:
     """Who this process is in the job, from the environment the supervisor set."""
 
     host: int
+    """Which host of the job this is (its shard, its checkpoints); fixed for the job's life."""
     num_hosts: int
+    """Hosts taking part in this generation: the JAX world size."""
+    process_id: int
+    """This host's rank among them: its JAX process id. Differs from `host` after a scale-down."""
+    full_hosts: int
+    """Hosts of the full job: size the global batch for these, whatever the world size."""
     generation: int
     coordinator: str | None
     restore_step: int | None
@@ -40,9 +46,13 @@ class HostIdentity:
     def from_env(cls, env: dict[str, str] | None = None) -> HostIdentity:
         env = dict(os.environ) if env is None else env
         restore = env.get(protocol.ENV_RESTORE_STEP, "")
+        host = int(env.get(protocol.ENV_HOST, "0"))
+        num_hosts = int(env.get(protocol.ENV_NUM_HOSTS, "1"))
         return cls(
-            host=int(env.get(protocol.ENV_HOST, "0")),
-            num_hosts=int(env.get(protocol.ENV_NUM_HOSTS, "1")),
+            host=host,
+            num_hosts=num_hosts,
+            process_id=int(env.get(protocol.ENV_PROCESS_ID) or host),
+            full_hosts=int(env.get(protocol.ENV_FULL_HOSTS) or num_hosts),
             generation=int(env.get(protocol.ENV_GENERATION, "0")),
             coordinator=env.get(protocol.ENV_COORDINATOR) or None,
             restore_step=int(restore) if restore else None,
@@ -62,6 +72,23 @@ class StepRecord:
     step: int
     loss: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    work: float | None = None
+    """Seconds of this host's own work in the step, set by `work_done()`."""
+    began: float = field(default_factory=time.monotonic)
+    """`time.monotonic()` when the step began."""
+
+    def work_done(self) -> None:
+        """Mark the end of this host's own computation for the step.
+
+        Call it once the step's local work is finished (blocked on), just before the host waits
+        for the others in the step's cross-host collective. The step-end event then carries
+        `work`: the seconds from the step's begin to this call. The supervisor's straggler score
+        compares it across hosts: a slow host's own work grows, while the hosts that wait for it
+        in the collective keep a normal own-work time (their waiting comes after the mark), so the
+        slow host is singled out rather than its waiting peers. A step without the call carries
+        no `work`; the latest call counts when there are several.
+        """
+        self.work = time.monotonic() - self.began
 
 
 class Session:
@@ -79,13 +106,17 @@ class Session:
         return self._sock is not None
 
     def jax_distributed_args(self) -> dict[str, Any]:
-        """Keyword arguments for `jax.distributed.initialize` for this generation."""
+        """Keyword arguments for `jax.distributed.initialize` for this generation.
+
+        The world is the hosts taking part in this generation (`num_hosts`, this one's rank
+        `process_id`), which after a scale-down is fewer than the job's hosts.
+        """
         if self.identity.coordinator is None:
             return {}  # on GKE JAX reads the TPU_* / MEGASCALE_* variables itself
         return {
             "coordinator_address": self.identity.coordinator,
             "num_processes": self.identity.num_hosts,
-            "process_id": self.identity.host,
+            "process_id": self.identity.process_id,
         }
 
     # --- events -----------------------------------------------------------------------------
@@ -108,11 +139,18 @@ class Session:
 
     @contextlib.contextmanager
     def step(self, step: int) -> Iterator[StepRecord]:
-        """Bracket one training step; the loop must block on the step's result inside the block."""
-        record = StepRecord(step)
+        """Bracket one training step; the loop must block on the step's result inside the block.
+
+        Call `record.work_done()` where the host's own work ends and the wait for the other hosts
+        begins (see StepRecord.work_done).
+        """
+        record = StepRecord(step, began=time.monotonic())
         self._send(Event.STEP_BEGIN, step=step)
         yield record
-        self._send(Event.STEP_END, step=step, loss=record.loss, **record.extra)
+        fields: dict[str, Any] = {"loss": record.loss, **record.extra}
+        if record.work is not None:
+            fields["work"] = record.work
+        self._send(Event.STEP_END, step=step, **fields)
 
     def checkpoint_saved(self, step: int, tier: str = "local") -> None:
         """A checkpoint for `step` is committed (durable and complete) on this host."""

@@ -68,10 +68,11 @@ def test_a_lost_host_without_a_peer_copy_restores_from_the_persistent_tier(tmp_p
     assert report["persistent_checkpoints"] == [30, 40]  # retention: maxToKeep 2
 
 
-def test_losing_a_host_with_no_spare_left_fails_the_job_with_the_reason(tmp_path):
-    result, report = run_job(tmp_path, "--chaos", "lose:host=3@step=12")
+def test_losing_a_host_with_no_spare_at_the_minimum_slices_fails_the_job_with_the_reason(tmp_path):
+    result, report = run_job(tmp_path, "--chaos", "lose:host=3@step=12", minSlices=2)
     assert result.returncode == 1
-    assert "host 3 was lost and no spare is left" in result.stderr
+    assert "host 3 lost: cannot replace it (no spare is available)" in result.stderr
+    assert "spec.minSlices=2" in result.stderr
     assert report["state"] == "failed"
     assert processes_mentioning(report["run_dir"]) == []
 

@@ -36,7 +36,7 @@ def test_a_bad_job_file_is_refused_naming_the_field(tmp_path, changes, expected)
     ("chaos", "expected"),
     [
         ("kill:host=9@step=3", "names host 9, but the job has 4 hosts (0..3)"),
-        ("melt:host=1@step=3", "unknown fault kind 'melt' (known: kill, hang, lose, corrupt)"),
+        ("melt:host=1@step=3", "unknown fault kind 'melt' (known: kill, hang, lose, corrupt, slow, spare)"),
         ("kill:host=1", "missing '@step=S'"),
         ("kill:host=1@step=-1", "the trigger must be '@step=S'"),
     ],
@@ -57,3 +57,57 @@ def test_bad_flags_are_refused_by_the_parser():
     result = run_cli("run", str(EXAMPLE), "--steps", "0", timeout=60)
     assert result.returncode == 2
     assert "--steps: must be at least 1" in result.stderr
+
+
+# --- policy files: checked before anything starts ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("def on_crash(event, context)\n    return None\n", "policy.py:1: syntax error in the policy"),
+        (
+            "def on_crahs(event, context):\n    return None\n",
+            "policy.py:1: unknown hook 'on_crahs' (did you mean on_crash?); known hooks: on_crash,",
+        ),
+        ("def handle(event, context):\n    return None\n", "policy.py: defines no policy hook"),
+        (
+            "def on_host_lost(event):\n    return None\n",
+            "hook 'on_host_lost(event)' must take exactly two positional arguments",
+        ),
+    ],
+    ids=["syntax-error", "misspelt-hook", "no-hook", "wrong-signature"],
+)
+def test_a_policy_that_cannot_work_is_refused_before_anything_starts(tmp_path, policy, expected):
+    runs = tmp_path / "runs"
+    job = write_job(tmp_path / "job.yaml", local={"workDir": str(runs)})
+    (tmp_path / "policy.py").write_text(policy)
+    result = run_cli("run", str(job), "--policy", str(tmp_path / "policy.py"), timeout=60)
+    assert result.returncode == 2
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not runs.exists()
+    assert processes_mentioning(str(job)) == []
+
+
+def test_spec_policy_file_is_checked_relative_to_the_job_file(tmp_path):
+    runs = tmp_path / "runs"
+    job = write_job(tmp_path / "job.yaml", policy={"file": "policies/p.py"}, local={"workDir": str(runs)})
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.py").write_text("RATE = 1 / 0\n")
+    result = run_cli("run", str(job), timeout=60)
+    assert result.returncode == 2
+    assert f"{tmp_path / 'policies' / 'p.py'}:1: the policy raised ZeroDivisionError" in result.stderr
+    assert not runs.exists()
+
+
+def test_a_missing_policy_file_is_refused(tmp_path):
+    result = run_cli("run", str(EXAMPLE), "--policy", str(tmp_path / "nope.py"), timeout=60)
+    assert result.returncode == 2
+    assert "nope.py: cannot read the policy file" in result.stderr
+
+
+def test_policy_replay_of_a_missing_log_is_refused(tmp_path):
+    result = run_cli("policy", "replay", str(tmp_path / "nope.jsonl"), timeout=60)
+    assert result.returncode == 2
+    assert "nope.jsonl: cannot read the event log" in result.stderr

@@ -100,3 +100,106 @@ def test_losing_another_host_and_other_faults_on_host_0_are_accepted():
 def test_a_lost_host_that_does_not_exist_is_refused_as_such():
     with pytest.raises(UserError, match="names host 2, but the job has 2 hosts"):
         check_hosts(parse_chaos("lose:host=2@step=10"), 2)
+
+
+# --- slow and spare -------------------------------------------------------------------------------
+
+
+def test_slow_carries_a_host_and_a_factor():
+    (fault,) = parse_chaos("slow:host=2,factor=2@step=30")
+    assert fault == Fault(FaultKind.SLOW, 30, {"host": "2", "factor": "2"})
+    assert (fault.host, fault.factor, fault.targets_host) == (2, 2.0, True)
+    assert str(fault) == "slow:host=2,factor=2@step=30"
+    assert parse_chaos("slow:factor=1.5,host=0@step=3")[0].factor == 1.5
+
+
+def test_slow_is_followed_by_further_faults():
+    faults = parse_chaos("slow:host=2,factor=1.5@step=30,kill:host=1@step=40")
+    assert [f.kind for f in faults] == [FaultKind.SLOW, FaultKind.KILL]
+    assert faults[0].args == {"host": "2", "factor": "1.5"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("slow:host=2,factor=0.5@step=3", "factor must be a finite number greater than 1"),
+        ("slow:host=2,factor=1@step=3", "factor must be a finite number greater than 1"),
+        ("slow:host=2,factor=inf@step=3", "factor must be a finite number greater than 1"),
+        ("slow:host=2,factor=abc@step=3", "factor must be a number greater than 1, not 'abc'"),
+        ("slow:host=2@step=3", "missing factor="),
+        ("slow:factor=2@step=3", "missing host="),
+        ("slow:host=x,factor=2@step=3", "host must be a host index"),
+        ("slow:host=1,factor=2,speed=3@step=3", "unknown argument(s) speed for slow"),
+    ],
+)
+def test_a_malformed_slow_fault_says_what_is_wrong(spec, message):
+    with pytest.raises(UserError) as caught:
+        parse_chaos(spec)
+    assert message in str(caught.value)
+    assert str(caught.value).startswith(f"--chaos: fault '{spec}'")
+
+
+def test_spare_adds_capacity_to_the_job_and_aims_at_no_host():
+    (fault,) = parse_chaos("spare:+1@step=80")
+    assert fault == Fault(FaultKind.SPARE, 80, {"value": "+1"})
+    assert (fault.count, fault.targets_host) == (1, False)
+    assert str(fault) == "spare:+1@step=80"
+    assert parse_chaos("spare: +3 @step=9")[0].count == 3
+
+
+def test_a_hostless_fault_refuses_to_name_a_host_and_is_aimed_at_nobody():
+    (spare,) = parse_chaos("spare:+2@step=80")
+    with pytest.raises(ValueError, match="aims at no host"):
+        _ = spare.host
+    assert not any(spare.aimed_at(host) for host in (None, -1, 0, 1))
+
+
+def test_picking_the_faults_of_one_host_skips_job_faults_and_a_spare_without_a_host():
+    faults = parse_chaos("lose:host=3@step=40,spare:+1@step=80,slow:host=2,factor=2@step=30")
+    assert [str(f) for f in faults if f.aimed_at(3)] == ["lose:host=3@step=40"]
+    assert [str(f) for f in faults if f.aimed_at(2)] == ["slow:host=2,factor=2@step=30"]
+    assert [f for f in faults if f.aimed_at(None)] == []
+
+
+def test_only_slow_has_a_factor_and_only_spare_a_count():
+    kill, spare = parse_chaos("kill:host=1@step=3,spare:+1@step=4")
+    with pytest.raises(ValueError, match="no slowdown factor"):
+        _ = kill.factor
+    with pytest.raises(ValueError, match="adds no spares"):
+        _ = kill.count
+    with pytest.raises(ValueError, match="no slowdown factor"):
+        _ = spare.factor
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("spare:@step=3", "missing the value (e.g. spare:+1@step=S)"),
+        ("spare:1@step=3", "expected spare:+N@step=S"),
+        ("spare:+0@step=3", "expected spare:+N@step=S"),
+        ("spare:+x@step=3", "expected spare:+N@step=S"),
+        ("spare:+1,host=2@step=3", "unknown argument(s) host for spare"),
+        ("spare:+1,+2@step=3", "more than one bare value"),
+        ("kill:host=1,+2@step=3", "unknown argument(s) a bare value '+2' for kill"),
+    ],
+)
+def test_a_malformed_spare_fault_says_what_is_wrong(spec, message):
+    with pytest.raises(UserError) as caught:
+        parse_chaos(spec)
+    assert message in str(caught.value)
+
+
+def test_the_issue_acceptance_specs_pass_the_host_check():
+    check_hosts(parse_chaos("lose:host=3@step=40,spare:+1@step=80"), 4)
+    check_hosts(parse_chaos("slow:host=2,factor=2@step=30"), 4)
+    with pytest.raises(UserError, match="names host 4, but the job has 4 hosts"):
+        check_hosts(parse_chaos("spare:+1@step=5,slow:host=4,factor=2@step=30"), 4)
+
+
+def test_slow_and_spare_round_trip_with_the_other_kinds():
+    spec = "slow:host=1,factor=2.5@step=3,spare:+2@step=4,kill:host=0@step=5"
+    assert ",".join(str(f) for f in parse_chaos(spec)) == spec
+
+
+def test_only_faults_that_stop_the_workload_are_disruptive():
+    assert {k for k in FaultKind if k.disruptive} == {FaultKind.KILL, FaultKind.HANG, FaultKind.LOSE}

@@ -395,10 +395,10 @@ def test_a_spare_lost_during_its_own_restore_with_no_spare_left_fails_the_job_wi
         await all_stop(job.members[:1], generation=1, kind="host_lost")
         message = await job.members[0].receive()
         assert message["type"] == "fail"
-        assert "host 1 was lost and no spare is left" in message["reason"]
+        assert "host 1 lost: cannot replace it (no spare is available)" in message["reason"]
         summary = job.leader.summary()
         assert summary["state"] == "failed"
-        assert "host 1 was lost and no spare is left" in summary["failure_reason"]
+        assert "host 1 lost: cannot replace it (no spare is available)" in summary["failure_reason"]
         assert len(summary["hot_swaps"]) == 1
         await job.shut()
 
@@ -415,7 +415,7 @@ def test_an_idle_spare_whose_connection_drops_leaves_the_pool():
         await all_stop(job.members[:1], generation=0, kind="host_lost")
         message = await job.members[0].receive()
         assert message["type"] == "fail"
-        assert "host 1 was lost and no spare is left" in message["reason"]
+        assert "host 1 lost: cannot replace it (no spare is available)" in message["reason"]
         assert job.leader.summary()["hot_swaps"] == []
         await job.shut()
 

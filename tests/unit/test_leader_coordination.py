@@ -137,6 +137,8 @@ def test_once_every_member_registered_each_gets_start_of_generation_0_from_scrat
                 "restore_step": None,
                 "sources": [],
                 "replica_addresses": {},
+                "world": [0, 1, 2],
+                "rank": member.host,
             }
         assert leader.state is JobState.RUNNING
         assert leader.summary()["metrics_ports"] == {0: 9100, 1: 9101, 2: 9102}
@@ -199,6 +201,8 @@ def test_after_every_stop_is_acked_the_job_starts_again_from_the_newest_common_c
                 "restore_step": 10,
                 "sources": [{"tier": "local"}],
                 "replica_addresses": {},
+                "world": [0, 1],
+                "rank": member.host,
             }
         assert leader.generation == 1
         assert leader.detections[-1].restore_step == 10
@@ -381,7 +385,7 @@ def test_losing_a_member_with_no_spare_left_fails_the_job_with_that_reason():
         assert (await members[0].receive())["type"] == "stop"
         message = await members[0].receive()
         assert message["type"] == "fail"
-        assert "host 1 was lost and no spare is left" in message["reason"]
+        assert "host 1 lost: cannot replace it (no spare is available)" in message["reason"]
         assert leader.state is JobState.FAILED
         await shut(leader, members[:1])
 

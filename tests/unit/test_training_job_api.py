@@ -255,3 +255,69 @@ def test_bad_tier_or_spare_settings_name_the_field(mutate, expected):
     document = example()
     mutate(document)
     assert expected in errors_for(document)
+
+
+# --- remediation policy and elasticity ----------------------------------------------------------------
+
+
+def test_policy_and_min_slices_defaults():
+    job = api.load_training_job(EXAMPLE)
+    assert job.spec.min_slices == 1
+    policy = job.spec.policy
+    assert (policy.name, policy.file, policy.hook_timeout_seconds) == ("default", None, 2.0)
+    budgets = policy.budgets
+    assert (budgets.restart.max, budgets.restart.window_seconds) == (10, 3600.0)
+    assert (budgets.replace.max, budgets.replace.window_seconds) == (4, 3600.0)
+    assert (budgets.scale_down.max, budgets.scale_down.window_seconds) == (4, 3600.0)
+
+
+def test_policy_settings_round_trip_in_camel_case_and_a_partial_budget_keeps_its_level_default():
+    document = example()
+    document["spec"]["minSlices"] = 2
+    document["spec"]["policy"] = {
+        "file": "policies/mine.py",
+        "hookTimeoutSeconds": 0.5,
+        "budgets": {"restart": {"windowSeconds": 600}, "scaleDown": {"max": 0}},
+    }
+    job = api.parse_training_job(document)
+    assert job.spec.min_slices == 2
+    assert (job.spec.policy.budgets.restart.max, job.spec.policy.budgets.restart.window_seconds) == (
+        10,
+        600.0,
+    )
+    assert job.spec.policy.budgets.scale_down.max == 0
+    dumped = api.dump_training_job(job)
+    assert dumped["spec"]["minSlices"] == 2
+    assert dumped["spec"]["policy"]["budgets"]["scaleDown"] == {"max": 0, "windowSeconds": 3600.0}
+    assert dumped["spec"]["policy"]["hookTimeoutSeconds"] == 0.5
+    assert api.parse_training_job(dumped) == job
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda d: d["spec"].update(minSlices=3), "spec: minSlices (3) must not exceed slices (2)"),
+        (lambda d: d["spec"].update(minSlices=0), "spec.minSlices: Input should be greater than 0"),
+        (
+            lambda d: d["spec"].update(policy={"hookTimeoutSeconds": 0}),
+            "spec.policy.hookTimeoutSeconds: Input should be greater than 0",
+        ),
+        (
+            lambda d: d["spec"].update(policy={"budgets": {"replace": {"max": -1}}}),
+            "spec.policy.budgets.replace.max: Input should be greater than or equal to 0",
+        ),
+        (
+            lambda d: d["spec"].update(policy={"budgets": {"scaleDown": {"windowSeconds": 0}}}),
+            "spec.policy.budgets.scaleDown.windowSeconds: Input should be greater than 0",
+        ),
+        (
+            lambda d: d["spec"].update(policy={"budgets": {"hotSwap": {"max": 1}}}),
+            "spec.policy.budgets.hotSwap: unknown field",
+        ),
+    ],
+    ids=["min-above-slices", "min-zero", "timeout-zero", "negative-max", "window-zero", "unknown-level"],
+)
+def test_bad_policy_or_min_slices_settings_name_the_field(mutate, expected):
+    document = example()
+    mutate(document)
+    assert expected in errors_for(document)

@@ -8,7 +8,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from slicekeeper.workload.sdk import HostIdentity, Session, connect
+from slicekeeper.workload import sdk
+from slicekeeper.workload.sdk import HostIdentity, Session, StepRecord, connect
 
 from slicekeeper import protocol
 from slicekeeper.protocol import Phase
@@ -171,6 +172,77 @@ def test_a_step_without_a_loss_reports_none(supervisor):
     assert end["loss"] is None
 
 
+# --- own work -------------------------------------------------------------------------------------
+
+
+class FakeClock:
+    """Stands in for time.monotonic: returns whatever the test last set."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_work_done_puts_the_seconds_from_the_step_begin_on_the_step_end(supervisor, monkeypatch):
+    clock = FakeClock(100.0)
+    monkeypatch.setattr(sdk.time, "monotonic", clock)
+    session = connect(env_for(supervisor.path))
+    with session.step(4) as record:
+        clock.now = 102.5  # this host's own computation is done
+        record.work_done()
+        clock.now = 109.0  # waiting for the other hosts in the all-reduce: not own work
+        record.loss = 0.5
+    session.close()
+    end = supervisor.messages()[-1]
+    assert (end["type"], end["step"], end["loss"], end["work"]) == ("step_end", 4, 0.5, 2.5)
+
+
+def test_a_step_that_never_marks_its_work_sends_no_work_field(supervisor):
+    session = connect(env_for(supervisor.path))
+    with session.step(4) as record:
+        record.loss = 0.5
+    session.close()
+    end = supervisor.messages()[-1]
+    assert end["type"] == "step_end"
+    assert "work" not in end
+
+
+def test_work_is_counted_per_step_from_that_steps_own_begin(supervisor, monkeypatch):
+    clock = FakeClock(10.0)
+    monkeypatch.setattr(sdk.time, "monotonic", clock)
+    session = connect(env_for(supervisor.path))
+    with session.step(1) as record:
+        clock.now = 11.0
+        record.work_done()
+        clock.now = 20.0
+    with session.step(2) as record:
+        clock.now = 20.25
+        record.work_done()
+    with session.step(3):
+        clock.now = 30.0
+    session.close()
+    ends = [m for m in supervisor.messages() if m["type"] == "step_end"]
+    assert [end.get("work") for end in ends] == [1.0, 0.25, None]
+
+
+def test_the_latest_work_mark_of_a_step_counts(monkeypatch):
+    clock = FakeClock(7.0)
+    monkeypatch.setattr(sdk.time, "monotonic", clock)
+    record = StepRecord(1, began=5.0)
+    record.work_done()
+    clock.now = 8.0
+    record.work_done()
+    assert record.work == 3.0
+
+
+def test_a_record_made_outside_a_session_times_from_its_creation():
+    record = StepRecord(1)
+    record.work_done()
+    assert record.work is not None and record.work >= 0.0
+
+
 def test_a_phase_that_raises_still_reports_going_back_to_idle(supervisor):
     session = connect(env_for(supervisor.path))
     with pytest.raises(RuntimeError), session.phase(Phase.DATA_LOADING):
@@ -264,6 +336,8 @@ def test_identity_is_parsed_from_an_explicit_environment():
     assert identity == HostIdentity(
         host=3,
         num_hosts=8,
+        process_id=3,
+        full_hosts=8,
         generation=5,
         coordinator="10.0.0.2:8476",
         restore_step=120,
@@ -274,6 +348,31 @@ def test_identity_is_parsed_from_an_explicit_environment():
         checkpoint_keep=4,
         compilation_cache="/tmp/cache",
     )
+
+
+def test_a_host_takes_part_as_itself_in_the_full_world_unless_told_otherwise():
+    identity = HostIdentity.from_env({protocol.ENV_HOST: "3", protocol.ENV_NUM_HOSTS: "4"})
+    assert (identity.host, identity.process_id) == (3, 3)
+    assert (identity.num_hosts, identity.full_hosts) == (4, 4)
+
+
+def test_after_a_scale_down_the_host_keeps_its_index_and_takes_a_rank_in_the_smaller_world():
+    identity = HostIdentity.from_env(
+        {
+            protocol.ENV_HOST: "3",
+            protocol.ENV_NUM_HOSTS: "2",
+            protocol.ENV_PROCESS_ID: "1",
+            protocol.ENV_FULL_HOSTS: "4",
+        }
+    )
+    assert (identity.host, identity.process_id) == (3, 1)
+    assert (identity.num_hosts, identity.full_hosts) == (2, 4)
+
+
+@pytest.mark.parametrize("empty", [protocol.ENV_PROCESS_ID, protocol.ENV_FULL_HOSTS])
+def test_an_empty_world_variable_falls_back_like_an_absent_one(empty):
+    identity = HostIdentity.from_env({protocol.ENV_HOST: "2", protocol.ENV_NUM_HOSTS: "4", empty: ""})
+    assert (identity.process_id, identity.full_hosts) == (2, 4)
 
 
 def test_an_empty_restore_step_means_a_fresh_start():
@@ -305,6 +404,26 @@ def test_with_a_coordinator_the_session_gives_jax_distributed_arguments():
     assert session.jax_distributed_args() == {
         "coordinator_address": "127.0.0.1:9000",
         "num_processes": 4,
+        "process_id": 1,
+    }
+
+
+def test_after_a_scale_down_jax_distributed_gets_the_smaller_world_and_the_rank_in_it():
+    session = connect(
+        env_for(
+            None,
+            **{
+                protocol.ENV_HOST: "3",
+                protocol.ENV_NUM_HOSTS: "2",
+                protocol.ENV_PROCESS_ID: "1",
+                protocol.ENV_FULL_HOSTS: "4",
+                protocol.ENV_COORDINATOR: "127.0.0.1:9000",
+            },
+        )
+    )
+    assert session.jax_distributed_args() == {
+        "coordinator_address": "127.0.0.1:9000",
+        "num_processes": 2,
         "process_id": 1,
     }
 

@@ -5,6 +5,11 @@ the example of a user's loop: phases reported, every step bracketed and blocked 
 shards saved to the local tier (the supervisor copies them to the peer and persistent tiers), the
 agreed step restored on restart, a persistent compilation cache so a restarted process does not
 compile from scratch.
+
+Elastic: the JAX world is the hosts of this generation (`num_hosts`, rank `process_id`), which after
+a scale-down is fewer than the job's; the global batch stays sized for the full job (`full_hosts`)
+and each replica accumulates the chunks of the missing ones (model.ChunkPlan). Each step marks
+where this host's own work ends (`record.work_done()`) before the cross-host all-reduce.
 """
 
 from __future__ import annotations
@@ -12,12 +17,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
 import slicekeeper.workload as sk
 from jax.sharding import Mesh
-from slicekeeper.workload.jax_checkpoint import JaxCheckpointer, fingerprint
+from slicekeeper.workload.jax_checkpoint import JaxCheckpointer, fingerprint_gathered, gather
 from slicekeeper.workload.reference.model import ModelConfig, ShardedModel
 
 
@@ -28,6 +35,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=ModelConfig.layers)
     parser.add_argument("--batch-per-host", type=int, default=ModelConfig.batch_per_host)
     parser.add_argument("--seq-len", type=int, default=ModelConfig.seq_len)
+    parser.add_argument(
+        "--final-params",
+        type=Path,
+        metavar="PATH",
+        help="after training, process 0 writes the final parameters here (.npz, keys = leaf paths)",
+    )
     return parser.parse_args(argv)
 
 
@@ -61,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         jax.distributed.initialize(**session.jax_distributed_args())
 
     with session.phase(sk.Phase.TRAINING_PREP):
+        # One data replica per process of this generation; the batch stays the full job's.
         devices = np.array(jax.devices()).reshape(jax.process_count(), -1)
-        model = ShardedModel(config, Mesh(devices, ("data", "model")))
+        model = ShardedModel(config, Mesh(devices, ("data", "model")), full_hosts=identity.full_hosts)
         checkpointer = JaxCheckpointer(session)
     state = checkpointer.restore(identity.restore_step, model.abstract_state())
     if state is None:
@@ -77,12 +91,18 @@ def main(argv: list[str] | None = None) -> int:
 
     for step in range(first, identity.total_steps + 1):
         with session.step(step) as record:
-            state, record.loss = model.train_step(state, model.global_batch(args.seed, step))
+            local = model.local_grads(state, model.global_batch(args.seed, step))  # blocks
+            record.work_done()  # what follows is the all-reduce: waiting for the slowest host
+            state, record.loss = model.apply(state, local)
         checkpointer.maybe_save(step, state)
 
     with session.phase(sk.Phase.TEARDOWN):
         checkpointer.close()  # waits for the last write
-        params_fingerprint = fingerprint(state["params"])  # a gather across hosts
+        params: dict[str, Any] = gather(state["params"])  # a gather across hosts
+        params_fingerprint = fingerprint_gathered(params)
+        if args.final_params is not None and jax.process_index() == 0:
+            with args.final_params.open("wb") as file:  # a file object: savez adds no suffix
+                np.savez(file, **params)
     session.done(identity.total_steps, params_fingerprint)
     jax.distributed.shutdown()
     session.close()

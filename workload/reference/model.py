@@ -3,12 +3,19 @@
 Small enough to train on CPU devices in a fraction of a second per step, real enough to exercise
 what matters for resilience: parameters and optimizer state sharded across hosts, a data-parallel
 all-reduce every step, and a loss that goes down.
+
+A step is two programs so that the job can shrink and grow by whole data-parallel replicas without
+changing what it trains on: `local_grads` lets every replica work through its share of a global
+batch sized for the full job (accumulating over micro-steps when replicas are missing) with no
+cross-host communication, and `apply` all-reduces the gradient sums and updates the state. The
+boundary between them is also where a host's own work ends and its wait for the others begins,
+which is what the supervisor's straggler score measures.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -124,17 +131,99 @@ def synthetic_batch(config: ModelConfig, seed: int, step: int, global_batch: int
     return ((start + stride * positions) % config.vocab).astype(np.int32)
 
 
-class ShardedModel:
-    """The model laid out on a mesh: shardings, a jitted init and a jitted train step."""
+@dataclass(frozen=True)
+class ChunkPlan:
+    """Where each chunk of the global batch is computed when `replicas` replicas share `chunks`.
 
-    def __init__(self, config: ModelConfig, mesh: Mesh) -> None:
+    The global batch is sized for the full job: one chunk of `batch_per_host` rows per host of the
+    full job. With fewer replicas each one works through several chunks in turn (micro-steps) and
+    sums their gradients: chunk c goes to replica c % replicas at micro-step c // replicas. Slots
+    past the last chunk are padding with weight 0. With every replica present it is one chunk each.
+    """
+
+    chunks: int
+    replicas: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.replicas <= self.chunks:
+            raise ValueError(f"{self.replicas} replicas cannot share a batch of {self.chunks} chunks")
+
+    @property
+    def micro_steps(self) -> int:
+        return -(-self.chunks // self.replicas)
+
+    def slot(self, chunk: int) -> tuple[int, int]:
+        """(micro-step, replica) that computes `chunk`."""
+        return divmod(chunk, self.replicas)
+
+    def chunk_at(self, micro_step: int, replica: int) -> int | None:
+        """The chunk computed at this slot, or None for padding."""
+        chunk = micro_step * self.replicas + replica
+        return chunk if chunk < self.chunks else None
+
+    def weights(self) -> np.ndarray:
+        """[micro_steps, replicas]: 1 for a real chunk, 0 for padding."""
+        slots = np.arange(self.micro_steps * self.replicas).reshape(self.micro_steps, self.replicas)
+        return (slots < self.chunks).astype(np.float32)
+
+    def lay_out(self, rows: np.ndarray) -> np.ndarray:
+        """Global batch rows [chunks * n, ...] as [micro_steps, replicas, n, ...], zero-padded.
+
+        Slot (m, r) holds chunk m * replicas + r, so a plain reshape of the padded rows does it.
+        """
+        per_chunk, remainder = divmod(len(rows), self.chunks)
+        if remainder:
+            raise ValueError(f"{len(rows)} rows do not split into {self.chunks} chunks")
+        padding = np.zeros(
+            ((self.micro_steps * self.replicas - self.chunks) * per_chunk, *rows.shape[1:]), rows.dtype
+        )
+        padded = np.concatenate([rows, padding])
+        return padded.reshape(self.micro_steps, self.replicas, per_chunk, *rows.shape[1:])
+
+
+Leaf = TypeVar("Leaf")
+"""jax.Array for values; a sharding or a ShapeDtypeStruct where the same tree describes layout."""
+
+
+class Batch(NamedTuple, Generic[Leaf]):
+    """One step's global batch laid out by a ChunkPlan, sharded over the replicas."""
+
+    tokens: Leaf
+    """[micro_steps, replicas, batch_per_host, seq_len + 1]"""
+    weights: Leaf
+    """[micro_steps, replicas]: 1 for a real chunk, 0 for padding"""
+
+
+class LocalGrads(NamedTuple, Generic[Leaf]):
+    """Each replica's gradient and loss, summed over its chunks: a leading replica axis."""
+
+    grad_sums: Any
+    """Shaped like the parameters, each leaf with a leading [replicas] axis."""
+    loss_sums: Leaf
+    """[replicas]"""
+
+
+class ShardedModel:
+    """The model laid out on a mesh: shardings, a jitted init and the two programs of a step.
+
+    The mesh's `data` axis is the replicas taking part (the hosts of this generation); the global
+    batch is sized for `full_hosts` hosts whatever that is.
+    """
+
+    def __init__(self, config: ModelConfig, mesh: Mesh, *, full_hosts: int) -> None:
         self.config = config
         self.mesh = mesh
+        self.plan = ChunkPlan(chunks=full_hosts, replicas=mesh.shape["data"])
         self.tx = optimizer(config)
-        self.param_shardings = jax.tree_util.tree_map(
-            lambda spec: NamedSharding(mesh, spec), param_specs(config), is_leaf=lambda x: isinstance(x, P)
+        specs = param_specs(config)
+        self.param_shardings = _shardings(mesh, specs)
+        # Per-replica sums: a leading replica axis over `data`, the parameter's layout below it.
+        self.grad_sum_shardings = _shardings(
+            mesh, jax.tree_util.tree_map(lambda spec: P("data", *spec), specs, is_leaf=_is_spec)
         )
-        self.batch_sharding = NamedSharding(mesh, P("data", None))
+        self.tokens_sharding = NamedSharding(mesh, P(None, "data", None, None))
+        self.weights_sharding = NamedSharding(mesh, P(None, "data"))
+        self.loss_sums_sharding = NamedSharding(mesh, P("data"))
         abstract_params = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
         abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
         replicated = NamedSharding(mesh, P())
@@ -143,12 +232,17 @@ class ShardedModel:
             abstract_opt, abstract_params, self.param_shardings, replicated
         )
         self.state_shardings = {"params": self.param_shardings, "opt": self.opt_shardings}
-        self._compiled_step: Any = None
         self._init = jax.jit(self._init_state, static_argnums=0, out_shardings=self.state_shardings)
-        self._step = jax.jit(
-            self._train_step,
-            in_shardings=(self.state_shardings, self.batch_sharding),
-            out_shardings=(self.state_shardings, NamedSharding(mesh, P())),
+        local_out = LocalGrads(self.grad_sum_shardings, self.loss_sums_sharding)
+        self._local_grads: Any = jax.jit(
+            self._replica_gradients,
+            in_shardings=(self.param_shardings, Batch(self.tokens_sharding, self.weights_sharding)),
+            out_shardings=local_out,
+        )
+        self._apply: Any = jax.jit(
+            self._all_reduce_and_update,
+            in_shardings=(self.state_shardings, local_out),
+            out_shardings=(self.state_shardings, replicated),
             donate_argnums=0,
         )
 
@@ -156,19 +250,50 @@ class ShardedModel:
         params = init_params(self.config, jax.random.key(seed))
         return {"params": params, "opt": self.tx.init(params)}
 
-    def _train_step(self, state: dict[str, Any], tokens: jax.Array) -> tuple[dict[str, Any], jax.Array]:
-        loss, grads = jax.value_and_grad(lambda p: loss_fn(self.config, p, tokens))(state["params"])
+    def _replica_gradients(self, params: Params, batch: Batch[jax.Array]) -> LocalGrads[jax.Array]:
+        """Each replica sums the gradients of its own chunks; params are replicated over `data`,
+        so nothing here crosses hosts (only the `model` axis within a host communicates)."""
+
+        def one_replica(tokens: jax.Array, weights: jax.Array) -> tuple[Any, jax.Array]:
+            def micro_step(carry: tuple[Any, jax.Array], chunk: tuple[jax.Array, jax.Array]) -> Any:
+                grad_sum, loss_sum = carry
+                rows, weight = chunk
+                loss, grads = jax.value_and_grad(lambda p: loss_fn(self.config, p, rows))(params)
+                grad_sum = jax.tree_util.tree_map(lambda s, g: s + weight * g, grad_sum, grads)
+                return (grad_sum, loss_sum + weight * loss), None
+
+            zeros = (jax.tree_util.tree_map(jnp.zeros_like, params), jnp.zeros((), jnp.float32))
+            sums, _ = jax.lax.scan(micro_step, zeros, (tokens, weights))
+            return sums  # type: ignore[no-any-return]
+
+        grad_sums, loss_sums = jax.vmap(one_replica, in_axes=1)(batch.tokens, batch.weights)
+        return LocalGrads(grad_sums, loss_sums)
+
+    def _all_reduce_and_update(
+        self, state: dict[str, Any], local: LocalGrads[jax.Array]
+    ) -> tuple[dict[str, Any], jax.Array]:
+        """Sum over the replicas (the cross-host all-reduce), average over the real chunks, update.
+
+        The optimizer counts steps, not micro-steps: the learning-rate schedule is the same in
+        every world size.
+        """
+        chunks = self.plan.chunks
+        grads = jax.tree_util.tree_map(lambda g: g.sum(axis=0) / chunks, local.grad_sums)
         updates, opt = self.tx.update(grads, state["opt"], state["params"])
-        return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, loss
+        params = optax.apply_updates(state["params"], updates)
+        return {"params": params, "opt": opt}, local.loss_sums.sum() / chunks
 
     def compile(self) -> None:
-        """Compile the train step ahead of time (the persistent compilation cache may serve it)."""
-        batch = jax.ShapeDtypeStruct(
-            (self.config.batch_per_host * jax.process_count(), self.config.seq_len + 1),
-            np.int32,
-            sharding=self.batch_sharding,
+        """Compile both programs ahead of time (the persistent compilation cache may serve them)."""
+        params = self.abstract_state()["params"]
+        self._local_grads = self._local_grads.lower(params, self.abstract_batch()).compile()
+        local = jax.eval_shape(self._replica_gradients, params, self.abstract_batch())
+        local = jax.tree_util.tree_map(
+            lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+            local,
+            LocalGrads(self.grad_sum_shardings, self.loss_sums_sharding),
         )
-        self._compiled_step = self._step.lower(self.abstract_state(), batch).compile()
+        self._apply = self._apply.lower(self.abstract_state(), local).compile()
 
     def init_state(self, seed: int) -> dict[str, Any]:
         return self._init(seed)  # type: ignore[no-any-return]
@@ -181,15 +306,50 @@ class ShardedModel:
             self.state_shardings,
         )
 
-    def global_batch(self, seed: int, step: int) -> jax.Array:
-        global_batch = self.config.batch_per_host * jax.process_count()
-        tokens = synthetic_batch(self.config, seed, step, global_batch)
-        return jax.make_array_from_callback(tokens.shape, self.batch_sharding, lambda index: tokens[index])
+    def abstract_batch(self) -> Batch[jax.ShapeDtypeStruct]:
+        plan, config = self.plan, self.config
+        return Batch(
+            jax.ShapeDtypeStruct(
+                (plan.micro_steps, plan.replicas, config.batch_per_host, config.seq_len + 1),
+                np.int32,
+                sharding=self.tokens_sharding,
+            ),
+            jax.ShapeDtypeStruct(
+                (plan.micro_steps, plan.replicas), np.float32, sharding=self.weights_sharding
+            ),
+        )
 
-    def train_step(self, state: dict[str, Any], tokens: jax.Array) -> tuple[dict[str, Any], float]:
-        step = self._compiled_step if self._compiled_step is not None else self._step
-        state, loss = step(state, tokens)
+    def global_batch(self, seed: int, step: int) -> Batch[jax.Array]:
+        """The step's global batch (a function of seed and step, sized for the full job), laid out."""
+        rows = synthetic_batch(self.config, seed, step, self.plan.chunks * self.config.batch_per_host)
+        return Batch(
+            _from_host(self.plan.lay_out(rows), self.tokens_sharding),
+            _from_host(self.plan.weights(), self.weights_sharding),
+        )
+
+    def local_grads(self, state: dict[str, Any], batch: Batch[jax.Array]) -> LocalGrads[jax.Array]:
+        """Phase one of a step: this host's own work, blocked on. No cross-host communication."""
+        local: LocalGrads[jax.Array] = self._local_grads(state["params"], batch)
+        jax.block_until_ready(local)
+        return local
+
+    def apply(self, state: dict[str, Any], local: LocalGrads[jax.Array]) -> tuple[dict[str, Any], float]:
+        """Phase two: all-reduce and update; `state` is donated. Returns the step's mean loss."""
+        state, loss = self._apply(state, local)
         return state, float(loss)  # float() blocks: never queue sharded steps (CPU collectives)
+
+
+def _is_spec(node: Any) -> bool:
+    return isinstance(node, P)
+
+
+def _shardings(mesh: Mesh, specs: Any) -> Any:
+    return jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=_is_spec)
+
+
+def _from_host(values: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    """A global array from a copy every process holds in full (each places its own shards)."""
+    return jax.make_array_from_callback(values.shape, sharding, lambda index: values[index])
 
 
 def _match_param_shardings(

@@ -1,0 +1,102 @@
+"""The default policy: DESIGN.md's escalation ladder, written with the same API a user's policy uses.
+
+Cheapest remedy first, each rung with its own budget (slicekeeper.policy.Level): restart in job, then
+replace the host with a spare (hot-swap), then scale down by whole slices, then fail with a reason
+that names what ran out. It never answers with an action whose budget is spent or that cannot be
+carried out now, so the engine's checks pass on every answer it gives. It also decides for every
+hook a user's policy leaves out, and whenever a user's hook fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slicekeeper.policy import (
+    Action,
+    CapacityReturned,
+    CheckpointInvalid,
+    Context,
+    Crash,
+    Fail,
+    Hang,
+    HostEvent,
+    HostLost,
+    Ignore,
+    Level,
+    ReplaceHost,
+    RestartInJob,
+    ScaleDown,
+    ScaleUp,
+    Straggler,
+    check_action,
+)
+
+CRASH_LOOP_FAULTS = 3
+"""Faults of one host within the restart window that make it a crash loop (the host, not the job)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EscalationLadder:
+    """The ladder as hooks. Tables of its answers are in docs/policy.md ("The default policy")."""
+
+    crash_loop_faults: int = CRASH_LOOP_FAULTS
+
+    def on_crash(self, event: Crash, context: Context) -> Action:
+        return self._fault(event, context)
+
+    def on_hang(self, event: Hang, context: Context) -> Action:
+        return self._fault(event, context)
+
+    def on_checkpoint_invalid(self, event: CheckpointInvalid, context: Context) -> Action:
+        return self._fault(event, context)
+
+    def on_host_lost(self, event: HostLost, context: Context) -> Action:
+        if context.can_replace(event.host):
+            return ReplaceHost(host=event.host)
+        if context.can_scale_down([context.world.slice_of(event.host)]):
+            return ScaleDown()
+        return Fail(
+            reason=f"host {event.host} lost: cannot replace it ({_why_not_replace(event, context)}) "
+            f"nor scale down ({_why_not_scale_down(event, context)})"
+        )
+
+    def on_straggler(self, event: Straggler, context: Context) -> Action:
+        # A slow host still trains: replacing it is worth a spare, never a scale-down or a failure.
+        if context.can_replace(event.host):
+            return ReplaceHost(host=event.host)
+        return Ignore()
+
+    def on_capacity_returned(self, event: CapacityReturned, context: Context) -> Action:
+        return ScaleUp() if context.can_scale_up() else Ignore()
+
+    def _fault(self, event: Crash | Hang | CheckpointInvalid, context: Context) -> Action:
+        """A fault that stopped the job: restart, or replace a crash-looping host, or escalate."""
+        host = event.host
+        window = context.budgets[Level.RESTART].window_seconds
+        # The event being decided counts too: the third fault in the window is the loop.
+        crash_loop = context.faults_on(host, window) + 1 >= self.crash_loop_faults
+        if crash_loop and context.can_replace(host):
+            return ReplaceHost(host=host)
+        if context.can_restart():
+            return RestartInJob()
+        if context.can_replace(host):
+            return ReplaceHost(host=host)
+        if context.can_scale_down([context.world.slice_of(host)]):
+            return ScaleDown()
+        restart = context.budgets[Level.RESTART]
+        return Fail(
+            reason=f"{event.summary}: restart budget spent ({restart.used} of {restart.limit} within "
+            f"{restart.window_seconds:g} s, spec.policy.budgets.restart); cannot replace the host "
+            f"({_why_not_replace(event, context)}) nor scale down ({_why_not_scale_down(event, context)})"
+        )
+
+
+def _why_not_replace(event: HostEvent, context: Context) -> str:
+    return check_action(event, ReplaceHost(host=event.host), context) or "possible"
+
+
+def _why_not_scale_down(event: HostEvent, context: Context) -> str:
+    problem = check_action(event, ScaleDown(), context) or "possible"
+    if "minSlices" in problem:
+        return f"already at spec.minSlices={context.world.min_slices}"
+    return problem

@@ -1,0 +1,148 @@
+"""The leader's decision-maker: faults and signals in, the remediation policy's actions out, recorded.
+
+The leader sees raw messages (a member's fault report, a dropped connection, per-host step timings, a
+spare registering); this module turns them into the policy API's typed events, asks the policy engine
+(the user's hooks, the default escalation ladder as fallback) what to do with the job's current facts,
+and keeps what the report and the dry-run replay need: every decision with its source, the stragglers
+found, the scale events, and an event log (`policy-events.jsonl`) of event, context and decision.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from slicekeeper.supervisor.straggler import Finding, StragglerDetector
+from slicekeeper.supervisor.world import JobWorld
+
+from slicekeeper import policy
+from slicekeeper.policy_engine import PolicyEngine
+from slicekeeper.policy_replay import append_to_log
+
+
+class Remediation:
+    def __init__(
+        self,
+        engine: PolicyEngine,
+        world: JobWorld,
+        *,
+        detector: StragglerDetector | None = None,
+        events_path: Path | None = None,
+    ) -> None:
+        self.engine = engine
+        self.world = world
+        self.detector = detector or StragglerDetector()
+        self.events_path = events_path
+        self.decisions: list[dict[str, Any]] = []
+        self.stragglers: list[dict[str, Any]] = []
+        self.scale_events: list[dict[str, Any]] = []
+        self._flagged: set[int] = set()
+        """Hosts found straggling in the current world (cleared at every start)."""
+        self._lock = threading.Lock()  # decisions run in worker threads, one at a time
+
+    # --- raw messages to typed events ---------------------------------------------------------
+    @staticmethod
+    def fault_event(host: int, message: dict[str, Any], step: int, generation: int) -> policy.Event:
+        """A member's `fault` report as the policy sees it."""
+        kind, detail, t = str(message["kind"]), str(message.get("detail", "")), float(message["t"])
+        if kind == "hang":
+            silent = message.get("silent_seconds")
+            return policy.Hang(
+                t=t,
+                step=step,
+                generation=generation,
+                host=host,
+                silent_seconds=None if silent is None else float(silent),
+                detail=detail,
+            )
+        if kind in ("nonfinite_loss", "restore_failed"):
+            checkpoint = message.get("invalid_step", message.get("restore_step"))
+            return policy.CheckpointInvalid(
+                t=t,
+                step=step,
+                generation=generation,
+                host=host,
+                checkpoint_step=None if checkpoint is None else int(checkpoint),
+                reason=kind,
+                detail=detail,
+            )
+        code = message.get("exit_code")
+        return policy.Crash(
+            t=t,
+            step=step,
+            generation=generation,
+            host=host,
+            exit_code=None if code is None else int(code),
+            signal=message.get("signal"),
+            detail=detail,
+        )
+
+    # --- deciding ------------------------------------------------------------------------------
+    def decide(
+        self, event: policy.Event, *, spares: int, idle: set[int], step: int, generation: int
+    ) -> policy.Decision:
+        """Ask the policy (blocking up to its hook time limit: call it from a worker thread)."""
+        with self._lock:
+            decision, context = self.engine.decide(
+                event,
+                now=time.time(),
+                step=step,
+                generation=generation,
+                spares=spares,
+                scores=self.detector.scores(),
+                world=self.world.for_policy(idle, spares),
+                stragglers=tuple(sorted(self._flagged)),
+            )
+            self.decisions.append(
+                {
+                    "t": decision.t,
+                    "step": step,
+                    "generation": generation,
+                    "event": event.to_json(),
+                    "action": decision.action.to_json(),
+                    "source": decision.source.value,
+                    "reason": decision.reason,
+                }
+            )
+            if self.events_path is not None:
+                append_to_log(self.events_path, decision, context)
+            return decision
+
+    # --- stragglers ----------------------------------------------------------------------------
+    def observe(self, host: int, step: int, work: float | None, machine: str) -> list[Finding]:
+        """A host's own work in a step; returns the hosts newly found straggling."""
+        findings = [f for f in self.detector.observe(host, step, work) if f.host not in self._flagged]
+        for finding in findings:
+            self._flagged.add(finding.host)
+            self.stragglers.append(
+                {
+                    "host": finding.host,
+                    "score": round(finding.score, 3),
+                    "step": finding.step,
+                    "t": time.time(),
+                    "machine": machine,
+                }
+            )
+        return findings
+
+    def new_world(self) -> None:
+        """A generation starts: timings of the previous world (and a replaced machine's) are void."""
+        self._flagged.clear()
+        self.detector.reset(self.world.hosts)
+
+    def scaled(self, kind: str, before: list[int], step: int, generation: int, reason: str) -> None:
+        self.scale_events.append(
+            {
+                "t": time.time(),
+                "kind": kind,
+                "step": step,
+                "generation": generation,
+                "from_slices": before,
+                "to_slices": list(self.world.active),
+                "from_hosts": len(before) * self.world.hosts_per_slice,
+                "to_hosts": len(self.world.hosts),
+                "reason": reason,
+            }
+        )

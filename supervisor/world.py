@@ -1,0 +1,112 @@
+"""Which slices take part in the job now: elastic scale-down and back up by whole slices.
+
+Slices are the job's data-parallel replicas (multislice over DCN), so the job can go on without one:
+it drops the slice, the surviving hosts restart on a smaller mesh, and later the slice comes back.
+A host's identity (which shard it owns) never changes; its rank in a generation (the JAX process id)
+is its position among the hosts taking part. Hosts of a dropped slice whose machines are still alive
+are idle ("parked"); they, or spares standing in for their lost machines, bring the slice back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from slicekeeper import policy
+
+
+@dataclass
+class JobWorld:
+    slices: int
+    hosts_per_slice: int
+    min_slices: int = 1
+    devices_per_host: int = 1
+    active: list[int] = field(default_factory=list)
+    """Slices taking part, in order."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """World size over time: {t, step, generation, slices, hosts}."""
+
+    def __post_init__(self) -> None:
+        if not self.active:
+            self.active = list(range(self.slices))
+        self.min_slices = max(1, min(self.min_slices, self.slices))
+
+    @property
+    def full_hosts(self) -> int:
+        return self.slices * self.hosts_per_slice
+
+    @property
+    def hosts(self) -> list[int]:
+        """Hosts taking part, in rank order."""
+        return [h for s in self.active for h in self.hosts_of(s)]
+
+    @property
+    def dropped(self) -> list[int]:
+        return [s for s in range(self.slices) if s not in self.active]
+
+    @property
+    def scaled_down(self) -> bool:
+        return len(self.active) < self.slices
+
+    def hosts_of(self, slice_index: int) -> list[int]:
+        first = slice_index * self.hosts_per_slice
+        return list(range(first, first + self.hosts_per_slice))
+
+    def slice_of(self, host: int) -> int:
+        return host // self.hosts_per_slice
+
+    def rank(self, host: int) -> int:
+        return self.hosts.index(host)
+
+    def twins(self, host: int) -> list[int]:
+        """Active hosts whose shard equals `host`'s: the same worker in the other active slices."""
+        worker = host % self.hosts_per_slice
+        return [s * self.hosts_per_slice + worker for s in self.active if s != self.slice_of(host)]
+
+    def drop(self, slices: list[int]) -> None:
+        remaining = [s for s in self.active if s not in slices]
+        if len(remaining) < self.min_slices:
+            raise ValueError(
+                f"dropping slice(s) {slices} would leave {len(remaining)} of {self.slices}, "
+                f"below spec.minSlices={self.min_slices}"
+            )
+        self.active = remaining
+
+    def restore(self, slices: list[int]) -> None:
+        self.active = sorted({*self.active, *slices})
+
+    def record(self, step: int, generation: int) -> None:
+        """Note the world of a generation that starts (only when it changed)."""
+        if self.history and self.history[-1]["slices"] == self.active:
+            return
+        self.history.append(
+            {
+                "t": time.time(),
+                "step": step,
+                "generation": generation,
+                "slices": list(self.active),
+                "hosts": len(self.hosts),
+            }
+        )
+
+    def restorable(self, idle: set[int], spares: int) -> list[int]:
+        """Dropped slices that could come back now: each host idle-but-alive or covered by a spare."""
+        back = []
+        for slice_index in self.dropped:
+            needed = sum(1 for h in self.hosts_of(slice_index) if h not in idle)
+            if needed <= spares:
+                spares -= needed
+                back.append(slice_index)
+        return back
+
+    def for_policy(self, idle: set[int], spares: int) -> policy.World:
+        return policy.World(
+            active_slices=tuple(self.active),
+            full_slices=self.slices,
+            min_slices=self.min_slices,
+            hosts_per_slice=self.hosts_per_slice,
+            devices_per_host=self.devices_per_host,
+            idle_hosts=tuple(sorted(idle)),
+            restorable_slices=len(self.restorable(idle, spares)),
+        )
