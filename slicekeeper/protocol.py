@@ -47,6 +47,10 @@ ENV_CHECKPOINT_KEEP: Final = "SLICEKEEPER_CHECKPOINT_KEEP"
 ENV_COMPILATION_CACHE: Final = "SLICEKEEPER_COMPILATION_CACHE"
 ENV_STANDBY: Final = "SLICEKEEPER_STANDBY"
 """Set to 1 for a pre-started standby process: `connect()` waits for `go` (see STANDBY below)."""
+ENV_CHAOS_SLOW: Final = "SLICEKEEPER_CHAOS_SLOW"
+"""Chaos `slow` on this machine, `F@S`: from step S on, the SDK stretches the loop's own work of each
+step F-fold in `work_done()` (a slow chip: the extra time comes before the host reaches the
+collective). Empty or absent: not slowed."""
 ENV_DEVICES_PER_HOST: Final = "SLICEKEEPER_DEVICES_PER_HOST"
 """Local mode only: CPU devices this host process fakes."""
 

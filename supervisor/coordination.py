@@ -358,7 +358,7 @@ class Leader:
         del status.steps_seen[:-50]
         work = message.get("work")
         for finding in self.remediation.observe(
-            host, step, None if work is None else float(work), status.machine
+            host, step, None if work is None else float(work), {h: s.machine for h, s in self.status.items()}
         ):
             await self._event(
                 f"straggler: host {finding.host} score {finding.score:.2f} at step {finding.step}",

@@ -35,7 +35,6 @@ from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.metrics import SupervisorMetrics
 from slicekeeper.supervisor.persistent_tier import PersistentTier
 from slicekeeper.supervisor.plan import JobPlan, free_port
-from slicekeeper.supervisor.throttle import Throttle
 from slicekeeper.supervisor.workload_process import WorkloadProcess
 
 from slicekeeper import protocol
@@ -117,7 +116,6 @@ class HostSupervisor:
         self._rank = max(self.host, 0)
         self._slow: float | None = None
         """Chaos `slow`: this machine's work factor (a machine property: a spare taking over is not slow)."""
-        self._throttle: Throttle | None = None
         self._retired = False
         self._dir = plan.machine_dir(machine)
         self._dir.mkdir(parents=True, exist_ok=True)
@@ -333,6 +331,7 @@ class HostSupervisor:
                 protocol.ENV_NUM_HOSTS: str(len(self._world)),
                 protocol.ENV_PROCESS_ID: str(self._rank),
                 protocol.ENV_FULL_HOSTS: str(self.plan.hosts),
+                protocol.ENV_CHAOS_SLOW: self._slow_spec(),
                 protocol.ENV_GENERATION: str(generation),
                 protocol.ENV_COORDINATOR: coordinator,
                 protocol.ENV_RESTORE_STEP: "" if restore_step is None else str(restore_step),
@@ -413,6 +412,7 @@ class HostSupervisor:
                 protocol.ENV_RESTORE_STEP: "" if restore_step is None else str(restore_step),
                 protocol.ENV_NUM_HOSTS: str(len(self._world)),  # the world may have changed since
                 protocol.ENV_PROCESS_ID: str(self._rank),
+                protocol.ENV_CHAOS_SLOW: self._slow_spec(),
             }
             await send(standby.writer, {"type": protocol.GO, "env": go_env})
             self.workload = standby.process
@@ -436,7 +436,6 @@ class HostSupervisor:
         self.accountant.switch(Category.PROGRAM_STARTUP, time.time())
         await self._report({"type": "state", "state": "starting"})
         self._spawn_task(self._watch_exit(self.workload, generation))
-        self._throttle_workload()
 
     async def _restore_failed(self, generation: int, step: int, sources: list[dict[str, Any]]) -> None:
         tried = ", ".join(s["tier"] + (f" (host {s['holder']})" if "holder" in s else "") for s in sources)
@@ -452,7 +451,6 @@ class HostSupervisor:
         self._stopping = True
         self.tiers.pause()
         self._log({"source": "leader", "type": "stop", "generation": generation, "kind": kind})
-        await self._stop_throttle()
         if self.workload is not None:
             await self.workload.stop()  # the whole group, even when the main process is already gone
         self.accountant.interrupt(time.time())
@@ -475,7 +473,6 @@ class HostSupervisor:
 
     async def _retire(self, reason: str) -> None:
         """The leader replaced this machine while it was alive (e.g. a straggler): end, cleanly."""
-        await self._stop_throttle()
         self._drop_standby()
         if self.workload is not None:
             await self.workload.stop()
@@ -485,10 +482,13 @@ class HostSupervisor:
         self._log({"source": "leader", "type": "retire", "reason": reason})
         print(f"[{self.machine}] retired: {reason}", file=sys.stderr, flush=True)
 
-    async def _stop_throttle(self, resume: bool = True) -> None:
-        if self._throttle is not None:
-            throttle, self._throttle = self._throttle, None
-            await throttle.stop(resume=resume)
+    def _slow_spec(self) -> str:
+        """Chaos `slow` for the workload (protocol.ENV_CHAOS_SLOW): `F@S` before it fired, `F@0`
+        after (a machine property: every later process of this machine is slow from its start)."""
+        if self._slow is not None:
+            return f"{self._slow}@0"
+        pending = [f for f in self.faults if f.kind is FaultKind.SLOW]
+        return f"{pending[0].factor}@{pending[0].step}" if pending else ""
 
     async def _prestart_standby(self) -> None:
         """Start the next generation's process now, while this one trains (spec.workload.standby)."""
@@ -720,10 +720,9 @@ class HostSupervisor:
             if fault.kind is FaultKind.KILL:
                 self.workload.signal(signal.SIGKILL)
             elif fault.kind is FaultKind.HANG:
-                self._spawn_task(self._hang_workload(self.workload))
+                self.workload.signal(signal.SIGSTOP)
             elif fault.kind is FaultKind.SLOW:
-                self._slow = fault.factor
-                self._throttle_workload()
+                self._slow = fault.factor  # the SDK applies it (protocol.ENV_CHAOS_SLOW)
             elif fault.kind is FaultKind.CORRUPT:
                 corrupted = self.tiers.corrupt_newest()
                 chaos["detail"] = (
@@ -736,23 +735,6 @@ class HostSupervisor:
                 continue
             self._log({"source": "chaos", **chaos})
             self._spawn_task(self._report(chaos))
-
-    def _throttle_workload(self) -> None:
-        """Chaos `slow`: duty-cycle this machine's workload (every new process of it, too).
-
-        The cycle is a third of a typical step, from 50 to 200 ms: short cycles lose
-        precision on a busy machine, where a stopped process gets some CPU back after each stop."""
-        if self._slow is None or self.workload is None:
-            return
-        typical = self.detector.typical_step_seconds or 0.15
-        period = min(0.2, max(0.05, typical / 3))
-        self._throttle = Throttle(self.workload.pid, self._slow, period=period)
-        self._throttle.start()
-
-    async def _hang_workload(self, workload: WorkloadProcess) -> None:
-        """Chaos `hang`: stopped for good (a slow machine's throttle must not wake it up again)."""
-        await self._stop_throttle(resume=False)
-        workload.signal(signal.SIGSTOP)
 
     async def _lose_machine(self, chaos: dict[str, Any]) -> None:
         """Chaos `lose`: this machine is gone for good, processes and disk; the leader sees it vanish."""

@@ -111,8 +111,9 @@ class Remediation:
             return decision
 
     # --- stragglers ----------------------------------------------------------------------------
-    def observe(self, host: int, step: int, work: float | None, machine: str) -> list[Finding]:
-        """A host's own work in a step; returns the hosts newly found straggling."""
+    def observe(self, host: int, step: int, work: float | None, machines: dict[int, str]) -> list[Finding]:
+        """A host's own work in a step; returns the hosts newly found straggling (`machines`: which
+        machine serves each host, for the report)."""
         findings = [f for f in self.detector.observe(host, step, work) if f.host not in self._flagged]
         for finding in findings:
             self._flagged.add(finding.host)
@@ -122,7 +123,7 @@ class Remediation:
                     "score": round(finding.score, 3),
                     "step": finding.step,
                     "t": time.time(),
-                    "machine": machine,
+                    "machine": machines.get(finding.host, ""),
                 }
             )
         return findings

@@ -41,6 +41,8 @@ class HostIdentity:
     checkpoint_interval: int
     checkpoint_keep: int
     compilation_cache: str | None
+    slow: tuple[float, int] | None = None
+    """Chaos `slow` on this machine: (factor, first step); see protocol.ENV_CHAOS_SLOW."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> HostIdentity:
@@ -62,7 +64,16 @@ class HostIdentity:
             checkpoint_interval=int(env.get(protocol.ENV_CHECKPOINT_INTERVAL, "10")),
             checkpoint_keep=int(env.get(protocol.ENV_CHECKPOINT_KEEP, "3")),
             compilation_cache=env.get(protocol.ENV_COMPILATION_CACHE) or None,
+            slow=_slow(env.get(protocol.ENV_CHAOS_SLOW, "")),
         )
+
+
+def _slow(spec: str) -> tuple[float, int] | None:
+    """`F@S` (chaos `slow`, set by the supervisor) as (factor, first step); None when not slowed."""
+    if not spec:
+        return None
+    factor, _, step = spec.partition("@")
+    return float(factor), int(step or 0)
 
 
 @dataclass
@@ -76,6 +87,8 @@ class StepRecord:
     """Seconds of this host's own work in the step, set by `work_done()`."""
     began: float = field(default_factory=time.monotonic)
     """`time.monotonic()` when the step began."""
+    slow_factor: float = 1.0
+    """Chaos `slow`: `work_done()` stretches the step's own work this many times."""
 
     def work_done(self) -> None:
         """Mark the end of this host's own computation for the step.
@@ -88,6 +101,8 @@ class StepRecord:
         slow host is singled out rather than its waiting peers. A step without the call carries
         no `work`; the latest call counts when there are several.
         """
+        if self.slow_factor > 1.0:
+            time.sleep((self.slow_factor - 1.0) * (time.monotonic() - self.began))
         self.work = time.monotonic() - self.began
 
 
@@ -144,7 +159,9 @@ class Session:
         Call `record.work_done()` where the host's own work ends and the wait for the other hosts
         begins (see StepRecord.work_done).
         """
-        record = StepRecord(step, began=time.monotonic())
+        slow = self.identity.slow
+        factor = slow[0] if slow is not None and step >= slow[1] else 1.0
+        record = StepRecord(step, began=time.monotonic(), slow_factor=factor)
         self._send(Event.STEP_BEGIN, step=step)
         yield record
         fields: dict[str, Any] = {"loss": record.loss, **record.extra}

@@ -470,3 +470,26 @@ def test_a_standby_blocks_in_connect_until_go_and_takes_that_generation(tmp_path
     assert received[1]["type"] == "hello" and received[1]["generation"] == 3
     session.close()
     server.close()
+
+
+def test_chaos_slow_stretches_the_own_work_of_each_step_from_its_first_step_on(monkeypatch):
+    clock = iter([10.0, 10.5, 10.5 + 1.0]).__next__  # begin, work done (0.5 s), after the stretch
+    slept: list[float] = []
+    monkeypatch.setattr(sdk.time, "monotonic", clock)
+    monkeypatch.setattr(sdk.time, "sleep", slept.append)
+    identity = HostIdentity.from_env({protocol.ENV_CHAOS_SLOW: "3.0@30"})
+    assert identity.slow == (3.0, 30)
+    session = Session(identity, None)
+    with session.step(30) as record:
+        record.work_done()
+    assert slept == [pytest.approx(1.0)]  # (3 - 1) x 0.5 s
+    assert record.work == pytest.approx(1.5)
+
+
+def test_steps_before_the_slowdown_and_unslowed_hosts_are_not_stretched(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(sdk.time, "sleep", slept.append)
+    for env, step in (({protocol.ENV_CHAOS_SLOW: "2@30"}, 29), ({protocol.ENV_CHAOS_SLOW: ""}, 5), ({}, 5)):
+        with Session(HostIdentity.from_env(env), None).step(step) as record:
+            record.work_done()
+    assert slept == []
