@@ -48,6 +48,7 @@ test: lint typecheck layers
 bench: install
 	$(BIN)/python benchmarks/recovery.py
 	$(BIN)/python benchmarks/checkpoint.py
+	$(BIN)/python benchmarks/policy.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -75,8 +75,10 @@ from recovery import (
     Row,
     RunFailed,
     checkpoint_save_seconds,
+    finish,
     format_table,
     read_events,
+    read_run_report,
     run_once,
     say,
     slicekeeper_command,
@@ -594,12 +596,7 @@ def run_scenario(
     status, seconds, timed_out = run_once(command, log_path, args.timeout, f"  {name}:")
     report: dict[str, Any] | None = None
     try:
-        if timed_out:
-            raise RunFailed(f"timed out after {args.timeout:.0f} s (slicekeeper exited with {status})")
-        if not report_path.exists():
-            raise RunFailed(f"no report (slicekeeper exited with {status})")
-        report = json.loads(report_path.read_text())
-        assert report is not None
+        report = read_run_report(report_path, status, timed_out, args.timeout)
         figures = analyse(scenario, run, report, args.fault_step)
         if status != 0:
             raise RunFailed(f"slicekeeper exited with {status}")
@@ -723,13 +720,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"raw figures: {args.json}")
     if failures:
         say("")
-        say(f"{len(failures)} run(s) failed; their logs and reports are kept in {work}:")
-        for failure in failures:
-            say(f"  {failure}")
-        return 1
-    if not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return finish(failures, work, args.keep)
 
 
 if __name__ == "__main__":

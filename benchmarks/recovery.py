@@ -287,6 +287,28 @@ def run_once(argv: list[str], log_path: Path, timeout: float, echo_prefix: str) 
     return status, time.monotonic() - started, timed_out.is_set()
 
 
+def read_run_report(report_path: Path, status: int, timed_out: bool, timeout: float) -> dict[str, Any]:
+    """The report of one `slicekeeper run`; RunFailed when it timed out or wrote none."""
+    if timed_out:
+        raise RunFailed(f"timed out after {timeout:.0f} s (slicekeeper exited with {status})")
+    if not report_path.exists():
+        raise RunFailed(f"no report (slicekeeper exited with {status})")
+    report: dict[str, Any] = json.loads(report_path.read_text())
+    return report
+
+
+def finish(failures: list[str], work: Path, keep: bool) -> int:
+    """The exit code: failed runs listed (their files kept), else the work folder removed unless kept."""
+    if failures:
+        say(f"{len(failures)} run(s) failed; their logs and reports are kept in {work}:")
+        for failure in failures:
+            say(f"  {failure}")
+        return 1
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
 def tail(path: Path, lines: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
@@ -469,12 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         status, seconds, timed_out = run_once(command, log_path, args.timeout, f"  run {run}:")
         report: dict[str, Any] | None = None
         try:
-            if timed_out:
-                raise RunFailed(f"timed out after {args.timeout:.0f} s (slicekeeper exited with {status})")
-            if not report_path.exists():
-                raise RunFailed(f"no report (slicekeeper exited with {status})")
-            report = json.loads(report_path.read_text())
-            assert report is not None
+            report = read_run_report(report_path, status, timed_out, args.timeout)
             run_figures = analyse(run, report)
             if status != 0:
                 raise RunFailed(f"slicekeeper exited with {status}")
@@ -521,14 +538,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         say(f"raw figures: {args.json}")
-    if failures:
-        say(f"{len(failures)} run(s) failed; their logs and reports are kept in {work}:")
-        for failure in failures:
-            say(f"  {failure}")
-        return 1
-    if not keep_work:
-        shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return finish(failures, work, keep_work)
 
 
 if __name__ == "__main__":

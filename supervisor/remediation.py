@@ -9,7 +9,6 @@ found, the scale events, and an event log (`policy-events.jsonl`) of event, cont
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,9 +37,6 @@ class Remediation:
         self.decisions: list[dict[str, Any]] = []
         self.stragglers: list[dict[str, Any]] = []
         self.scale_events: list[dict[str, Any]] = []
-        self._flagged: set[int] = set()
-        """Hosts found straggling in the current world (cleared at every start)."""
-        self._lock = threading.Lock()  # decisions run in worker threads, one at a time
 
     # --- raw messages to typed events ---------------------------------------------------------
     @staticmethod
@@ -83,40 +79,39 @@ class Remediation:
     def decide(
         self, event: policy.Event, *, spares: int, idle: set[int], step: int, generation: int
     ) -> policy.Decision:
-        """Ask the policy (blocking up to its hook time limit: call it from a worker thread)."""
-        with self._lock:
-            decision, context = self.engine.decide(
-                event,
-                now=time.time(),
-                step=step,
-                generation=generation,
-                spares=spares,
-                scores=self.detector.scores(),
-                world=self.world.for_policy(idle, spares),
-                stragglers=tuple(sorted(self._flagged)),
-            )
-            self.decisions.append(
-                {
-                    "t": decision.t,
-                    "step": step,
-                    "generation": generation,
-                    "event": event.to_json(),
-                    "action": decision.action.to_json(),
-                    "source": decision.source.value,
-                    "reason": decision.reason,
-                }
-            )
-            if self.events_path is not None:
-                append_to_log(self.events_path, decision, context)
-            return decision
+        """Ask the policy (blocking up to its hook time limit: call it from a worker thread; the
+        engine takes one decision at a time)."""
+        decision, context = self.engine.decide(
+            event,
+            now=time.time(),
+            step=step,
+            generation=generation,
+            spares=spares,
+            scores=self.detector.scores(),
+            world=self.world.for_policy(idle, spares),
+            stragglers=tuple(sorted(self.detector.flagged)),
+        )
+        self.decisions.append(
+            {
+                "t": decision.t,
+                "step": step,
+                "generation": generation,
+                "event": event.to_json(),
+                "action": decision.action.to_json(),
+                "source": decision.source.value,
+                "reason": decision.reason,
+            }
+        )
+        if self.events_path is not None:
+            append_to_log(self.events_path, decision, context)
+        return decision
 
     # --- stragglers ----------------------------------------------------------------------------
     def observe(self, host: int, step: int, work: float | None, machines: dict[int, str]) -> list[Finding]:
         """A host's own work in a step; returns the hosts newly found straggling (`machines`: which
         machine serves each host, for the report)."""
-        findings = [f for f in self.detector.observe(host, step, work) if f.host not in self._flagged]
+        findings = self.detector.observe(host, step, work)  # each host once per reset
         for finding in findings:
-            self._flagged.add(finding.host)
             self.stragglers.append(
                 {
                     "host": finding.host,
@@ -130,7 +125,6 @@ class Remediation:
 
     def new_world(self) -> None:
         """A generation starts: timings of the previous world (and a replaced machine's) are void."""
-        self._flagged.clear()
         self.detector.reset(self.world.hosts)
 
     def scaled(self, kind: str, before: list[int], step: int, generation: int, reason: str) -> None:
