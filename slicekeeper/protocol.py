@@ -53,6 +53,9 @@ step F-fold in `work_done()` (a slow chip: the extra time comes before the host 
 collective). Empty or absent: not slowed."""
 ENV_DEVICES_PER_HOST: Final = "SLICEKEEPER_DEVICES_PER_HOST"
 """Local mode only: CPU devices this host process fakes."""
+ENV_OWN_WORK_CORE: Final = "SLICEKEEPER_OWN_WORK_CORE"
+"""Local mode only: the CPU core this host's own work of each step runs on, so that hosts sharing the
+machine's cores keep comparable own-work times (see slicekeeper.workload.own_work_core)."""
 
 # GKE TPU conventions (REFERENCES sec. 1), set in pods and by the local runtime alike.
 ENV_TPU_WORKER_ID: Final = "TPU_WORKER_ID"
@@ -61,6 +64,18 @@ ENV_TPU_NAME: Final = "TPU_NAME"
 ENV_MEGASCALE_NUM_SLICES: Final = "MEGASCALE_NUM_SLICES"
 ENV_MEGASCALE_SLICE_ID: Final = "MEGASCALE_SLICE_ID"
 ENV_MEGASCALE_COORDINATOR_ADDRESS: Final = "MEGASCALE_COORDINATOR_ADDRESS"
+ENV_MEGASCALE_PORT: Final = "MEGASCALE_PORT"
+
+# --- in a pod: set by the operator's pod manifest (operator/render.py) --------------------------
+ENV_CONFIG_DIR: Final = "SLICEKEEPER_CONFIG_DIR"
+"""Where the job's ConfigMap is mounted: the TrainingJob (trainingjob.yaml) and an inline policy."""
+ENV_POD_NAME: Final = "POD_NAME"
+ENV_POD_NAMESPACE: Final = "POD_NAMESPACE"
+"""The supervisor's own pod (downward API): the only object it ever writes to, to mark it."""
+SUPERVISOR_PORT: Final = 8490
+"""In a pod: the port the leader's supervisor listens on for its peers."""
+METRICS_PORT: Final = 9464
+"""In a pod: the supervisor's Prometheus endpoint."""
 
 
 class Phase(StrEnum):

@@ -351,6 +351,9 @@ class HostSupervisor:
             env[protocol.ENV_COMPILATION_CACHE] = self.plan.compilation_cache
         if self.plan.local:
             env[protocol.ENV_DEVICES_PER_HOST] = str(layout.devices_per_host)
+            cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+            if cores:  # hosts sharing the machine: each one's own work on one core
+                env[protocol.ENV_OWN_WORK_CORE] = str(cores[self.host % len(cores)])
             env["JAX_PLATFORMS"] = "cpu"
             env["XLA_FLAGS"] = (
                 env.get("XLA_FLAGS", "")

@@ -40,7 +40,9 @@ The defaults (window 12, threshold 1.3, persistence 6) were chosen on simulated 
 with lognormal noise (sigma 0.15) and occasional 3x single-step spikes: no finding in hundreds of
 healthy 1000-step runs, a 2x slowdown flagged about 10 steps after it begins, 1.5x within about 25.
 A shorter window or persistence reacts sooner and raises false alarms; noisier hosts (sigma 0.2 and
-more) want a longer window.
+more) want a longer window. The local JAX job, its own work timed in CPU seconds on each host's own
+core, has sigma 0.12-0.17; timed on the wall clock with 4 hosts sharing 2 cores it had 0.6, and
+false findings (docs/benchmarks.md, "How the signal was made to measure the host").
 """
 
 from __future__ import annotations

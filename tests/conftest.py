@@ -1,10 +1,31 @@
-"""Shared test options: real-cluster tests are opt-in (`--with-e2e` and a KUBECONFIG)."""
+"""Shared test options: real-cluster tests are opt-in (`--with-e2e` and a KUBECONFIG).
+
+Every run directory and temporary file of the session, ours and the subprocesses', goes under
+pytest's own temporary tree (TMPDIR), which pytest prunes to the last few sessions: `slicekeeper run`
+keeps its run directory for the user to read, and hundreds of test runs must not pile up in /tmp.
+"""
 
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
 
 import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    scratch = tmp_path_factory.mktemp("tmp", numbered=False)
+    saved_env, saved_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = str(scratch)
+    tempfile.tempdir = str(scratch)
+    yield
+    tempfile.tempdir = saved_dir
+    if saved_env is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved_env
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -16,8 +16,8 @@ Stdlib only: importing it costs nothing; checkpointing of JAX state lives in
 `slicekeeper.workload.jax_checkpoint` and is imported only by JAX trainers.
 """
 
-from slicekeeper.workload.sdk import HostIdentity, Session, StepRecord, connect
+from slicekeeper.workload.sdk import HostIdentity, Session, StepRecord, WorkClock, connect
 
 from slicekeeper.protocol import Phase
 
-__all__ = ["HostIdentity", "Phase", "Session", "StepRecord", "connect"]
+__all__ = ["HostIdentity", "Phase", "Session", "StepRecord", "WorkClock", "connect"]

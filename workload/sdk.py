@@ -13,7 +13,10 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
+
+from slicekeeper.workload.own_work_core import OwnWorkCore
 
 from slicekeeper import protocol
 from slicekeeper.protocol import Event, Phase
@@ -43,6 +46,8 @@ class HostIdentity:
     compilation_cache: str | None
     slow: tuple[float, int] | None = None
     """Chaos `slow` on this machine: (factor, first step); see protocol.ENV_CHAOS_SLOW."""
+    own_work_core: int | None = None
+    """Local mode: the core this host's own work runs on; see protocol.ENV_OWN_WORK_CORE."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> HostIdentity:
@@ -65,6 +70,7 @@ class HostIdentity:
             checkpoint_keep=int(env.get(protocol.ENV_CHECKPOINT_KEEP, "3")),
             compilation_cache=env.get(protocol.ENV_COMPILATION_CACHE) or None,
             slow=_slow(env.get(protocol.ENV_CHAOS_SLOW, "")),
+            own_work_core=int(core) if (core := env.get(protocol.ENV_OWN_WORK_CORE)) else None,
         )
 
 
@@ -76,6 +82,32 @@ def _slow(spec: str) -> tuple[float, int] | None:
     return float(factor), int(step or 0)
 
 
+class WorkClock(Enum):
+    """How a step's own work (`StepRecord.work_done`) is timed.
+
+    The straggler score compares own work across hosts, so the clock must measure the host's work
+    rather than its surroundings.
+    """
+
+    WALL = "wall"
+    """Seconds on `time.monotonic`: right when the host blocks on accelerators of its own (a TPU),
+    whose compute time is the wall time the host waits for it."""
+    CPU = "cpu"
+    """CPU seconds of this process (`time.process_time`, all threads): right when the devices are CPU
+    cores shared with other hosts, as in local mode, where 4 hosts on 2 cores take turns and the wall
+    time of a host's work measures the OS scheduler's choice of who runs first, not the host."""
+
+    def now(self) -> float:
+        return time.process_time() if self is WorkClock.CPU else time.monotonic()
+
+
+def _burn_cpu(seconds: float) -> None:
+    """Spend `seconds` of this process's CPU time: a slowed CPU device (chaos `slow`, CPU clock)."""
+    deadline = time.process_time() + seconds
+    while time.process_time() < deadline:
+        pass
+
+
 @dataclass
 class StepRecord:
     """Filled in by the loop inside `with session.step(n)`; sent with the step-end event."""
@@ -84,32 +116,52 @@ class StepRecord:
     loss: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     work: float | None = None
-    """Seconds of this host's own work in the step, set by `work_done()`."""
-    began: float = field(default_factory=time.monotonic)
-    """`time.monotonic()` when the step began."""
+    """Seconds of this host's own work in the step on `clock`, set by `work_done()`."""
+    clock: WorkClock = WorkClock.WALL
+    """The clock own work is timed on."""
+    began: float | None = None
+    """`clock.now()` when the step began (now, when not given)."""
     slow_factor: float = 1.0
     """Chaos `slow`: `work_done()` stretches the step's own work this many times."""
+    core: OwnWorkCore | None = None
+    """Local mode: own work runs on this core until `work_done()`."""
+
+    def __post_init__(self) -> None:
+        if self.began is None:
+            self.began = self.clock.now()
+
+    def _elapsed(self) -> float:
+        assert self.began is not None  # set by __post_init__
+        return self.clock.now() - self.began
 
     def work_done(self) -> None:
         """Mark the end of this host's own computation for the step.
 
         Call it once the step's local work is finished (blocked on), just before the host waits
         for the others in the step's cross-host collective. The step-end event then carries
-        `work`: the seconds from the step's begin to this call. The supervisor's straggler score
-        compares it across hosts: a slow host's own work grows, while the hosts that wait for it
-        in the collective keep a normal own-work time (their waiting comes after the mark), so the
-        slow host is singled out rather than its waiting peers. A step without the call carries
-        no `work`; the latest call counts when there are several.
+        `work`: the seconds from the step's begin to this call, on the step's `clock`. The
+        supervisor's straggler score compares it across hosts: a slow host's own work grows, while
+        the hosts that wait for it in the collective keep a normal own-work time (their waiting
+        comes after the mark), so the slow host is singled out rather than its waiting peers. A
+        step without the call carries no `work`; the latest call counts when there are several.
         """
         if self.slow_factor > 1.0:
-            time.sleep((self.slow_factor - 1.0) * (time.monotonic() - self.began))
-        self.work = time.monotonic() - self.began
+            extra = (self.slow_factor - 1.0) * self._elapsed()
+            if self.clock is WorkClock.CPU:
+                _burn_cpu(extra)  # a slower CPU device needs more CPU time for the same work
+            else:
+                time.sleep(extra)  # a slower accelerator keeps its host waiting longer
+        self.work = self._elapsed()
+        if self.core is not None:
+            self.core.release()  # the collective and the update run on every core
 
 
 class Session:
     def __init__(self, identity: HostIdentity, sock: socket.socket | None) -> None:
         self.identity = identity
         self._sock = sock
+        core = identity.own_work_core
+        self._core = OwnWorkCore(core) if core is not None and OwnWorkCore.supported() else None
 
     # --- identity ---------------------------------------------------------------------------
     @property
@@ -153,17 +205,23 @@ class Session:
             self._send(Event.PHASE, phase=Phase.IDLE.value)
 
     @contextlib.contextmanager
-    def step(self, step: int) -> Iterator[StepRecord]:
+    def step(self, step: int, clock: WorkClock = WorkClock.WALL) -> Iterator[StepRecord]:
         """Bracket one training step; the loop must block on the step's result inside the block.
 
         Call `record.work_done()` where the host's own work ends and the wait for the other hosts
-        begins (see StepRecord.work_done).
+        begins (see StepRecord.work_done); `clock` times that own work (see WorkClock).
         """
         slow = self.identity.slow
         factor = slow[0] if slow is not None and step >= slow[1] else 1.0
-        record = StepRecord(step, began=time.monotonic(), slow_factor=factor)
         self._send(Event.STEP_BEGIN, step=step)
-        yield record
+        if self._core is not None:
+            self._core.confine()
+        record = StepRecord(step, clock=clock, began=clock.now(), slow_factor=factor, core=self._core)
+        try:
+            yield record
+        finally:
+            if self._core is not None:
+                self._core.release()  # a loop that never calls work_done(), or one that raised
         fields: dict[str, Any] = {"loss": record.loss, **record.extra}
         if record.work is not None:
             fields["work"] = record.work

@@ -21,6 +21,7 @@ def run_example(report_path, *extra: str):
 def clean_report(tmp_path_factory):
     report = run_example(tmp_path_factory.mktemp("clean") / "clean.json")
     assert report["restarts"] == {} and report["faults"] == [] and report["params_fingerprint"]
+    assert report["stragglers"] == [] and report["decisions"] == []
     return report
 
 
@@ -28,11 +29,8 @@ def test_kill_and_hang_end_with_the_parameters_of_a_fault_free_run(tmp_path, cle
     report = run_example(tmp_path / "faulty.json", "--chaos", "kill:host=2@step=40,hang:host=0@step=80")
     assert report["params_fingerprint"] == clean_report["params_fingerprint"]
     assert report["steps_completed"] == 120
-    assert (report["restarts"]["crash"], report["restarts"]["hang"]) == (1, 1)
-    # A host wrongly found straggling on this noisy 2-core machine is replaced by the spare (the
-    # default policy): an extra restart, reported as such, that must not change the outcome.
-    assert set(report["restarts"]) <= {"crash", "hang", "straggler"}
-    assert report["restarts"].get("straggler", 0) <= len(report["stragglers"])
+    assert report["restarts"] == {"crash": 1, "hang": 1}
+    assert report["stragglers"] == []  # own work is timed on the host's own core (docs/supervisor.md)
     assert [(f["kind"], f["detected_as"]) for f in report["faults"]] == [("kill", "crash"), ("hang", "hang")]
     assert all(f["productive_at"] is not None for f in report["faults"])
     assert report["badput_seconds"]["wasted_progress"] > 0  # steps replayed after the restores

@@ -1,15 +1,18 @@
 """The workload SDK: identity from the environment, events to the supervisor as JSON lines."""
 
+import contextlib
 import json
 import os
 import socket
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from slicekeeper.workload import sdk
-from slicekeeper.workload.sdk import HostIdentity, Session, StepRecord, connect
+from slicekeeper.workload.own_work_core import OwnWorkCore
+from slicekeeper.workload.sdk import HostIdentity, Session, StepRecord, WorkClock, connect
 
 from slicekeeper import protocol
 from slicekeeper.protocol import Phase
@@ -486,6 +489,31 @@ def test_chaos_slow_stretches_the_own_work_of_each_step_from_its_first_step_on(m
     assert record.work == pytest.approx(1.5)
 
 
+def test_on_the_cpu_clock_own_work_is_cpu_time_and_a_wait_off_cpu_does_not_count():
+    session = Session(HostIdentity.from_env({}), None)
+    with session.step(1, clock=WorkClock.CPU) as record:
+        time.sleep(0.2)  # off the CPU: another host's turn on a shared core
+        record.work_done()
+    assert record.work is not None and record.work < 0.1
+    with session.step(2) as wall:
+        time.sleep(0.2)
+        wall.work_done()
+    assert wall.work is not None and wall.work >= 0.2
+
+
+def test_chaos_slow_on_the_cpu_clock_burns_cpu_time_instead_of_sleeping(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(sdk.time, "sleep", slept.append)
+    session = Session(HostIdentity.from_env({protocol.ENV_CHAOS_SLOW: "2.0@1"}), None)
+    with session.step(1, clock=WorkClock.CPU) as record:
+        deadline = time.process_time() + 0.05
+        while time.process_time() < deadline:  # 50 ms of own work on the CPU
+            pass
+        record.work_done()
+    assert slept == []
+    assert record.work is not None and record.work >= 0.1  # stretched twofold, in CPU seconds
+
+
 def test_steps_before_the_slowdown_and_unslowed_hosts_are_not_stretched(monkeypatch):
     slept: list[float] = []
     monkeypatch.setattr(sdk.time, "sleep", slept.append)
@@ -493,3 +521,44 @@ def test_steps_before_the_slowdown_and_unslowed_hosts_are_not_stretched(monkeypa
         with Session(HostIdentity.from_env(env), None).step(step) as record:
             record.work_done()
     assert slept == []
+
+
+def thread_affinities() -> set[frozenset[int]]:
+    found = set()
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            found.add(frozenset(os.sched_getaffinity(int(task))))
+    return found
+
+
+@pytest.mark.skipif(not OwnWorkCore.supported(), reason="needs Linux thread affinity")
+def test_in_local_mode_own_work_runs_on_the_hosts_core_and_the_rest_of_the_step_everywhere():
+    everywhere = frozenset(os.sched_getaffinity(0))
+    core = max(everywhere)
+    helper_ready, stop = threading.Event(), threading.Event()
+    helper = threading.Thread(target=lambda: (helper_ready.set(), stop.wait()))  # a pool thread, say
+    helper.start()
+    helper_ready.wait()
+    try:
+        session = Session(HostIdentity.from_env({protocol.ENV_OWN_WORK_CORE: str(core)}), None)
+        assert session.identity.own_work_core == core
+        with session.step(1) as record:
+            during = thread_affinities()
+            record.work_done()
+            after = thread_affinities()
+        assert during == {frozenset({core})}  # every thread, not only the caller's
+        assert after == {everywhere}
+        with pytest.raises(RuntimeError), session.step(2):
+            raise RuntimeError("the loop broke before work_done()")
+        assert thread_affinities() == {everywhere}
+    finally:
+        stop.set()
+        helper.join()
+
+
+def test_without_a_core_the_threads_are_left_alone():
+    before = thread_affinities()
+    with Session(HostIdentity.from_env({}), None).step(1) as record:
+        assert thread_affinities() == before
+        record.work_done()
+    assert Session(HostIdentity.from_env({}), None).identity.own_work_core is None
