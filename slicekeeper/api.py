@@ -173,11 +173,29 @@ class PolicyRef(Model):
         default=None,
         description="Path of a user policy file (local mode; relative to the TrainingJob file).",
     )
-    config_map: str | None = Field(default=None, description="ConfigMap holding the policy (cluster).")
+    config_map: str | None = Field(
+        default=None,
+        description="ConfigMap holding the policy as key policy.py (cluster); pods mount it.",
+    )
+    source: str | None = Field(
+        default=None,
+        description="The policy's Python source, inline; the operator stores it in the job's ConfigMap.",
+    )
     hook_timeout_seconds: PositiveFloat = Field(
         default=2.0, description="A hook running longer falls back to the default policy for that decision."
     )
     budgets: PolicyBudgets = Field(default_factory=PolicyBudgets)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PolicyRef:
+        given = [
+            name
+            for name, value in (("file", self.file), ("source", self.source), ("configMap", self.config_map))
+            if value is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(f"give the policy one way, not {' and '.join(given)}")
+        return self
 
 
 class HealthSpec(Model):
@@ -219,6 +237,12 @@ class LocalSpec(Model):
     )
 
 
+class KueueSpec(Model):
+    """Gang admission with Kueue plain-pod groups: all of the job's pods are admitted together."""
+
+    queue_name: str = Field(min_length=1, description="Kueue LocalQueue the pods are submitted to.")
+
+
 class TrainingJobSpec(Model):
     tpu: TpuSpec
     slices: PositiveInt = Field(default=1, description="Number of TPU slices (multislice over DCN).")
@@ -230,6 +254,11 @@ class TrainingJobSpec(Model):
     policy: PolicyRef = Field(default_factory=PolicyRef)
     health: HealthSpec = Field(default_factory=HealthSpec)
     local: LocalSpec = Field(default_factory=LocalSpec)
+    kueue: KueueSpec | None = Field(default=None, description="Admit the pods through Kueue (cluster).")
+    service_account_name: str = Field(
+        default="slicekeeper-supervisor",
+        description="Service account of the pods: the supervisor may mark its own pod (operator/rbac.yaml).",
+    )
 
     @model_validator(mode="after")
     def _min_slices_fit(self) -> TrainingJobSpec:

@@ -1,5 +1,5 @@
-"""The `slicekeeper` command line: `run` a job locally, `policy replay` a policy on an event log,
-`crd` to print the generated CRD.
+"""The `slicekeeper` command line: `run` a job locally, `render` its cluster manifests, `policy replay`
+a policy on an event log, `crd` to print the generated CRD.
 
 User errors (a bad file, a bad field, a bad flag) print one clear message and exit 2; a job that
 fails exits 1; success exits 0. The CLI is the one core module that dispatches to the runtimes.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,11 +63,31 @@ def _with_checked_policy(job: TrainingJob, *, job_file: Path, policy: Path | Non
         path: Path | None = policy.resolve()
     elif job.spec.policy.file is not None:
         path = (job_file.parent / job.spec.policy.file).resolve()
+    elif job.spec.policy.source is not None:  # inline: a file of its own, for the supervisors to read
+        path = Path(tempfile.mkdtemp(prefix="slicekeeper-policy-")) / "policy.py"
+        path.write_text(job.spec.policy.source, encoding="utf-8")
     else:
         path = None
-    ref = job.spec.policy.model_copy(update={"file": str(path) if path else None})
+    ref = job.spec.policy.model_copy(update={"file": str(path) if path else None, "source": None})
     PolicyEngine.from_spec(ref)  # raises UserError for a file that cannot work
     return job.model_copy(update={"spec": job.spec.model_copy(update={"policy": ref})})
+
+
+def _render(args: argparse.Namespace) -> int:
+    from slicekeeper.operator.render import manifests, render, yaml_documents
+
+    job = load_training_job(args.file)
+    checked = _with_checked_policy(job, job_file=args.file, policy=args.policy)
+    file = checked.spec.policy.file
+    source = Path(file).read_text(encoding="utf-8") if file is not None else None
+    if source is not None:  # the pods read the policy from the job's ConfigMap
+        policy = job.spec.policy.model_copy(update={"file": None, "source": None})
+        job = job.model_copy(update={"spec": job.spec.model_copy(update={"policy": policy})})
+    rendered = render(job, source)
+    if args.slices is not None and not set(args.slices) <= set(range(rendered.layout.slices)):
+        raise UserError(f"--slices: the job has slices 0..{rendered.layout.slices - 1}, not {args.slices}")
+    sys.stdout.write(yaml_documents(manifests(rendered, args.slices)))
+    return 0
 
 
 def _policy_replay(args: argparse.Namespace) -> int:
@@ -105,6 +126,16 @@ def _at_least(minimum: int) -> Callable[[str], int]:
 _positive, _whole = _at_least(1), _at_least(0)
 
 
+def _slice_list(text: str) -> list[int]:
+    try:
+        slices = sorted({int(part) for part in text.split(",")})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected slice numbers like 0,2, not {text!r}") from None
+    if not slices or slices[0] < 0:
+        raise argparse.ArgumentTypeError(f"expected slice numbers like 0,2, not {text!r}")
+    return slices
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="slicekeeper", description="Keep sharded TPU training jobs productive."
@@ -141,6 +172,19 @@ def parser() -> argparse.ArgumentParser:
     replay.add_argument("events", type=Path, help="event log (policy-events.jsonl, next to the report)")
     replay.add_argument("--policy", type=Path, help="policy file (default: the default policy)")
     replay.set_defaults(handler=_policy_replay)
+    render = commands.add_parser(
+        "render", help="print every manifest the operator would create for a TrainingJob (no cluster)"
+    )
+    render.add_argument("file", type=Path, help="TrainingJob YAML")
+    render.add_argument(
+        "--slices",
+        type=_slice_list,
+        help="only these slices' pods, e.g. 0,2 (default: every slice; as after a scale-down)",
+    )
+    render.add_argument(
+        "--policy", type=Path, help="policy file to store in the ConfigMap (overrides spec.policy)"
+    )
+    render.set_defaults(handler=_render)
     crd = commands.add_parser("crd", help="print the TrainingJob CustomResourceDefinition")
     crd.set_defaults(handler=_crd)
     return top

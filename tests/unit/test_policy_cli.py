@@ -92,6 +92,20 @@ def test_run_reads_spec_policy_file_relative_to_the_job_file(tmp_path, monkeypat
     assert checked.spec.policy.file == str(job_file.parent / "policies" / "mine.py")
 
 
+def test_an_inline_policy_source_becomes_a_checked_file_for_the_supervisors(tmp_path):
+    job, job_file = _job_with_policy_file(tmp_path, None)
+    policy = job.spec.policy.model_copy(update={"source": NO_HOT_SWAP.read_text()})
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={"policy": policy})})
+    checked = cli._with_checked_policy(job, job_file=job_file, policy=None)
+    assert checked.spec.policy.source is None and checked.spec.policy.file is not None
+    assert Path(checked.spec.policy.file).read_text() == NO_HOT_SWAP.read_text()
+
+    broken = policy.model_copy(update={"source": "def on_crash(event):\n    return None\n"})
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={"policy": broken})})
+    with pytest.raises(UserError, match="on_crash"):
+        cli._with_checked_policy(job, job_file=job_file, policy=None)
+
+
 def test_run_without_a_policy_keeps_the_default(tmp_path):
     job, job_file = _job_with_policy_file(tmp_path, None)
     assert cli._with_checked_policy(job, job_file=job_file, policy=None).spec.policy.file is None

@@ -314,8 +314,25 @@ def test_policy_settings_round_trip_in_camel_case_and_a_partial_budget_keeps_its
             lambda d: d["spec"].update(policy={"budgets": {"hotSwap": {"max": 1}}}),
             "spec.policy.budgets.hotSwap: unknown field",
         ),
+        (
+            lambda d: d["spec"].update(policy={"file": "p.py", "configMap": "p"}),
+            "spec.policy: give the policy one way, not file and configMap",
+        ),
+        (
+            lambda d: d["spec"].update(kueue={"queueName": ""}),
+            "spec.kueue.queueName: String should have at least 1 character",
+        ),
     ],
-    ids=["min-above-slices", "min-zero", "timeout-zero", "negative-max", "window-zero", "unknown-level"],
+    ids=[
+        "min-above-slices",
+        "min-zero",
+        "timeout-zero",
+        "negative-max",
+        "window-zero",
+        "unknown-level",
+        "two-sources",
+        "empty-queue",
+    ],
 )
 def test_bad_policy_or_min_slices_settings_name_the_field(mutate, expected):
     document = example()

@@ -1,0 +1,276 @@
+"""What a TrainingJob becomes in a cluster: one pure function for the operator and `slicekeeper render`.
+
+Children of a job named J (REFERENCES sec. 1 for the TPU conventions):
+
+- a headless Service J (`clusterIP: None`, `publishNotReadyAddresses`), which gives every pod the DNS
+  name `<hostname>.J` before it is ready, as JAX's coordinator discovery needs;
+- a ConfigMap J-slicekeeper holding the validated TrainingJob (`trainingjob.yaml`) and the inline
+  policy (`policy.py`), mounted in every pod at /etc/slicekeeper for the supervisor;
+- one pod per TPU host per slice, named `J-s<slice>-w<worker>`, with the TPU node selector, the
+  `google.com/tpu` limit and toleration, hostname and subdomain, the TPU_* and MEGASCALE_* worker
+  environment (GKE sets these only for Indexed Jobs and JobSets, never for bare pods), slice
+  affinity on the node pool, optional Kueue pod-group labels, `restartPolicy: Never`, and the
+  supervisor as the container entrypoint wrapping the user's command.
+
+Manifests are plain dicts in the API's JSON shape: a 25,000-host job renders one pod at a time
+(`pods()` is a generator), and nothing here talks to a cluster. Owner references need the live
+object's uid, so the operator adds them (`kopf.adopt`) and `render` leaves them out.
+
+The pod environment is the job's full, static identity. After a scale-down the supervisor tells its
+workload the smaller world (rank, world size, MEGASCALE_* of the slices taking part) when it starts
+each generation, so a surviving pod is never re-created to change its environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from slicekeeper import protocol
+from slicekeeper.api import TrainingJob, dump_training_job
+from slicekeeper.topology import HostId, JobLayout, cluster_layout
+
+Manifest = dict[str, Any]
+
+GROUP = "slicekeeper.dev"
+LABEL_JOB = f"{GROUP}/job"
+LABEL_SLICE = f"{GROUP}/slice"
+LABEL_WORKER = f"{GROUP}/worker"
+LABEL_HOST = f"{GROUP}/host"
+"""The host's index in the full job (slice x hosts per slice + worker): its shard, for life."""
+
+NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
+ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
+TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+TPU_RESOURCE = "google.com/tpu"
+
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+KUEUE_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+
+CONFIG_DIR = "/etc/slicekeeper"
+CONFIG_JOB_KEY = "trainingjob.yaml"
+CONFIG_POLICY_KEY = "policy.py"
+USER_POLICY_DIR = f"{CONFIG_DIR}/user-policy"
+"""Where a user's policy ConfigMap (`spec.policy.configMap`, key policy.py) is mounted."""
+CONTAINER = "training"
+
+PORTS = {
+    "tpu-runtime": 8471,
+    "jax-coord": 8476,
+    "megascale": 8080,
+    "sk-coord": protocol.SUPERVISOR_PORT,
+    "metrics": protocol.METRICS_PORT,
+}
+"""Container ports: the TPU runtime's, JAX's coordinator, megascale (DCN), the supervisors' own
+coordination (the leader listens there) and their Prometheus endpoint."""
+
+
+def pod_name(job_name: str, slice_index: int, worker: int) -> str:
+    return f"{job_name}-s{slice_index}-w{worker}"
+
+
+def config_map_name(job_name: str) -> str:
+    return f"{job_name}-slicekeeper"
+
+
+@dataclass(frozen=True)
+class RenderedJob:
+    """The children of one TrainingJob; `pods()` yields them one at a time."""
+
+    job: TrainingJob
+    layout: JobLayout
+    policy_source: str | None
+    """The policy's Python source, stored in the ConfigMap; None for the default policy or a
+    user ConfigMap (`spec.policy.configMap`), which pods mount as it is."""
+
+    @property
+    def name(self) -> str:
+        return self.job.metadata.name
+
+    @property
+    def namespace(self) -> str | None:
+        return self.job.metadata.namespace
+
+    def _metadata(self, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"name": name, "labels": {LABEL_JOB: self.name, **(labels or {})}}
+        if self.namespace:
+            metadata["namespace"] = self.namespace
+        return metadata
+
+    def service(self) -> Manifest:
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": self._metadata(self.name),
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": {LABEL_JOB: self.name},
+                "ports": [{"name": name, "port": port} for name, port in PORTS.items()],
+            },
+        }
+
+    def config_map(self) -> Manifest:
+        job = dump_training_job(self.job)
+        job.pop("status", None)
+        if self.policy_source is not None:  # the supervisors read it from policy.py, next to the job
+            for key in ("file", "source"):
+                job["spec"]["policy"].pop(key, None)
+        data = {CONFIG_JOB_KEY: yaml.safe_dump(job, sort_keys=False)}
+        if self.policy_source is not None:
+            data[CONFIG_POLICY_KEY] = self.policy_source
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": self._metadata(config_map_name(self.name)),
+            "data": data,
+        }
+
+    def pods(self, slices: Iterable[int] | None = None) -> Iterator[Manifest]:
+        """The pods of `slices` (default: every slice of the job), slice by slice, worker by worker."""
+        for slice_index in range(self.layout.slices) if slices is None else sorted(slices):
+            if not 0 <= slice_index < self.layout.slices:
+                raise ValueError(f"slice {slice_index} outside 0..{self.layout.slices - 1}")
+            for worker in range(self.layout.hosts_per_slice):
+                yield self.pod(self.layout.host(slice_index * self.layout.hosts_per_slice + worker))
+
+    def pod(self, host: HostId) -> Manifest:
+        spec = self.job.spec
+        shape = self.job.slice_shape
+        name = pod_name(self.name, host.slice, host.worker)
+        labels = {LABEL_SLICE: str(host.slice), LABEL_WORKER: str(host.worker), LABEL_HOST: str(host.index)}
+        metadata = self._metadata(name, labels)
+        if spec.kueue is not None:
+            metadata["labels"][KUEUE_QUEUE_LABEL] = spec.kueue.queue_name
+            metadata["labels"][KUEUE_GROUP_LABEL] = self.name
+            metadata["annotations"] = {KUEUE_COUNT_ANNOTATION: str(self.layout.hosts)}
+        chips = str(shape.chips_per_host)
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": metadata,
+            "spec": {
+                "hostname": name,
+                "subdomain": self.name,
+                "restartPolicy": "Never",
+                "serviceAccountName": spec.service_account_name,
+                "nodeSelector": {ACCELERATOR_LABEL: shape.accelerator, TOPOLOGY_LABEL: shape.topology},
+                "tolerations": [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+                "affinity": self._slice_affinity(host.slice),
+                "containers": [
+                    {
+                        "name": CONTAINER,
+                        "image": spec.workload.image,
+                        "command": ["python", "-m", "slicekeeper.supervisor", "--in-pod", "--"],
+                        "args": [*spec.workload.command, *spec.workload.args],
+                        "env": self._env(host),
+                        "ports": [{"name": n, "containerPort": p} for n, p in PORTS.items()],
+                        "resources": {"limits": {TPU_RESOURCE: chips}, "requests": {TPU_RESOURCE: chips}},
+                        "volumeMounts": [
+                            {"name": "slicekeeper-config", "mountPath": CONFIG_DIR, "readOnly": True},
+                            {"name": "local-checkpoints", "mountPath": spec.checkpoint.local_dir},
+                            *self._policy_mount(),
+                        ],
+                    }
+                ],
+                "volumes": [
+                    {"name": "slicekeeper-config", "configMap": {"name": config_map_name(self.name)}},
+                    *self._policy_volume(),
+                    {"name": "local-checkpoints", "emptyDir": {"medium": "Memory"}},
+                ],
+            },
+        }
+
+    def _slice_affinity(self, slice_index: int) -> dict[str, Any]:
+        """A slice's pods share one node pool (a multi-host slice is one); other slices keep off it."""
+        same_slice = {"matchLabels": {LABEL_JOB: self.name, LABEL_SLICE: str(slice_index)}}
+        other_slices = {
+            "matchLabels": {LABEL_JOB: self.name},
+            "matchExpressions": [{"key": LABEL_SLICE, "operator": "NotIn", "values": [str(slice_index)]}],
+        }
+        return {
+            "podAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": same_slice, "topologyKey": NODE_POOL_LABEL}
+                ]
+            },
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": other_slices, "topologyKey": NODE_POOL_LABEL}
+                ]
+            },
+        }
+
+    def _policy_mount(self) -> list[dict[str, Any]]:
+        if not self._policy_volume():
+            return []
+        return [{"name": "policy", "mountPath": USER_POLICY_DIR, "readOnly": True}]
+
+    def _policy_volume(self) -> list[dict[str, Any]]:
+        user_map = self.job.spec.policy.config_map
+        if user_map is None or self.policy_source is not None:
+            return []
+        return [{"name": "policy", "configMap": {"name": user_map}}]
+
+    def _env(self, host: HostId) -> list[dict[str, Any]]:
+        layout, spec = self.layout, self.job.spec
+        fqdn = f"{{}}.{self.name}"
+        env = {
+            protocol.ENV_TPU_WORKER_ID: str(host.worker),
+            protocol.ENV_TPU_WORKER_HOSTNAMES: ",".join(
+                fqdn.format(h) for h in layout.slice_hostnames(host.slice)
+            ),
+            protocol.ENV_TPU_NAME: f"{self.name}-s{host.slice}",
+            protocol.ENV_HOST: str(host.index),
+            protocol.ENV_CONFIG_DIR: CONFIG_DIR,
+        }
+        if layout.slices > 1:
+            env |= {
+                protocol.ENV_MEGASCALE_NUM_SLICES: str(layout.slices),
+                protocol.ENV_MEGASCALE_SLICE_ID: str(host.slice),
+                protocol.ENV_MEGASCALE_COORDINATOR_ADDRESS: fqdn.format(pod_name(self.name, 0, 0)),
+                protocol.ENV_MEGASCALE_PORT: str(PORTS["megascale"]),
+            }
+        listed = [{"name": key, "value": value} for key, value in env.items()]
+        downward = [
+            {"name": protocol.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {
+                "name": protocol.ENV_POD_NAMESPACE,
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+            },
+        ]
+        user = [{"name": e.name, "value": e.value} for e in spec.workload.env if e.name not in env]
+        return listed + downward + user
+
+
+class _ManifestDumper(yaml.SafeDumper):
+    """Multi-line strings (the ConfigMap's files) as literal blocks, readable as they are."""
+
+
+def _string(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_ManifestDumper.add_representer(str, _string)
+
+
+def yaml_documents(documents: Iterable[Manifest]) -> str:
+    """Manifests as one multi-document YAML stream, as `kubectl apply -f` reads them."""
+    return yaml.dump_all(documents, Dumper=_ManifestDumper, sort_keys=False, explicit_start=True)
+
+
+def render(job: TrainingJob, policy_source: str | None = None) -> RenderedJob:
+    """The children of `job` in its cluster shape (every host a pod; `spec.local` is ignored)."""
+    return RenderedJob(job, cluster_layout(job), policy_source)
+
+
+def manifests(rendered: RenderedJob, slices: Iterable[int] | None = None) -> Iterator[Manifest]:
+    """Every child, in the order to create them: Service, ConfigMap, then the pods."""
+    yield rendered.service()
+    yield rendered.config_map()
+    yield from rendered.pods(slices)

@@ -1,0 +1,59 @@
+"""The RBAC the operator and the supervisors run with: valid objects, and no more than they need."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import yaml
+from slicekeeper.operator.render import manifests, render
+
+from slicekeeper.api import load_training_job
+from tests.helpers import ROOT
+
+RBAC = ROOT / "operator" / "manifests" / "rbac.yaml"
+PLURALS = {"Service": "services", "ConfigMap": "configmaps", "Pod": "pods"}
+
+
+def documents() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
+
+
+def rules_of(kind: str, name: str) -> list[dict[str, Any]]:
+    return next(d["rules"] for d in documents() if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def allows(rules: list[dict[str, Any]], resource: str, verb: str, group: str = "") -> bool:
+    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules)
+
+
+def test_every_rbac_object_is_valid():
+    kinds = [d["kind"] for d in documents()]
+    assert kinds.count("ServiceAccount") == 2 and "ClusterRole" in kinds and "Role" in kinds
+    for document in documents():
+        kubernetes_validate.validate(document, "1.31", strict=True)
+
+
+def test_the_supervisor_may_only_read_and_mark_pods():
+    rules = rules_of("Role", "slicekeeper-supervisor")
+    granted = {(resource, verb) for r in rules for resource in r["resources"] for verb in r["verbs"]}
+    assert granted == {("pods", "get"), ("pods", "patch"), ("pods/status", "get"), ("pods/status", "patch")}
+    assert all(r["apiGroups"] == [""] for r in rules)
+
+
+def test_the_pods_run_as_the_supervisors_service_account():
+    pod = next(render(load_training_job(ROOT / "examples" / "trainingjob.yaml")).pods())
+    binding = next(d for d in documents() if d["kind"] == "RoleBinding")
+    assert binding["subjects"][0]["name"] == pod["spec"]["serviceAccountName"]
+
+
+def test_the_operator_may_create_and_delete_every_child_it_renders_and_never_touches_secrets():
+    rules = rules_of("ClusterRole", "slicekeeper-operator")
+    children = {
+        d["kind"] for d in manifests(render(load_training_job(ROOT / "examples" / "trainingjob.yaml")))
+    }
+    for kind in children:
+        assert allows(rules, PLURALS[kind], "create") and allows(rules, PLURALS[kind], "delete"), kind
+    assert allows(rules, "trainingjobs/status", "patch", "slicekeeper.dev")
+    assert not allows(rules, "nodes", "patch") and not allows(rules, "nodes", "delete")
+    assert not any("secrets" in r["resources"] or "*" in r["resources"] or "*" in r["verbs"] for r in rules)
