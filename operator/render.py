@@ -51,11 +51,10 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 
-CONFIG_DIR = "/etc/slicekeeper"
-CONFIG_JOB_KEY = "trainingjob.yaml"
-CONFIG_POLICY_KEY = "policy.py"
-USER_POLICY_DIR = f"{CONFIG_DIR}/user-policy"
-"""Where a user's policy ConfigMap (`spec.policy.configMap`, key policy.py) is mounted."""
+CONFIG_DIR = protocol.CONFIG_DIR
+CONFIG_JOB_KEY = protocol.CONFIG_JOB_FILE
+CONFIG_POLICY_KEY = protocol.CONFIG_POLICY_FILE
+USER_POLICY_DIR = f"{CONFIG_DIR}/{protocol.CONFIG_USER_POLICY_DIR}"
 CONTAINER = "training"
 
 PORTS = {

@@ -1,5 +1,5 @@
-"""The `slicekeeper` command line: `run` a job locally, `render` its cluster manifests, `policy replay`
-a policy on an event log, `crd` to print the generated CRD.
+"""The `slicekeeper` command line: `run` a job locally, `render` its cluster manifests, `operator` to
+run the Kubernetes operator, `policy replay` a policy on an event log, `crd` to print the CRD.
 
 User errors (a bad file, a bad field, a bad flag) print one clear message and exit 2; a job that
 fails exits 1; success exits 0. The CLI is the one core module that dispatches to the runtimes.
@@ -101,6 +101,16 @@ def _policy_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _operator(args: argparse.Namespace) -> int:
+    try:
+        from slicekeeper.operator.main import run
+    except ImportError as error:
+        raise UserError(
+            f"the operator needs its extra: pip install 'slicekeeper[operator]' ({error})"
+        ) from None
+    return run(args.namespace, args.server, args.liveness)
+
+
 def _crd(args: argparse.Namespace) -> int:
     from slicekeeper.crd import render_crd_yaml
 
@@ -185,6 +195,22 @@ def parser() -> argparse.ArgumentParser:
         "--policy", type=Path, help="policy file to store in the ConfigMap (overrides spec.policy)"
     )
     render.set_defaults(handler=_render)
+    operator = commands.add_parser(
+        "operator", help="run the Kubernetes operator (TrainingJobs to TPU slice pods; docs/operator.md)"
+    )
+    operator.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="serve only this namespace (repeatable; default: all)",
+    )
+    operator.add_argument(
+        "--server", help="API server URL (default: the service account, else the kubeconfig)"
+    )
+    operator.add_argument(
+        "--liveness", default="http://0.0.0.0:8080/healthz", help="kopf's liveness endpoint for the probe"
+    )
+    operator.set_defaults(handler=_operator)
     crd = commands.add_parser("crd", help="print the TrainingJob CustomResourceDefinition")
     crd.set_defaults(handler=_crd)
     return top

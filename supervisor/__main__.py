@@ -1,15 +1,38 @@
-"""`python -m slicekeeper.supervisor --plan plan.json --host N | --spare N`: one machine's supervisor."""
+"""One machine's supervisor.
+
+- `python -m slicekeeper.supervisor --plan plan.json --host N | --spare N`: local mode (the local
+  runtime writes the plan and starts one per host process);
+- `python -m slicekeeper.supervisor --in-pod -- COMMAND...`: a TPU pod's entrypoint; its plan comes from
+  the pod's environment and the job's ConfigMap (supervisor/pod_plan.py), COMMAND is the workload.
+"""
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 
 from slicekeeper.supervisor.host import HostSupervisor
 from slicekeeper.supervisor.plan import JobPlan
+from slicekeeper.supervisor.pod_plan import pod_plan
+
+from slicekeeper.errors import UserError
+
+
+def in_pod(command: list[str]) -> int:
+    try:
+        plan, host = pod_plan(os.environ, command)
+    except UserError as error:
+        print(f"slicekeeper supervisor: {error}", file=sys.stderr)
+        return error.exit_code
+    return asyncio.run(HostSupervisor(plan, f"host-{host}", host).run())
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--in-pod"]:
+        rest = argv[1:]
+        return in_pod(rest[1:] if rest[:1] == ["--"] else rest)
     parser = argparse.ArgumentParser(prog="python -m slicekeeper.supervisor")
     parser.add_argument("--plan", required=True, type=Path, help="the job plan (plan.json)")
     role = parser.add_mutually_exclusive_group(required=True)

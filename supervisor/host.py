@@ -158,7 +158,10 @@ class HostSupervisor:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._terminate, f"received {signum.name}")
-        metrics_port = self.metrics.serve(self.plan.metrics_port + self.host if self.plan.metrics_port else 0)
+        port = self.plan.metrics_port
+        if port and self.plan.local:
+            port += self.host  # local hosts share the machine: host i on port + i; pods each have theirs
+        metrics_port = self.metrics.serve(port)
         with contextlib.suppress(FileNotFoundError):
             self._socket_path.unlink()
         sdk_server = await asyncio.start_unix_server(self._sdk_connection, path=str(self._socket_path))
@@ -181,7 +184,7 @@ class HostSupervisor:
                 engine=PolicyEngine.from_spec(self.job.spec.policy),
                 events_path=Path(self.plan.run_dir) / "policy-events.jsonl",
             )
-            await self._leader.serve(leader_host, int(leader_port))
+            await self._leader.serve(leader_host if self.plan.local else "0.0.0.0", int(leader_port))
             publisher = self._spawn_task(self._leader.publish_status())
         reader, self._leader_writer = await self._connect_leader(leader_host, int(leader_port))
         hello = {"metrics_port": metrics_port, "pid": os.getpid(), "machine": self.machine}
@@ -214,7 +217,8 @@ class HostSupervisor:
     def _coordinator_address(self, generation: int) -> str:
         if self.plan.local:
             return f"127.0.0.1:{free_port()}"
-        return f"{self.layout.hostname(self.layout.host(0))}:8476"
+        # JAX's coordinator runs in rank 0's workload; peers reach it through the headless Service.
+        return f"{self.layout.hostname(self.layout.host(0))}.{self.layout.job_name}:8476"
 
     async def _connect_leader(
         self, host: str, port: int
@@ -319,6 +323,24 @@ class HostSupervisor:
                 self._exit_code = 1
                 return
 
+    def _reachable(self, hostnames: list[str]) -> list[str]:
+        """Host names as the workload can reach them: in a pod, through the job's headless Service."""
+        return hostnames if self.plan.local else [f"{name}.{self.layout.job_name}" for name in hostnames]
+
+    def _megascale_env(self) -> dict[str, str]:
+        """The multislice variables of this generation's world: after a scale-down, the slices taking
+        part are numbered 0..n-1 again, so the pods keep their static environment."""
+        layout = self.layout
+        slices = sorted({layout.host(h).slice for h in self._world} | {self.identity.slice})
+        env = {
+            protocol.ENV_MEGASCALE_NUM_SLICES: str(len(slices)),
+            protocol.ENV_MEGASCALE_SLICE_ID: str(slices.index(self.identity.slice)),
+        }
+        if not self.plan.local:  # locally JAX is given its coordinator; the names would not resolve
+            first = layout.hostname(layout.host(self._world[0] if self._world else 0))
+            env[protocol.ENV_MEGASCALE_COORDINATOR_ADDRESS] = self._reachable([first])[0]
+        return env
+
     def _workload_env(self, generation: int, coordinator: str, restore_step: int | None) -> dict[str, str]:
         spec = self.job.spec
         layout, ident = self.layout, self.identity
@@ -341,10 +363,11 @@ class HostSupervisor:
                 protocol.ENV_CHECKPOINT_INTERVAL: str(spec.checkpoint.interval),
                 protocol.ENV_CHECKPOINT_KEEP: str(spec.checkpoint.max_to_keep),
                 protocol.ENV_TPU_WORKER_ID: str(ident.worker),
-                protocol.ENV_TPU_WORKER_HOSTNAMES: ",".join(layout.slice_hostnames(ident.slice)),
+                protocol.ENV_TPU_WORKER_HOSTNAMES: ",".join(
+                    self._reachable(layout.slice_hostnames(ident.slice))
+                ),
                 protocol.ENV_TPU_NAME: f"{layout.job_name}-s{ident.slice}",
-                protocol.ENV_MEGASCALE_NUM_SLICES: str(layout.slices),
-                protocol.ENV_MEGASCALE_SLICE_ID: str(ident.slice),
+                **self._megascale_env(),
             }
         )
         if self.plan.compilation_cache:
@@ -415,6 +438,7 @@ class HostSupervisor:
                 protocol.ENV_RESTORE_STEP: "" if restore_step is None else str(restore_step),
                 protocol.ENV_NUM_HOSTS: str(len(self._world)),  # the world may have changed since
                 protocol.ENV_PROCESS_ID: str(self._rank),
+                **self._megascale_env(),
                 protocol.ENV_CHAOS_SLOW: self._slow_spec(),
             }
             await send(standby.writer, {"type": protocol.GO, "env": go_env})

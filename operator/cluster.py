@@ -1,0 +1,138 @@
+"""The operator's access to the API server: the official client, with retries and idempotent creates.
+
+Every write the operator makes goes through here, so that the rules hold everywhere:
+
+- a create that finds the object already there (409 Conflict) is success: handlers are retried and
+  the operator may restart in the middle of a reconciliation, so creating twice must be harmless;
+- 429 and 5xx answers are retried with exponential backoff by the client's own urllib3 retry policy
+  (`retry_policy`); what still fails reaches kopf, which retries the handler later;
+- a delete of an object already gone (404) is success too.
+
+`writes` counts the write requests made, for the scale benchmark's "API writes per hot-swap".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import kubernetes
+import urllib3
+from slicekeeper.operator.render import GROUP, LABEL_JOB, Manifest
+
+VERSION = "v1alpha1"
+PLURAL = "trainingjobs"
+
+RETRIED_STATUSES = (429, 500, 502, 503, 504)
+
+
+def _done_unless(call: Callable[[], object], already: int) -> bool:
+    """Make the call; False when the server answers `already` (409: it exists, 404: it is gone)."""
+    try:
+        call()
+    except kubernetes.client.ApiException as error:
+        if error.status == already:
+            return False
+        raise
+    return True
+
+
+def retry_policy() -> urllib3.Retry:
+    return urllib3.Retry(
+        total=6,
+        backoff_factor=0.2,  # 0.2, 0.4, 0.8, ... seconds
+        status_forcelist=RETRIED_STATUSES,
+        allowed_methods=None,  # POST and PATCH too: every write here is idempotent
+        respect_retry_after_header=True,
+        raise_on_status=False,
+    )
+
+
+def client_configuration(server: str | None = None) -> kubernetes.client.Configuration:
+    """In a pod: the service account; else the kubeconfig; `server` overrides both (tests)."""
+    if server is not None:
+        configuration = kubernetes.client.Configuration()
+        configuration.host = server
+    else:
+        try:
+            kubernetes.config.load_incluster_config()
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config()
+        configuration = kubernetes.client.Configuration.get_default_copy()
+    configuration.retries = retry_policy()
+    return configuration
+
+
+@dataclass
+class Cluster:
+    configuration: kubernetes.client.Configuration
+    writes: int = 0
+    _core: kubernetes.client.CoreV1Api = field(init=False)
+    _custom: kubernetes.client.CustomObjectsApi = field(init=False)
+
+    def __post_init__(self) -> None:
+        client = kubernetes.client.ApiClient(self.configuration)
+        self._core = kubernetes.client.CoreV1Api(client)
+        self._custom = kubernetes.client.CustomObjectsApi(client)
+
+    def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge `status` into a TrainingJob's status (outside its own handlers, which use kopf's patch)."""
+        self.writes += 1
+        self._custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status}
+        )
+
+    def create(self, manifest: Manifest) -> bool:
+        """Create `manifest` in its namespace; False when it was already there."""
+        namespace, kind = manifest["metadata"]["namespace"], manifest["kind"]
+        client = kubernetes.client
+        self.writes += 1
+        if kind == "Pod":
+            pod = client.V1Pod.model_validate(manifest)
+            return _done_unless(lambda: self._core.create_namespaced_pod(namespace, pod), already=409)
+        if kind == "Service":
+            service = client.V1Service.model_validate(manifest)
+            return _done_unless(lambda: self._core.create_namespaced_service(namespace, service), already=409)
+        if kind == "ConfigMap":
+            config_map = client.V1ConfigMap.model_validate(manifest)
+            return _done_unless(
+                lambda: self._core.create_namespaced_config_map(namespace, config_map), already=409
+            )
+        raise ValueError(f"the operator creates no {kind}")
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        """Delete the pod now (no grace: its host is being replaced); False when it was gone."""
+        self.writes += 1
+        return _done_unless(
+            lambda: self._core.delete_namespaced_pod(name, namespace, grace_period_seconds=0), already=404
+        )
+
+    def delete_children(self, namespace: str, job: str) -> int:
+        """Delete every pod, Service and ConfigMap labelled as the job's: the finalizer's cleanup."""
+        selector = f"{LABEL_JOB}={job}"
+        deleted = sum(
+            self.delete_pod(namespace, pod["metadata"]["name"]) for pod in self.pods(namespace, job)
+        )
+        serialize = self._core.api_client.sanitize_for_serialization
+        services = serialize(self._core.list_namespaced_service(namespace, label_selector=selector).items)
+        maps = serialize(self._core.list_namespaced_config_map(namespace, label_selector=selector).items)
+        for items, delete in (
+            (services, self._core.delete_namespaced_service),
+            (maps, self._core.delete_namespaced_config_map),
+        ):
+            for item in items:
+                self.writes += 1
+                deleted += _done_unless(partial(delete, item["metadata"]["name"], namespace), already=404)
+        return deleted
+
+    def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """The job's pods as plain dicts (camelCase, as the API sends them)."""
+        listed = self._core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job}")
+        client = self._core.api_client
+        return [client.sanitize_for_serialization(pod) for pod in listed.items]
+
+    def create_all(self, manifests: Iterable[Manifest]) -> int:
+        """Create each manifest not there yet; the number created."""
+        return sum(self.create(manifest) for manifest in manifests)

@@ -1,0 +1,225 @@
+"""The kopf operator: TrainingJobs reconciled into TPU slice pods, and pods replaced when they fail.
+
+Handlers, all idempotent (kopf retries them, and a restarted operator runs `resume` on every job):
+
+- create / resume / update of a TrainingJob: re-validate the spec with the pydantic model (the CRD
+  schema may have let something through); an invalid job gets phase and condition `Invalid` with the
+  message, and no children. Otherwise create whichever children are missing (a 409 means the child
+  is already there) and record `observedGeneration`.
+- a timer per job (level-based): create what is missing, and derive the status from the pods: phase,
+  slices ready/total, hot-swaps so far. A pod deleted while the operator was down is re-created here.
+- pod events (job pods only): a pod that failed, was deleted, or that its own supervisor marked for
+  replacement is hot-swapped (operator/hot_swap.py) and a Kubernetes event says so on the job. A
+  supervisor exiting 1 means the job failed as a whole (its policy said so, or its budgets are
+  spent): the job is marked Failed and nothing is replaced.
+- node events: a NotReady node's job pods are hot-swapped (deleted, then re-created elsewhere).
+- delete: the finalizer (kopf adds it for a non-optional delete handler) deletes the children.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from typing import Any
+
+import kopf
+from slicekeeper.operator.cluster import PLURAL, VERSION, Cluster
+from slicekeeper.operator.hot_swap import AVOID_ANNOTATION, replacement, replacement_reason
+from slicekeeper.operator.render import GROUP, LABEL_JOB, LABEL_SLICE, manifests, render
+
+from slicekeeper.api import TrainingJob, parse_training_job
+from slicekeeper.errors import UserError
+
+JOB_FAILED_EXIT_CODE = 1
+"""The in-pod supervisor's exit code when the job failed as a whole (slicekeeper.errors.JobFailed)."""
+HOT_SWAPS_ANNOTATION = f"{GROUP}/hot-swaps"
+"""On a replacement pod: how many times its host has been replaced (status.restarts.replace sums them)."""
+STATUS_INTERVAL_SECONDS = 5.0
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _condition(kind: str, status: str, reason: str, message: str) -> dict[str, str]:
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": _now(),
+    }
+
+
+def _where(body: kopf.Body) -> tuple[str, str]:
+    """(namespace, name) of a namespaced object: TrainingJobs and pods always have both."""
+    namespace, name = body.metadata.namespace, body.metadata.name
+    if namespace is None or name is None:
+        raise kopf.PermanentError(f"expected a namespaced object, got {namespace}/{name}")
+    return str(namespace), str(name)
+
+
+def _validated(body: kopf.Body, patch: kopf.Patch) -> TrainingJob | None:
+    """The job, or None after marking it Invalid (the message names every bad field)."""
+    try:
+        return parse_training_job(dict(body), f"TrainingJob {body.metadata.namespace}/{body.metadata.name}")
+    except UserError as error:
+        patch.status["phase"] = "Invalid"
+        patch.status["conditions"] = [_condition("Invalid", "True", "InvalidSpec", str(error))]
+        patch.status["observedGeneration"] = body.metadata.get("generation")
+        kopf.warn(body, reason="InvalidSpec", message=str(error))
+        return None
+
+
+def _children(body: kopf.Body, job: TrainingJob) -> Iterator[dict[str, Any]]:
+    for manifest in manifests(render(job, job.spec.policy.source)):
+        manifest["metadata"].setdefault("namespace", _where(body)[0])
+        kopf.adopt(manifest, owner=body, strict=False)
+        yield manifest
+
+
+def _pod_summary(pods: list[dict[str, Any]], slices: int) -> dict[str, Any]:
+    running: dict[str, int] = {}
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") == "Running":
+            label = pod["metadata"]["labels"].get(LABEL_SLICE, "")
+            running[label] = running.get(label, 0) + 1
+    return {"running": running, "slices": slices}
+
+
+def register(
+    registry: kopf.OperatorRegistry, cluster: Cluster, status_interval: float = STATUS_INTERVAL_SECONDS
+) -> None:
+    """Put every handler on `registry`, acting on the cluster through `cluster`."""
+
+    @kopf.index(GROUP, VERSION, PLURAL, id="jobs", registry=registry)
+    def jobs(*, body: kopf.Body, **_: Any) -> dict[tuple[str, str], kopf.Body]:
+        return {_where(body): body}
+
+    @kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, id="pods_by_node", registry=registry)
+    def pods_by_node(*, body: kopf.Body, spec: kopf.Spec, **_: Any) -> dict[str, tuple[str, str]] | None:
+        node = spec.get("nodeName")
+        return {node: _where(body)} if node else None
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
+    def reconcile(*, body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        job = _validated(body, patch)
+        if job is None:
+            return
+        created = _create_missing(body, job, kinds=("Service", "ConfigMap", "Pod"))
+        patch.status["observedGeneration"] = body.metadata.get("generation")
+        patch.status["slicesTotal"] = job.spec.slices
+        if (body.get("status") or {}).get("phase") in (None, "Invalid"):
+            patch.status["phase"] = "Pending"
+            patch.status["conditions"] = [_condition("Invalid", "False", "Valid", "the spec is valid")]
+        if created:
+            kopf.info(
+                body, reason="Created", message=f"created {created} children (pods, Service, ConfigMap)"
+            )
+
+    @kopf.timer(GROUP, VERSION, PLURAL, interval=status_interval, registry=registry)
+    def keep(*, body: kopf.Body, patch: kopf.Patch, status: kopf.Status, **_: Any) -> None:
+        if status.get("phase") in ("Invalid", "Failed", "Succeeded", None):
+            return
+        job = parse_training_job(dict(body))
+        pods = cluster.pods(*_where(body))
+        if len(pods) < job.total_hosts:
+            _create_missing(body, job, kinds=("Pod",), pods=pods)
+        phases = [(p.get("status") or {}).get("phase") for p in pods]
+        summary = _pod_summary(pods, job.spec.slices)
+        hosts_per_slice = job.slice_shape.hosts
+        patch.status["slicesReady"] = sum(1 for n in summary["running"].values() if n == hosts_per_slice)
+        swaps = sum(int((p["metadata"].get("annotations") or {}).get(HOT_SWAPS_ANNOTATION, 0)) for p in pods)
+        patch.status["restarts"] = {**(status.get("restarts") or {}), "replace": swaps}
+        if len(pods) == job.total_hosts and all(phase == "Succeeded" for phase in phases):
+            patch.status["phase"] = "Succeeded"
+        elif patch.status["slicesReady"] == job.spec.slices:
+            patch.status["phase"] = "Running"
+
+    @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
+    def pod_event(*, type: str, body: kopf.Body, **kwargs: Any) -> None:
+        jobs: kopf.Index[tuple[str, str], kopf.Body] = kwargs["jobs"]
+        namespace, _ = _where(body)
+        owner = next(iter(jobs.get((namespace, body.metadata.labels[LABEL_JOB]), [])), None)
+        if owner is None or owner.metadata.get("deletionTimestamp"):
+            return  # the job is gone or going: its pods go with it
+        if (owner.get("status") or {}).get("phase") in ("Failed", "Succeeded", "Invalid"):
+            return
+        pod = dict(body)
+        if type == "DELETED":
+            _hot_swap(owner, pod, "it was deleted", delete=False)
+            return
+        terminated = _terminated(pod)
+        if terminated is not None and terminated.get("exitCode") == JOB_FAILED_EXIT_CODE:
+            message = terminated.get("message") or f"pod {body.metadata.name}'s supervisor failed the job"
+            _fail(owner, message)
+            return
+        reason = replacement_reason(pod)
+        if reason is not None:
+            _hot_swap(owner, pod, reason, delete=True)
+
+    @kopf.on.event("", "v1", "nodes", registry=registry)
+    def node_event(*, body: kopf.Body, **kwargs: Any) -> None:
+        pods_by_node: kopf.Index[str, tuple[str, str]] = kwargs["pods_by_node"]
+        conditions = (body.get("status") or {}).get("conditions") or []
+        ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+        if ready is None or ready.get("status") == "True":
+            return
+        for namespace, name in list(pods_by_node.get(body.metadata.name, [])):
+            cluster.delete_pod(namespace, name)  # its DELETED event re-creates it elsewhere
+
+    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
+    def cleanup(*, body: kopf.Body, **_: Any) -> None:
+        cluster.delete_children(*_where(body))
+
+    def _create_missing(
+        body: kopf.Body, job: TrainingJob, kinds: tuple[str, ...], pods: list[dict[str, Any]] | None = None
+    ) -> int:
+        """Create the children of `kinds` that do not exist: one list of the job's pods, then one
+        create per missing pod (a restarted operator re-creates only what went missing)."""
+        if pods is None:
+            pods = cluster.pods(*_where(body))
+        existing = {p["metadata"]["name"] for p in pods}
+        wanted = (
+            m
+            for m in _children(body, job)
+            if m["kind"] in kinds and not (m["kind"] == "Pod" and m["metadata"]["name"] in existing)
+        )
+        return cluster.create_all(wanted)
+
+    def _hot_swap(owner: kopf.Body, pod: dict[str, Any], reason: str, *, delete: bool) -> None:
+        name = pod["metadata"]["name"]
+        if delete:
+            cluster.delete_pod(_where(owner)[0], name)  # the DELETED event brings the replacement
+            kopf.warn(owner, reason="HotSwap", message=f"replacing pod {name}: {reason}")
+            return
+        job = parse_training_job(dict(owner))
+        fresh = replacement(render(job, job.spec.policy.source), pod)
+        fresh["metadata"]["namespace"] = _where(owner)[0]
+        swaps = int((pod["metadata"].get("annotations") or {}).get(HOT_SWAPS_ANNOTATION, 0)) + 1
+        fresh["metadata"].setdefault("annotations", {})[HOT_SWAPS_ANNOTATION] = str(swaps)
+        kopf.adopt(fresh, owner=owner, strict=False)
+        if cluster.create(fresh):
+            avoided = fresh["metadata"]["annotations"].get(AVOID_ANNOTATION, "none")
+            kopf.info(
+                owner,
+                reason="HotSwap",
+                message=f"pod {name} re-created ({reason}); avoiding nodes: {avoided}",
+            )
+
+    def _fail(owner: kopf.Body, message: str) -> None:
+        cluster.patch_job_status(
+            *_where(owner),
+            {"phase": "Failed", "conditions": [_condition("Failed", "True", "JobFailed", message)]},
+        )
+        kopf.warn(owner, reason="JobFailed", message=message)
+
+
+def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated:
+            return dict(terminated)
+    return None

@@ -1,0 +1,238 @@
+"""The operator against an emulated API server: apply a TrainingJob and see its children; a bad spec
+is marked Invalid; a failed, deleted or marked pod is hot-swapped away from its node; a job failed by
+its supervisors stays failed; delete cleans up; an operator restart resumes."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import yaml
+from slicekeeper.supervisor.plan import free_port
+
+from tests.helpers import ROOT
+from tests.operator.harness import emulated_cluster, eventually, operator
+
+NS = "research"
+EXAMPLE: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "trainingjob.yaml").read_text())
+NAMES = ["tiny-lm-s0-w0", "tiny-lm-s0-w1", "tiny-lm-s1-w0", "tiny-lm-s1-w1"]
+
+pytestmark = pytest.mark.asyncio
+
+
+def example(**spec: Any) -> dict[str, Any]:
+    job = copy.deepcopy(EXAMPLE)
+    job["metadata"]["namespace"] = NS
+    job["spec"].update(spec)
+    return job
+
+
+async def test_a_training_job_becomes_its_service_config_map_and_one_pod_per_host():
+    async with emulated_cluster() as kube, operator(kube):
+        await kube.apply(example())
+        pods = await eventually(lambda: len(kube.pods(NS)) == 4 and kube.pods(NS), what="4 pods")
+        assert sorted(pods) == NAMES
+        owner = kube.job(NS, "tiny-lm")
+        for pod in pods.values():
+            reference = pod["metadata"]["ownerReferences"][0]
+            assert reference["uid"] == owner["metadata"]["uid"] and reference["kind"] == "TrainingJob"
+        assert [s["metadata"]["name"] for s in kube.emulator.live("v1/services", NS)] == ["tiny-lm"]
+        assert [c["metadata"]["name"] for c in kube.emulator.live("v1/configmaps", NS)] == [
+            "tiny-lm-slicekeeper"
+        ]
+        status = await eventually(
+            lambda: (
+                kube.job(NS, "tiny-lm").get("status", {}).get("slicesTotal")
+                and kube.job(NS, "tiny-lm")["status"]
+            )
+        )
+        assert status["phase"] == "Pending" and status["observedGeneration"] == 1
+
+
+async def test_an_invalid_spec_is_marked_invalid_with_the_message_and_gets_no_pods():
+    async with emulated_cluster() as kube, operator(kube):
+        await kube.apply(example(slices=0, minSlices=3))
+        status = await eventually(
+            lambda: (
+                kube.job(NS, "tiny-lm").get("status", {}).get("phase") == "Invalid"
+                and kube.job(NS, "tiny-lm")["status"]
+            )
+        )
+        [condition] = status["conditions"]
+        assert condition["type"] == "Invalid" and condition["status"] == "True"
+        assert "spec.slices" in condition["message"]
+        assert kube.pods(NS) == {}
+
+
+async def test_a_failed_pod_is_replaced_with_the_same_identity_away_from_its_node():
+    async with emulated_cluster() as kube, operator(kube):
+        await kube.apply(example())
+        await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
+        old_uid = kube.pods(NS)["tiny-lm-s1-w0"]["metadata"]["uid"]
+        before = kube.writes()
+        await kube.patch_pod(
+            NS,
+            "tiny-lm-s1-w0",
+            {"spec": {"nodeName": "tpu-node-7"}, "status": {"phase": "Failed", "reason": "Evicted"}},
+        )
+        fresh = await eventually(
+            lambda: (pod := kube.pods(NS).get("tiny-lm-s1-w0")) and pod["metadata"]["uid"] != old_uid and pod,
+            what="a replacement pod",
+        )
+        await eventually(lambda: len([e for e in kube.events(NS) if e["reason"] == "HotSwap"]) == 2)
+        # The hot-swap's writes besides the status timer's: our fault, a delete, a create, two events.
+        writes = [w for w in kube.writes()[len(before) :] if w[0] != "trainingjobs"]
+        assert sorted(writes) == [
+            ("events", "CREATE"),
+            ("events", "CREATE"),
+            ("pods", "CREATE"),
+            ("pods", "DELETE"),
+            ("pods", "UPDATE"),
+        ]
+        terms = fresh["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ]
+        assert terms == [
+            {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["tpu-node-7"]}
+                ]
+            }
+        ]
+        assert fresh["metadata"]["annotations"]["slicekeeper.dev/hot-swaps"] == "1"
+        env = {e["name"]: e.get("value") for e in fresh["spec"]["containers"][0]["env"]}
+        assert env["TPU_WORKER_ID"] == "0" and env["SLICEKEEPER_HOST"] == "2"
+        reasons = await eventually(lambda: [e["reason"] for e in kube.events(NS) if e["reason"] == "HotSwap"])
+        assert reasons
+        status = await eventually(
+            lambda: (
+                kube.job(NS, "tiny-lm").get("status", {}).get("restarts", {}).get("replace") == 1
+                and kube.job(NS, "tiny-lm")["status"]
+            )
+        )
+        assert status["restarts"]["replace"] == 1
+
+
+async def test_a_pod_its_supervisor_marks_for_replacement_is_replaced():
+    async with emulated_cluster() as kube, operator(kube):
+        await kube.apply(example())
+        await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
+        old_uid = kube.pods(NS)["tiny-lm-s0-w1"]["metadata"]["uid"]
+        await kube.patch_pod(
+            NS,
+            "tiny-lm-s0-w1",
+            {"metadata": {"annotations": {"slicekeeper.dev/replace": "straggler, score 1.9"}}},
+        )
+        await eventually(
+            lambda: (pod := kube.pods(NS).get("tiny-lm-s0-w1")) and pod["metadata"]["uid"] != old_uid,
+            what="a replacement",
+        )
+
+
+async def test_a_job_its_supervisors_failed_stays_failed_and_is_not_replaced():
+    async with emulated_cluster() as kube, operator(kube):
+        await kube.apply(example())
+        await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
+        old_uid = kube.pods(NS)["tiny-lm-s0-w0"]["metadata"]["uid"]
+        terminated = {"exitCode": 1, "message": "restart budget spent: 10 restarts"}
+        await kube.patch_pod(
+            NS,
+            "tiny-lm-s0-w0",
+            {
+                "status": {
+                    "phase": "Failed",
+                    "containerStatuses": [{"name": "training", "state": {"terminated": terminated}}],
+                }
+            },
+        )
+        status = await eventually(
+            lambda: (
+                kube.job(NS, "tiny-lm").get("status", {}).get("phase") == "Failed"
+                and kube.job(NS, "tiny-lm")["status"]
+            )
+        )
+        assert "restart budget spent" in status["conditions"][0]["message"]
+        assert kube.pods(NS)["tiny-lm-s0-w0"]["metadata"]["uid"] == old_uid
+
+
+async def test_deleting_the_job_deletes_its_children():
+    async with emulated_cluster() as kube, operator(kube):
+        await kube.apply(example())
+        await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
+        await kube.delete_job(NS, "tiny-lm")
+        await eventually(
+            lambda: not kube.pods(NS) and not kube.emulator.live("v1/services", NS), what="no children"
+        )
+        await eventually(
+            lambda: not kube.emulator.live("slicekeeper.dev/v1alpha1/trainingjobs", NS), what="the job gone"
+        )
+
+
+async def test_an_operator_restart_recreates_what_went_missing_while_it_was_down():
+    async with emulated_cluster() as kube:
+        async with operator(kube):
+            await kube.apply(example())
+            await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
+            before = {name: pod["metadata"]["uid"] for name, pod in kube.pods(NS).items()}
+        await kube.delete_pod(NS, "tiny-lm-s1-w1")
+        assert len(kube.pods(NS)) == 3
+        async with operator(kube) as cluster:
+            await eventually(lambda: len(kube.pods(NS)) == 4, what="the pod back")
+            after = {name: pod["metadata"]["uid"] for name, pod in kube.pods(NS).items()}
+            assert {n: u for n, u in after.items() if n != "tiny-lm-s1-w1"} == {
+                n: u for n, u in before.items() if n != "tiny-lm-s1-w1"
+            }  # the others untouched
+            assert after["tiny-lm-s1-w1"] != before["tiny-lm-s1-w1"]
+            # Service and ConfigMap (already there: 409) and the one pod, which the status timer may
+            # also try to create while the resume handler does (a second 409): never one per pod.
+            assert cluster.writes <= 4
+
+
+async def test_a_node_going_not_ready_has_its_job_pods_replaced_elsewhere():
+    async with emulated_cluster() as kube, operator(kube):
+        await kube.apply(example())
+        await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
+        for name in NAMES:  # the scheduler binds: slice 0 on node a, slice 1 on node b
+            node = "tpu-a" if "-s0-" in name else "tpu-b"
+            await kube.patch_pod(NS, name, {"spec": {"nodeName": node}, "status": {"phase": "Running"}})
+        uids = {n: p["metadata"]["uid"] for n, p in kube.pods(NS).items()}
+        await kube.put_node(
+            {"metadata": {"name": "tpu-b"}, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}
+        )
+        replaced = await eventually(
+            lambda: all(
+                (p := kube.pods(NS).get(n)) and p["metadata"]["uid"] != uids[n] for n in NAMES if "-s1-" in n
+            ),
+            what="slice 1's pods replaced",
+        )
+        assert replaced
+        pods = kube.pods(NS)
+        assert all(pods[n]["metadata"]["uid"] == uids[n] for n in NAMES if "-s0-" in n)  # slice 0 untouched
+        for name in ("tiny-lm-s1-w0", "tiny-lm-s1-w1"):
+            expressions = pods[name]["spec"]["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]
+            assert expressions["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["tpu-b"]
+
+
+async def test_slicekeeper_operator_runs_the_same_handlers_from_the_command_line(tmp_path):
+    async with emulated_cluster() as kube:
+        port = free_port()
+        log = (tmp_path / "operator.log").open("w")
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "slicekeeper.cli", "operator", "--server", kube.url,
+            "--liveness", f"http://127.0.0.1:{port}/healthz", stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            await kube.apply(example())
+            await eventually(
+                lambda: len(kube.pods(NS)) == 4, timeout=60, what="4 pods from the CLI's operator"
+            )
+        finally:
+            process.terminate()
+            assert await asyncio.wait_for(process.wait(), 30) is not None
+            log.close()
