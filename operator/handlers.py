@@ -59,10 +59,17 @@ def _where(body: kopf.Body) -> tuple[str, str]:
     return str(namespace), str(name)
 
 
+def _job(body: kopf.Body) -> TrainingJob:
+    """The TrainingJob model of `body`; its status is ours (and kopf's), never the user's input."""
+    document = {key: value for key, value in body.items() if key != "status"}
+    namespace, name = _where(body)
+    return parse_training_job(document, f"TrainingJob {namespace}/{name}")
+
+
 def _validated(body: kopf.Body, patch: kopf.Patch) -> TrainingJob | None:
     """The job, or None after marking it Invalid (the message names every bad field)."""
     try:
-        return parse_training_job(dict(body), f"TrainingJob {body.metadata.namespace}/{body.metadata.name}")
+        return _job(body)
     except UserError as error:
         patch.status["phase"] = "Invalid"
         patch.status["conditions"] = [_condition("Invalid", "True", "InvalidSpec", str(error))]
@@ -123,7 +130,7 @@ def register(
     def keep(*, body: kopf.Body, patch: kopf.Patch, status: kopf.Status, **_: Any) -> None:
         if status.get("phase") in ("Invalid", "Failed", "Succeeded", None):
             return
-        job = parse_training_job(dict(body))
+        job = _job(body)
         pods = cluster.pods(*_where(body))
         if len(pods) < job.total_hosts:
             _create_missing(body, job, kinds=("Pod",), pods=pods)
@@ -195,7 +202,7 @@ def register(
             cluster.delete_pod(_where(owner)[0], name)  # the DELETED event brings the replacement
             kopf.warn(owner, reason="HotSwap", message=f"replacing pod {name}: {reason}")
             return
-        job = parse_training_job(dict(owner))
+        job = _job(owner)
         fresh = replacement(render(job, job.spec.policy.source), pod)
         fresh["metadata"]["namespace"] = _where(owner)[0]
         swaps = int((pod["metadata"].get("annotations") or {}).get(HOT_SWAPS_ANNOTATION, 0)) + 1

@@ -53,6 +53,15 @@ async def test_a_training_job_becomes_its_service_config_map_and_one_pod_per_hos
         assert status["phase"] == "Pending" and status["observedGeneration"] == 1
 
 
+async def test_what_kopf_or_the_operator_keep_in_the_status_never_makes_a_job_invalid():
+    async with emulated_cluster() as kube, operator(kube):
+        job = example()
+        job["status"] = {"kopf": {"progress": {}}, "phase": "Pending", "somethingNew": 1}
+        await kube.apply(job)
+        await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
+        assert kube.job(NS, "tiny-lm")["status"]["phase"] != "Invalid"
+
+
 async def test_an_invalid_spec_is_marked_invalid_with_the_message_and_gets_no_pods():
     async with emulated_cluster() as kube, operator(kube):
         await kube.apply(example(slices=0, minSlices=3))
