@@ -19,6 +19,7 @@ Handlers, all idempotent (kopf retries them, and a restarted operator runs `resu
 from __future__ import annotations
 
 import datetime
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,6 +60,15 @@ def _where(body: kopf.Body) -> tuple[str, str]:
     return str(namespace), str(name)
 
 
+def _post(body: kopf.Body, *, reason: str, message: str) -> None:
+    """A Normal Kubernetes event on the job (posted whatever `settings.posting.level` says)."""
+    kopf.event(body, type="Normal", reason=reason, message=message)
+
+
+def _post_warning(body: kopf.Body, *, reason: str, message: str) -> None:
+    kopf.event(body, type="Warning", reason=reason, message=message)
+
+
 def _job(body: kopf.Body) -> TrainingJob:
     """The TrainingJob model of `body`; its status is ours (and kopf's), never the user's input."""
     document = {key: value for key, value in body.items() if key != "status"}
@@ -74,7 +84,7 @@ def _validated(body: kopf.Body, patch: kopf.Patch) -> TrainingJob | None:
         patch.status["phase"] = "Invalid"
         patch.status["conditions"] = [_condition("Invalid", "True", "InvalidSpec", str(error))]
         patch.status["observedGeneration"] = body.metadata.get("generation")
-        kopf.warn(body, reason="InvalidSpec", message=str(error))
+        _post_warning(body, reason="InvalidSpec", message=str(error))
         return None
 
 
@@ -99,6 +109,12 @@ def register(
 ) -> None:
     """Put every handler on `registry`, acting on the cluster through `cluster`."""
 
+    @kopf.on.startup(registry=registry)
+    def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
+        # Only our own events (remediations, invalid specs) and kopf's warnings and errors become
+        # Kubernetes events: kopf's INFO logs would post one per timer run, every few seconds.
+        settings.posting.level = logging.WARNING
+
     @kopf.index(GROUP, VERSION, PLURAL, id="jobs", registry=registry)
     def jobs(*, body: kopf.Body, **_: Any) -> dict[tuple[str, str], kopf.Body]:
         return {_where(body): body}
@@ -122,9 +138,7 @@ def register(
             patch.status["phase"] = "Pending"
             patch.status["conditions"] = [_condition("Invalid", "False", "Valid", "the spec is valid")]
         if created:
-            kopf.info(
-                body, reason="Created", message=f"created {created} children (pods, Service, ConfigMap)"
-            )
+            _post(body, reason="Created", message=f"created {created} children (pods, Service, ConfigMap)")
 
     @kopf.timer(GROUP, VERSION, PLURAL, interval=status_interval, registry=registry)
     def keep(*, body: kopf.Body, patch: kopf.Patch, status: kopf.Status, **_: Any) -> None:
@@ -200,7 +214,7 @@ def register(
         name = pod["metadata"]["name"]
         if delete:
             cluster.delete_pod(_where(owner)[0], name)  # the DELETED event brings the replacement
-            kopf.warn(owner, reason="HotSwap", message=f"replacing pod {name}: {reason}")
+            _post_warning(owner, reason="HotSwap", message=f"replacing pod {name}: {reason}")
             return
         job = _job(owner)
         fresh = replacement(render(job, job.spec.policy.source), pod)
@@ -210,7 +224,7 @@ def register(
         kopf.adopt(fresh, owner=owner, strict=False)
         if cluster.create(fresh):
             avoided = fresh["metadata"]["annotations"].get(AVOID_ANNOTATION, "none")
-            kopf.info(
+            _post(
                 owner,
                 reason="HotSwap",
                 message=f"pod {name} re-created ({reason}); avoiding nodes: {avoided}",
@@ -221,7 +235,7 @@ def register(
             *_where(owner),
             {"phase": "Failed", "conditions": [_condition("Failed", "True", "JobFailed", message)]},
         )
-        kopf.warn(owner, reason="JobFailed", message=message)
+        _post_warning(owner, reason="JobFailed", message=message)
 
 
 def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:

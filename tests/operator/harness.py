@@ -106,7 +106,6 @@ async def operator(kube: Kube) -> AsyncIterator[Cluster]:
     cluster = Cluster(client_configuration(server=kube.url))
     register(registry, cluster, status_interval=0.5)
     settings = kopf.OperatorSettings()
-    settings.posting.level = 20  # INFO: remediations are posted as Kubernetes events
     settings.watching.reconnect_backoff = 0.1
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(
