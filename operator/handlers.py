@@ -95,13 +95,14 @@ def _children(body: kopf.Body, job: TrainingJob) -> Iterator[dict[str, Any]]:
         yield manifest
 
 
-def _pod_summary(pods: list[dict[str, Any]], slices: int) -> dict[str, Any]:
+def _running_per_slice(pods: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of each slice's pods are Running (keys: the slice label)."""
     running: dict[str, int] = {}
     for pod in pods:
         if (pod.get("status") or {}).get("phase") == "Running":
             label = pod["metadata"]["labels"].get(LABEL_SLICE, "")
             running[label] = running.get(label, 0) + 1
-    return {"running": running, "slices": slices}
+    return running
 
 
 def register(
@@ -149,9 +150,10 @@ def register(
         if len(pods) < job.total_hosts:
             _create_missing(body, job, kinds=("Pod",), pods=pods)
         phases = [(p.get("status") or {}).get("phase") for p in pods]
-        summary = _pod_summary(pods, job.spec.slices)
         hosts_per_slice = job.slice_shape.hosts
-        patch.status["slicesReady"] = sum(1 for n in summary["running"].values() if n == hosts_per_slice)
+        patch.status["slicesReady"] = sum(
+            1 for n in _running_per_slice(pods).values() if n == hosts_per_slice
+        )
         swaps = sum(int((p["metadata"].get("annotations") or {}).get(HOT_SWAPS_ANNOTATION, 0)) for p in pods)
         patch.status["restarts"] = {**(status.get("restarts") or {}), "replace": swaps}
         if len(pods) == job.total_hosts and all(phase == "Succeeded" for phase in phases):

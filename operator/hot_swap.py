@@ -1,7 +1,7 @@
 """Cluster-level hot-swap: when a TPU pod must be replaced, and what replaces it.
 
 A pod is replaced when it failed (phase Failed: the supervisor gave up, or the kubelet killed it),
-when it disappeared (deleted, or its node was removed), when its node is NotReady, or when its own
+when it disappeared (deleted, or its node was removed; a NotReady node's pods are deleted), or when its own
 supervisor asked for it: the supervisor may write only its own pod, and marks it with the
 annotation `slicekeeper.dev/replace: <reason>` (for instance a persistent straggler or a chip
 error it saw). The replacement keeps the identity (name, hostname, environment: the same host of
@@ -25,7 +25,7 @@ AVOID_ANNOTATION = f"{GROUP}/avoid-nodes"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
-def replacement_reason(pod: dict[str, Any], node_ready: bool = True) -> str | None:
+def replacement_reason(pod: dict[str, Any]) -> str | None:
     """Why `pod` must be replaced, or None while it is healthy (or still pending)."""
     annotations = pod.get("metadata", {}).get("annotations") or {}
     if REPLACE_ANNOTATION in annotations:
@@ -33,8 +33,6 @@ def replacement_reason(pod: dict[str, Any], node_ready: bool = True) -> str | No
     status = pod.get("status") or {}
     if status.get("phase") == "Failed":
         return f"it failed ({status.get('reason') or 'no reason given'})"
-    if not node_ready and pod.get("spec", {}).get("nodeName"):
-        return f"its node {pod['spec']['nodeName']} is NotReady"
     return None
 
 
