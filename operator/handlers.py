@@ -6,8 +6,12 @@ Handlers, all idempotent (kopf retries them, and a restarted operator runs `resu
   schema may have let something through); an invalid job gets phase and condition `Invalid` with the
   message, and no children. Otherwise create whichever children are missing (a 409 means the child
   is already there) and record `observedGeneration`.
-- a timer per job (level-based): create what is missing, and derive the status from the pods: phase,
-  slices ready/total, hot-swaps so far. A pod deleted while the operator was down is re-created here.
+- a timer per job (level-based): create what is missing, and derive the status from the pods and the
+  leader's view published on its pod (operator/job_status.py): phase, slices ready/active/total,
+  restarts by kind, step, checkpoint, goodput, scale-down and scale-up events. A pod deleted while
+  the operator was down is re-created here.
+- `spec.suspend: true`: the pods are deleted (Service and ConfigMap stay), phase Suspended; back to
+  false, they are created again and the job resumes from its persistent checkpoint.
 - pod events (job pods only): a pod that failed, was deleted, or that its own supervisor marked for
   replacement is hot-swapped (operator/hot_swap.py) and a Kubernetes event says so on the job. A
   supervisor exiting 1 means the job failed as a whole (its policy said so, or its budgets are
@@ -18,7 +22,6 @@ Handlers, all idempotent (kopf retries them, and a restarted operator runs `resu
 
 from __future__ import annotations
 
-import datetime
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -26,30 +29,16 @@ from typing import Any
 import kopf
 from slicekeeper.operator.cluster import PLURAL, VERSION, Cluster
 from slicekeeper.operator.hot_swap import AVOID_ANNOTATION, replacement, replacement_reason
-from slicekeeper.operator.render import GROUP, LABEL_JOB, LABEL_SLICE, manifests, render
+from slicekeeper.operator.job_status import HOT_SWAPS_ANNOTATION, condition, derive, with_condition
+from slicekeeper.operator.render import GROUP, LABEL_JOB, manifests, render
 
 from slicekeeper.api import TrainingJob, parse_training_job
 from slicekeeper.errors import UserError
 
 JOB_FAILED_EXIT_CODE = 1
 """The in-pod supervisor's exit code when the job failed as a whole (slicekeeper.errors.JobFailed)."""
-HOT_SWAPS_ANNOTATION = f"{GROUP}/hot-swaps"
-"""On a replacement pod: how many times its host has been replaced (status.restarts.replace sums them)."""
 STATUS_INTERVAL_SECONDS = 5.0
-
-
-def _now() -> str:
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _condition(kind: str, status: str, reason: str, message: str) -> dict[str, str]:
-    return {
-        "type": kind,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": _now(),
-    }
+FINAL_PHASES = ("Invalid", "Failed", "Succeeded")
 
 
 def _where(body: kopf.Body) -> tuple[str, str]:
@@ -82,7 +71,7 @@ def _validated(body: kopf.Body, patch: kopf.Patch) -> TrainingJob | None:
         return _job(body)
     except UserError as error:
         patch.status["phase"] = "Invalid"
-        patch.status["conditions"] = [_condition("Invalid", "True", "InvalidSpec", str(error))]
+        patch.status["conditions"] = [condition("Invalid", "True", "InvalidSpec", str(error))]
         patch.status["observedGeneration"] = body.metadata.get("generation")
         _post_warning(body, reason="InvalidSpec", message=str(error))
         return None
@@ -95,14 +84,8 @@ def _children(body: kopf.Body, job: TrainingJob) -> Iterator[dict[str, Any]]:
         yield manifest
 
 
-def _running_per_slice(pods: list[dict[str, Any]]) -> dict[str, int]:
-    """How many of each slice's pods are Running (keys: the slice label)."""
-    running: dict[str, int] = {}
-    for pod in pods:
-        if (pod.get("status") or {}).get("phase") == "Running":
-            label = pod["metadata"]["labels"].get(LABEL_SLICE, "")
-            running[label] = running.get(label, 0) + 1
-    return running
+def _suspended(body: kopf.Body) -> bool:
+    return bool((body.get("spec") or {}).get("suspend"))
 
 
 def register(
@@ -132,34 +115,46 @@ def register(
         job = _validated(body, patch)
         if job is None:
             return
-        created = _create_missing(body, job, kinds=("Service", "ConfigMap", "Pod"))
+        phase = (body.get("status") or {}).get("phase")
         patch.status["observedGeneration"] = body.metadata.get("generation")
         patch.status["slicesTotal"] = job.spec.slices
-        if (body.get("status") or {}).get("phase") in (None, "Invalid"):
+        if phase in (None, "Invalid"):
+            patch.status["conditions"] = [condition("Invalid", "False", "Valid", "the spec is valid")]
+        if job.spec.suspend:
+            _create_missing(body, job, kinds=("Service", "ConfigMap"), pods=[])
+            _suspend(body, patch)
+            return
+        created = _create_missing(body, job, kinds=("Service", "ConfigMap", "Pod"))
+        if phase in (None, "Invalid", "Suspended"):
             patch.status["phase"] = "Pending"
-            patch.status["conditions"] = [_condition("Invalid", "False", "Valid", "the spec is valid")]
-        if created:
+        if phase == "Suspended":
+            conditions = patch.status.get("conditions") or (body.get("status") or {}).get("conditions") or []
+            resumed = condition("Suspended", "False", "Resumed", "spec.suspend is false")
+            patch.status["conditions"] = with_condition(list(conditions), resumed)
+            _post(body, reason="Resumed", message=f"resumed: {created} pods created")
+        elif created:
             _post(body, reason="Created", message=f"created {created} children (pods, Service, ConfigMap)")
 
     @kopf.timer(GROUP, VERSION, PLURAL, interval=status_interval, registry=registry)
     def keep(*, body: kopf.Body, patch: kopf.Patch, status: kopf.Status, **_: Any) -> None:
-        if status.get("phase") in ("Invalid", "Failed", "Succeeded", None):
+        if status.get("phase") in (*FINAL_PHASES, None):
             return
         job = _job(body)
-        pods = cluster.pods(*_where(body))
+        namespace, name = _where(body)
+        pods = cluster.pods(namespace, name)
+        if job.spec.suspend:
+            for pod in pods:  # a deletion that failed in the update handler
+                cluster.delete_pod(namespace, pod["metadata"]["name"])
+            return
         if len(pods) < job.total_hosts:
             _create_missing(body, job, kinds=("Pod",), pods=pods)
-        phases = [(p.get("status") or {}).get("phase") for p in pods]
-        hosts_per_slice = job.slice_shape.hosts
-        patch.status["slicesReady"] = sum(
-            1 for n in _running_per_slice(pods).values() if n == hosts_per_slice
-        )
-        swaps = sum(int((p["metadata"].get("annotations") or {}).get(HOT_SWAPS_ANNOTATION, 0)) for p in pods)
-        patch.status["restarts"] = {**(status.get("restarts") or {}), "replace": swaps}
-        if len(pods) == job.total_hosts and all(phase == "Succeeded" for phase in phases):
-            patch.status["phase"] = "Succeeded"
-        elif patch.status["slicesReady"] == job.spec.slices:
-            patch.status["phase"] = "Running"
+        derived = derive(job, pods, dict(status))
+        for key, value in derived.status.items():
+            patch.status[key] = value
+        for event in derived.events:
+            (_post_warning if event.warning else _post)(body, reason=event.reason, message=event.message)
+        for leftover in derived.leftover_pods:
+            cluster.delete_pod(namespace, leftover)
 
     @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
     def pod_event(*, type: str, body: kopf.Body, **kwargs: Any) -> None:
@@ -168,8 +163,8 @@ def register(
         owner = next(iter(jobs.get((namespace, body.metadata.labels[LABEL_JOB]), [])), None)
         if owner is None or owner.metadata.get("deletionTimestamp"):
             return  # the job is gone or going: its pods go with it
-        if (owner.get("status") or {}).get("phase") in ("Failed", "Succeeded", "Invalid"):
-            return
+        if (owner.get("status") or {}).get("phase") in FINAL_PHASES or _suspended(owner):
+            return  # a suspended job's pods were deleted on purpose
         pod = dict(body)
         if type == "DELETED":
             _hot_swap(owner, pod, "it was deleted", delete=False)
@@ -232,10 +227,26 @@ def register(
                 message=f"pod {name} re-created ({reason}); avoiding nodes: {avoided}",
             )
 
+    def _suspend(body: kopf.Body, patch: kopf.Patch) -> None:
+        """Delete the job's pods (their supervisors end; the persistent tier keeps the progress)."""
+        namespace, name = _where(body)
+        pods = cluster.pods(namespace, name)
+        for pod in pods:
+            cluster.delete_pod(namespace, pod["metadata"]["name"])
+        previous = (body.get("status") or {}).get("phase")
+        patch.status["phase"] = "Suspended"
+        patch.status["slicesReady"] = 0
+        conditions = patch.status.get("conditions") or (body.get("status") or {}).get("conditions") or []
+        suspended = condition("Suspended", "True", "SpecSuspend", "spec.suspend is true: no pods run")
+        patch.status["conditions"] = with_condition(list(conditions), suspended)
+        if previous != "Suspended":
+            _post(body, reason="Suspended", message=f"suspended: {len(pods)} pods deleted")
+
     def _fail(owner: kopf.Body, message: str) -> None:
+        conditions = list((owner.get("status") or {}).get("conditions") or [])
+        failed = condition("Failed", "True", "JobFailed", message)
         cluster.patch_job_status(
-            *_where(owner),
-            {"phase": "Failed", "conditions": [_condition("Failed", "True", "JobFailed", message)]},
+            *_where(owner), {"phase": "Failed", "conditions": with_condition(conditions, failed)}
         )
         _post_warning(owner, reason="JobFailed", message=message)
 

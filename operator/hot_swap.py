@@ -18,7 +18,9 @@ from typing import Any
 
 from slicekeeper.operator.render import GROUP, Manifest, RenderedJob
 
-REPLACE_ANNOTATION = f"{GROUP}/replace"
+from slicekeeper import protocol
+
+REPLACE_ANNOTATION = protocol.ANNOTATION_REPLACE
 """Set by a pod's own supervisor: replace this pod (the value says why)."""
 AVOID_ANNOTATION = f"{GROUP}/avoid-nodes"
 """Comma-separated nodes this host must not be scheduled on again."""

@@ -235,14 +235,20 @@ class RenderedJob:
                 protocol.ENV_MEGASCALE_PORT: str(PORTS["megascale"]),
             }
         listed = [{"name": key, "value": value} for key, value in env.items()]
+        fields = {
+            protocol.ENV_POD_NAME: "metadata.name",
+            protocol.ENV_POD_NAMESPACE: "metadata.namespace",
+            protocol.ENV_POD_IP: "status.podIP",
+            protocol.ENV_NODE_NAME: "spec.nodeName",
+        }
         downward = [
-            {"name": protocol.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            {
-                "name": protocol.ENV_POD_NAMESPACE,
-                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
-            },
+            {"name": key, "valueFrom": {"fieldRef": {"fieldPath": path}}} for key, path in fields.items()
         ]
-        user = [{"name": e.name, "value": e.value} for e in spec.workload.env if e.name not in env]
+        user = [
+            {"name": e.name, "value": e.value}
+            for e in spec.workload.env
+            if e.name not in env and e.name not in fields
+        ]
         return listed + downward + user
 
 

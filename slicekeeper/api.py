@@ -219,6 +219,11 @@ class HealthSpec(Model):
     phase_timeout_seconds: PositiveFloat = Field(
         default=60.0, description="Allowance for a reported non-step phase (checkpoint save, restore)."
     )
+    replacement_timeout_seconds: PositiveFloat = Field(
+        default=300.0,
+        description="Cluster: how long a lost host's replacement pod may take to join before the policy "
+        "is asked again with no replacement possible (by default: scale down by whole slices).",
+    )
 
 
 class LocalSpec(Model):
@@ -259,6 +264,11 @@ class TrainingJobSpec(Model):
         default="slicekeeper-supervisor",
         description="Service account of the pods: the supervisor may mark its own pod (operator/rbac.yaml).",
     )
+    suspend: bool = Field(
+        default=False,
+        description="Cluster: true deletes the job's pods; set back to false, it resumes from its "
+        "persistent checkpoint.",
+    )
 
     @model_validator(mode="after")
     def _min_slices_fit(self) -> TrainingJobSpec:
@@ -293,6 +303,7 @@ class Metadata(Model):
 class JobPhase(StrEnum):
     PENDING = "Pending"
     RUNNING = "Running"
+    SUSPENDED = "Suspended"
     RESTARTING = "Restarting"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
@@ -313,6 +324,8 @@ class TrainingJobStatus(Model):
     observed_generation: int | None = None
     slices_ready: int = 0
     slices_total: int = 0
+    slices_active: int | None = None
+    step: int | None = None
     restarts: dict[str, int] = Field(default_factory=dict)
     last_checkpoint_step: int | None = None
     goodput: float | None = Field(default=None, ge=0.0, le=1.0)

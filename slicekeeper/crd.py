@@ -57,6 +57,8 @@ PRINTER_COLUMNS = [
     {"name": "TPU", "type": "string", "jsonPath": ".spec.tpu.type"},
     {"name": "Slices", "type": "integer", "jsonPath": ".spec.slices"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.slicesReady"},
+    {"name": "Active", "type": "integer", "jsonPath": ".status.slicesActive"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
     {"name": "Checkpoint", "type": "integer", "jsonPath": ".status.lastCheckpointStep"},
     {"name": "Goodput", "type": "number", "jsonPath": ".status.goodput"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -16,6 +16,7 @@ from slicekeeper.supervisor.host import HostSupervisor
 from slicekeeper.supervisor.plan import JobPlan
 from slicekeeper.supervisor.pod_plan import pod_plan
 
+from slicekeeper import protocol
 from slicekeeper.errors import UserError
 
 
@@ -25,7 +26,8 @@ def in_pod(command: list[str]) -> int:
     except UserError as error:
         print(f"slicekeeper supervisor: {error}", file=sys.stderr)
         return error.exit_code
-    return asyncio.run(HostSupervisor(plan, f"host-{host}", host).run())
+    machine = os.environ.get(protocol.ENV_NODE_NAME) or f"host-{host}"  # the node, in reports
+    return asyncio.run(HostSupervisor(plan, machine, host).run())
 
 
 def main(argv: list[str] | None = None) -> int:

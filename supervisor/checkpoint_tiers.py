@@ -84,11 +84,12 @@ class CheckpointTiers:
         self._queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
 
-    async def serve(self, address: str) -> str:
-        """Start the replica endpoint; returns the `host:port` peers reach it at."""
+    async def serve(self, address: str, advertise: str | None = None) -> str:
+        """Start the replica endpoint on `address`; returns the `host:port` peers reach it at
+        (`advertise`: the host name or IP they use, when not `address`)."""
         port = await self._server.serve(address, 0)
         self._worker = asyncio.create_task(self._copy_saved_steps())
-        return f"{address}:{port}"
+        return f"{advertise or address}:{port}"
 
     async def close(self) -> None:
         if self._worker is not None:

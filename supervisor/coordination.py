@@ -143,7 +143,7 @@ class Leader:
         self,
         hosts: int,
         max_restarts: int,
-        coordinator_address: Callable[[int], str],
+        coordinator_address: Callable[[int, int], str],
         summary_path: Path | None = None,
         max_restarts_without_progress: int = 3,
         persistent: PersistentTier | None = None,
@@ -154,6 +154,7 @@ class Leader:
         devices_per_host: int = 1,
         engine: PolicyEngine | None = None,
         events_path: Path | None = None,
+        replacement_timeout: float | None = None,
     ) -> None:
         self.hosts = hosts
         per_slice = hosts_per_slice or hosts
@@ -167,6 +168,13 @@ class Leader:
         self._joined: set[int] = set()
         """Hosts entering the world at the next start (their slice comes back): they may use twins."""
         self._capacity_offer = False
+        self.replacement_timeout = replacement_timeout
+        """In a cluster: the operator replaces a lost host by a new pod with its identity, which registers
+        as that host; a replacement is awaited this long. None: local mode, spares stand in."""
+        self._awaited: dict[int, asyncio.TimerHandle] = {}
+        """In a cluster: hosts whose replacement pod is awaited, with the end of each wait."""
+        self._no_capacity = False
+        """In a cluster: a replacement did not join in time; the policy sees no spare until one joins."""
         self.max_restarts = max_restarts
         self.max_restarts_without_progress = max_restarts_without_progress
         self._progress_this_generation = False
@@ -291,7 +299,10 @@ class Leader:
             return
         host = int(message["host"])
         status = self.status[host]
-        if kind == "register":
+        cluster = self.replacement_timeout is not None
+        if kind == "register" and cluster and self.state is not JobState.REGISTERING:
+            await self._replacement_joined(host, message, writer)
+        elif kind == "register":
             self._members[host] = writer
             status.metrics_port = message.get("metrics_port")
             status.replica_address = message.get("replica_address")
@@ -469,6 +480,8 @@ class Leader:
         else:
             await self._event(f"host_lost detected on host {host}: {detail}", host=host, kind="host_lost")
         if self.state is JobState.REGISTERING:
+            if self.replacement_timeout is not None:
+                return  # in a cluster the operator re-creates the pod, which registers as any other
             # Before the first start nothing trained yet: a spare stands in, or the job cannot start.
             if not self._spares:
                 await self._fail(f"host {host} was lost before the job started and no spare is left")
@@ -501,7 +514,7 @@ class Leader:
                 decision = await asyncio.to_thread(
                     self.remediation.decide,
                     event,
-                    spares=len(self._spares),
+                    spares=self._spare_count(),
                     idle=self._idle_hosts(),
                     step=self.high_water,
                     generation=self.generation,
@@ -556,7 +569,9 @@ class Leader:
     async def _apply(self, event: policy.Event, action: policy.Action) -> None:
         """Change who takes part, while the job is stopped; the next start runs the new world."""
         before = list(self.world.active)
-        if isinstance(action, policy.ReplaceHost):
+        if isinstance(action, policy.ReplaceHost) and self.replacement_timeout is not None:
+            await self._await_replacement(action.host, f"replaced ({event.kind})")
+        elif isinstance(action, policy.ReplaceHost):
             if not self._spares:
                 await self._fail(f"no spare left to replace host {action.host}")
                 return
@@ -590,6 +605,89 @@ class Leader:
                 self.world.restore(back)
                 self.remediation.scaled("up", before, self.high_water, self.generation, str(event.kind))
                 await self._event(f"scale-up: slice(s) {back} back, {len(self.world.hosts)} hosts")
+
+    # --- in a cluster: replacements are new pods ----------------------------------------------
+    def _spare_count(self) -> int:
+        """Spares the policy may count on: locally the idle spare supervisors; in a cluster the operator
+        replaces any host (one at a time is enough to say so) until a replacement failed to join."""
+        if self.replacement_timeout is None:
+            return len(self._spares)
+        return 0 if self._no_capacity else 1
+
+    async def _await_replacement(self, host: int, reason: str) -> None:
+        """ReplaceHost in a cluster: the host's pod goes (a live one retires: its supervisor marks its pod
+        for replacement and ends), the operator creates a new pod with the same identity, and the job
+        stays stopped until that pod's supervisor registers, or `replacement_timeout` passes."""
+        assert self.replacement_timeout is not None
+        if host in self._members:
+            await self._retire(host, reason)
+        self.status[host] = HostStatus(state="awaiting replacement")
+        if host in self._awaited:
+            return
+        self._waiting += 1
+        loop = asyncio.get_running_loop()
+        self._awaited[host] = loop.call_later(
+            self.replacement_timeout, lambda: self._spawn(self._replacement_overdue(host))
+        )
+        await self._event(
+            f"awaiting a replacement pod for host {host} (up to {self.replacement_timeout:g} s)", host=host
+        )
+
+    async def _replacement_overdue(self, host: int) -> None:
+        """No replacement joined in time (no capacity): the policy decides again, with no spare."""
+        if self._awaited.pop(host, None) is None:
+            return
+        self._waiting -= 1
+        self._no_capacity = True
+        await self._event(
+            f"no replacement for host {host} joined within {self.replacement_timeout:g} s "
+            "(spec.health.replacementTimeoutSeconds): no capacity",
+            host=host,
+        )
+        event = policy.HostLost(
+            t=time.time(), step=self.high_water, generation=self.generation, host=host, machine="none"
+        )
+        await self._decide_and_act(event)
+
+    async def _replacement_joined(
+        self, host: int, message: dict[str, Any], writer: asyncio.StreamWriter
+    ) -> None:
+        """A pod with `host`'s identity registered after the job started: the operator's replacement."""
+        old = self._members.get(host)
+        if old is not None and old is not writer:
+            old.close()  # a stale connection of the pod this one replaces
+        machine = str(message.get("machine", f"host-{host}"))
+        self.status[host] = HostStatus(
+            state="stopped" if self.state is JobState.STOPPING else "registered",
+            metrics_port=message.get("metrics_port"),
+            replica_address=message.get("replica_address"),
+            machine=machine,
+        )
+        self._members[host] = writer
+        self._no_capacity = False
+        self.remediation.detector.reset(self.world.hosts)
+        handle = self._awaited.pop(host, None)
+        if handle is not None:
+            handle.cancel()
+            self._waiting -= 1
+            self.hot_swaps.append(
+                {"host": host, "spare": None, "machine": machine, "generation": self.generation}
+            )
+            await self._event(f"hot-swap: a new pod on {machine} takes over host {host}", host=host)
+        else:
+            await self._event(f"host {host} re-registered from {machine}", host=host)
+        if self.state is JobState.STOPPING:
+            self._stopped.add(host)  # a newcomer has no workload to stop
+            await self._start_when_all_stopped()
+        elif host not in self.world.hosts:
+            # A host of a dropped slice is back (capacity returned): the policy may scale back up.
+            self._capacity_offer = True
+            await self._offer_capacity()
+        elif self.state is JobState.RUNNING:
+            # A new pod while the old one's connection was still open (a node lost without a word):
+            await self._stop_job(host, "host_lost", f"host {host} re-registered while running", time.time())
+            self._stopped.add(host)
+            await self._start_when_all_stopped()
 
     async def _retire(self, host: int, reason: str) -> None:
         """A live machine leaves the job (replaced, e.g. a straggler): its supervisor ends."""
@@ -746,7 +844,7 @@ class Leader:
         self.world.record(self.high_water, self.generation)
         self.remediation.new_world()
         world = self.world.hosts
-        address = self._coordinator_address(self.generation)
+        address = self._coordinator_address(self.generation, world[0])
         addresses = {h: s.replica_address for h, s in self.status.items() if s.replica_address}
         for host, writer in list(self._members.items()):
             if host not in world:
@@ -824,6 +922,20 @@ class Leader:
             "generation": self.generation,
             "restarts": dict(self.restarts),
             "hosts": hosts,
+        }
+
+    def cluster_status(self) -> dict[str, Any]:
+        """The job as the TrainingJob's status shows it (published on the leader's pod in a cluster)."""
+        return {
+            "state": self.state.value,
+            "generation": self.generation,
+            "step": self.high_water,
+            "slicesActive": len(self.world.active),
+            "restarts": dict(self.restarts),
+            "hotSwaps": len(self.hot_swaps),
+            "lastCheckpointStep": self.restore_plan().step,  # the newest step every shard restores from
+            "awaitingReplacement": sorted(self._awaited),
+            "failureReason": self.failure_reason,
         }
 
     def summary(self) -> dict[str, Any]:

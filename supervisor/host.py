@@ -33,6 +33,7 @@ from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers
 from slicekeeper.supervisor.coordination import Leader, send
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.metrics import SupervisorMetrics
+from slicekeeper.supervisor.own_pod import OwnPod
 from slicekeeper.supervisor.persistent_tier import PersistentTier
 from slicekeeper.supervisor.plan import JobPlan, free_port
 from slicekeeper.supervisor.workload_process import WorkloadProcess
@@ -54,6 +55,13 @@ SANITY_STEPS = 3
 
 LOST_EXIT_CODE = 137
 """How a supervisor whose machine a `lose` fault took ends (as if SIGKILLed)."""
+
+RETIRED_EXIT_CODE = 3
+"""In a pod: retired by the leader, replace this pod (its phase becomes Failed even if the annotation
+asking for a replacement could not be written)."""
+
+POD_STATUS_SECONDS = 5.0
+"""In a pod: how often the leader's supervisor publishes the job's progress on its own pod."""
 
 
 @dataclass
@@ -124,6 +132,7 @@ class HostSupervisor:
         self._sdk_eof: dict[int, asyncio.Event] = {}
         """Per generation: set when that workload's SDK connection has been read to the end."""
         self._events = (self._dir / "events.jsonl").open("a", buffering=1)
+        self._own_pod = None if plan.local else OwnPod.from_env(os.environ)
 
     def _spawn_task(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run in the background, holding a reference until done (the loop keeps only weak ones)."""
@@ -161,12 +170,13 @@ class HostSupervisor:
         port = self.plan.metrics_port
         if port and self.plan.local:
             port += self.host  # local hosts share the machine: host i on port + i; pods each have theirs
-        metrics_port = self.metrics.serve(port)
+        leader_host, leader_port = self.plan.leader.rsplit(":", 1)
+        bind = self._bind_address(leader_host)
+        metrics_port = self.metrics.serve(port, bind)
         with contextlib.suppress(FileNotFoundError):
             self._socket_path.unlink()
         sdk_server = await asyncio.start_unix_server(self._sdk_connection, path=str(self._socket_path))
-        leader_host, leader_port = self.plan.leader.rsplit(":", 1)
-        replica_address = await self.tiers.serve(leader_host if self.plan.local else "0.0.0.0")
+        replica_address = await self.tiers.serve(bind, advertise=self._advertised(bind))
         if self.host == 0:
             self._leader = Leader(
                 self.plan.hosts,
@@ -183,9 +193,12 @@ class HostSupervisor:
                 devices_per_host=self.plan.devices_per_host,
                 engine=PolicyEngine.from_spec(self.job.spec.policy),
                 events_path=Path(self.plan.run_dir) / "policy-events.jsonl",
+                replacement_timeout=self.plan.replacement_timeout,
             )
-            await self._leader.serve(leader_host if self.plan.local else "0.0.0.0", int(leader_port))
+            await self._leader.serve(bind, int(leader_port))
             publisher = self._spawn_task(self._leader.publish_status())
+            if self._own_pod is not None:
+                pod_status = self._spawn_task(self._publish_pod_status())
         reader, self._leader_writer = await self._connect_leader(leader_host, int(leader_port))
         hello = {"metrics_port": metrics_port, "pid": os.getpid(), "machine": self.machine}
         hello["replica_address"] = replica_address
@@ -211,14 +224,52 @@ class HostSupervisor:
             if self._leader is not None:
                 await asyncio.sleep(0.2)  # let the last broadcast reach the members and watchers
                 publisher.cancel()
+                if self._own_pod is not None:
+                    pod_status.cancel()
+                    await self._annotate_own_pod(self._own_pod.publish_status, self._pod_status())
                 await self._leader.close()
         return self._exit_code if self._exit_code is not None else 1
 
-    def _coordinator_address(self, generation: int) -> str:
+    def _coordinator_address(self, generation: int, rank0: int) -> str:
         if self.plan.local:
             return f"127.0.0.1:{free_port()}"
         # JAX's coordinator runs in rank 0's workload; peers reach it through the headless Service.
-        return f"{self.layout.hostname(self.layout.host(0))}.{self.layout.job_name}:8476"
+        return f"{self.layout.hostname(self.layout.host(rank0))}.{self.layout.job_name}:8476"
+
+    def _bind_address(self, leader_host: str) -> str:
+        """Where this supervisor's servers listen: locally the leader's loopback host; in a pod its IP
+        (every pod has its own), or all interfaces when the pod's IP is not given."""
+        if self.plan.local:
+            return leader_host
+        return self.plan.address or "0.0.0.0"
+
+    def _advertised(self, bind: str) -> str:
+        """The host peers reach this supervisor's servers at."""
+        if bind != "0.0.0.0":
+            return bind
+        return f"{self.layout.hostname(self.identity)}.{self.layout.job_name}"
+
+    # --- in a pod: the API server hears from the supervisor through its own pod only -------------
+    async def _annotate_own_pod(self, write: Any, *args: Any) -> bool:
+        error = await asyncio.to_thread(write, *args)
+        if error is not None:
+            print(f"[{self.machine}] {error}", file=sys.stderr, flush=True)
+        return error is None
+
+    def _pod_status(self) -> dict[str, Any]:
+        assert self._leader is not None
+        return {**self._leader.cluster_status(), "goodput": round(self.accountant.goodput(time.time()), 4)}
+
+    async def _publish_pod_status(self) -> None:
+        """The leader's view of the job on its own pod, for the operator's TrainingJob status."""
+        assert self._own_pod is not None
+        published: dict[str, Any] = {}
+        while True:
+            status = self._pod_status()
+            changed = {**status, "goodput": None} != {**published, "goodput": None}
+            if changed and await self._annotate_own_pod(self._own_pod.publish_status, status):
+                published = status
+            await asyncio.sleep(POD_STATUS_SECONDS)
 
     async def _connect_leader(
         self, host: str, port: int
@@ -506,6 +557,10 @@ class HostSupervisor:
         self.accountant.interrupt(time.time())
         self._retired = True
         self._exit_code = 0
+        if self._own_pod is not None:
+            # The operator deletes a marked pod and creates its replacement on other capacity.
+            await self._annotate_own_pod(self._own_pod.ask_replacement, reason)
+            self._exit_code = RETIRED_EXIT_CODE
         self._log({"source": "leader", "type": "retire", "reason": reason})
         print(f"[{self.machine}] retired: {reason}", file=sys.stderr, flush=True)
 

@@ -36,6 +36,11 @@ class JobPlan:
     """Spare supervisors (machines `spare-0`, ...) waiting to take over a lost host's identity."""
     run_key: str = ""
     """This run's folder under the persistent tier's URI: `<job name>/<run id>`."""
+    address: str | None = None
+    """In a pod: the pod's IP, where the supervisor's servers listen and peers reach them (None: the
+    leader's host locally; all interfaces, reached by host name, in a pod without POD_IP)."""
+    replacement_timeout: float | None = None
+    """In a pod: how long the leader awaits a lost host's replacement pod (None: locally, spares)."""
 
     @property
     def training_job(self) -> TrainingJob:

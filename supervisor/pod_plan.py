@@ -97,5 +97,7 @@ def pod_plan(env: Mapping[str, str], command: list[str]) -> tuple[JobPlan, int]:
         local=False,
         metrics_port=protocol.METRICS_PORT,
         run_key=f"{namespace}/{job.metadata.name}",
+        address=env.get(protocol.ENV_POD_IP) or None,
+        replacement_timeout=job.spec.health.replacement_timeout_seconds,
     )
     return plan, host

@@ -39,6 +39,13 @@ class Kube:
         async with self.session.delete(self.url + path) as response:
             assert response.status < 300, await response.text()
 
+    async def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """As a user (`kubectl patch --type merge`): merge `patch` into the TrainingJob."""
+        path = f"/apis/slicekeeper.dev/v1alpha1/namespaces/{namespace}/trainingjobs/{name}"
+        headers = {"Content-Type": "application/merge-patch+json"}
+        async with self.session.patch(self.url + path, json=patch, headers=headers) as response:
+            assert response.status < 300, await response.text()
+
     async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """As the kubelet or the scheduler: merge `patch` into the pod."""
         path = f"/api/v1/namespaces/{namespace}/pods/{name}"

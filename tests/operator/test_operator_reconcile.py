@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import subprocess
 import sys
 from typing import Any
@@ -161,7 +162,8 @@ async def test_a_job_its_supervisors_failed_stays_failed_and_is_not_replaced():
                 and kube.job(NS, "tiny-lm")["status"]
             )
         )
-        assert "restart budget spent" in status["conditions"][0]["message"]
+        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+        assert failed["status"] == "True" and "restart budget spent" in failed["message"]
         assert kube.pods(NS)["tiny-lm-s0-w0"]["metadata"]["uid"] == old_uid
 
 
@@ -242,3 +244,75 @@ async def test_slicekeeper_operator_runs_the_same_handlers_from_the_command_line
             process.terminate()
             assert await asyncio.wait_for(process.wait(), 30) is not None
             log.close()
+
+
+async def test_a_suspended_job_has_no_pods_until_it_resumes():
+    async with emulated_cluster() as kube, operator(kube):
+        await kube.apply(example())
+        await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
+        await kube.patch_job(NS, "tiny-lm", {"spec": {"suspend": True}})
+        await eventually(
+            lambda: not kube.pods(NS) and kube.job(NS, "tiny-lm")["status"].get("phase") == "Suspended",
+            what="no pods, phase Suspended",
+        )
+        await asyncio.sleep(1.5)  # three timer runs: nothing is re-created while suspended
+        assert kube.pods(NS) == {}
+        assert [s["metadata"]["name"] for s in kube.emulator.live("v1/services", NS)] == ["tiny-lm"]
+        await kube.patch_job(NS, "tiny-lm", {"spec": {"suspend": False}})
+        await eventually(lambda: sorted(kube.pods(NS)) == NAMES, what="the 4 pods back")
+        reasons = [e["reason"] for e in kube.events(NS)]
+        assert "Suspended" in reasons and "Resumed" in reasons
+        assert "HotSwap" not in reasons  # pods deleted by a suspension are not failures
+
+
+async def test_the_leaders_view_on_its_pod_becomes_the_job_status_and_scaling_events():
+    async with emulated_cluster() as kube, operator(kube):
+        await kube.apply(example())
+        await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
+        for name in NAMES:
+            await kube.patch_pod(NS, name, {"status": {"phase": "Running"}})
+
+        async def leader_publishes(**view: Any) -> None:
+            text = json.dumps({"state": "running", "restarts": {"crash": 1}, **view})
+            await kube.patch_pod(
+                NS, "tiny-lm-s0-w0", {"metadata": {"annotations": {"slicekeeper.dev/status": text}}}
+            )
+
+        await leader_publishes(step=40, slicesActive=2, lastCheckpointStep=35, goodput=0.9)
+        status = await eventually(
+            lambda: kube.job(NS, "tiny-lm")["status"].get("step") == 40 and kube.job(NS, "tiny-lm")["status"]
+        )
+        assert (status["phase"], status["slicesReady"], status["slicesActive"]) == ("Running", 2, 2)
+        assert status["restarts"] == {"crash": 1, "replace": 0}
+        assert (status["lastCheckpointStep"], status["goodput"]) == (35, 0.9)
+        # Host 3's replacement never joined: the leader's policy dropped slice 1.
+        await kube.patch_pod(
+            NS,
+            "tiny-lm-s1-w1",
+            {
+                "status": {
+                    "phase": "Pending",
+                    "conditions": [
+                        {
+                            "type": "PodScheduled",
+                            "status": "False",
+                            "reason": "Unschedulable",
+                            "message": "0/8 nodes are available",
+                        }
+                    ],
+                }
+            },
+        )
+        await leader_publishes(step=60, slicesActive=1, lastCheckpointStep=55, goodput=0.8)
+
+        def scaled_down() -> dict[str, Any] | None:
+            status = kube.job(NS, "tiny-lm")["status"]
+            conditions = {c["type"]: c for c in status.get("conditions", [])}
+            return conditions.get("ScaledDown", {}).get("status") == "True" and conditions["ScaledDown"]
+
+        down = await eventually(scaled_down, what="condition ScaledDown")
+        assert "tiny-lm-s1-w1: 0/8 nodes are available" in down["message"]
+        assert kube.job(NS, "tiny-lm")["status"]["phase"] == "Running"  # on the one slice left
+        await leader_publishes(step=90, slicesActive=2)
+        await eventually(lambda: "ScaleUp" in [e["reason"] for e in kube.events(NS)], what="ScaleUp event")
+        assert [e["reason"] for e in kube.events(NS)].count("ScaleDown") == 1

@@ -20,7 +20,7 @@ def run(scenario: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(scenario(), 3 * WAIT))
 
 
-def coordinator(generation: int) -> str:
+def coordinator(generation: int, rank0: int = 0) -> str:
     return f"10.0.0.1:{8476 + generation}"
 
 

@@ -83,7 +83,12 @@ def test_the_supervisor_is_the_entrypoint_and_wraps_the_users_command():
     downward = {
         e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e
     }
-    assert downward == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    assert downward == {
+        "POD_NAME": "metadata.name",
+        "POD_NAMESPACE": "metadata.namespace",
+        "POD_IP": "status.podIP",  # where the supervisor listens and its peers reach it
+        "NODE_NAME": "spec.nodeName",
+    }
 
 
 @pytest.mark.parametrize(

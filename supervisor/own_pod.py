@@ -1,0 +1,63 @@
+"""The supervisor's one door to the API server: annotations on its own pod, and nothing else.
+
+In a cluster the supervisors coordinate with each other directly; the API server hears from them only
+through their own pods (the Role `slicekeeper-supervisor` in operator/manifests/rbac.yaml):
+
+- `slicekeeper.dev/replace: <reason>`: a supervisor the leader retired while alive (a straggler, a
+  crash-looping host) asks the operator for a new pod with its identity on other capacity;
+- `slicekeeper.dev/status: <json>`: the leader's view of the job (step, active slices, restarts by
+  kind, last checkpoint step, goodput), which the operator copies into the TrainingJob's status.
+
+The pod is named by `POD_NAME` / `POD_NAMESPACE` (the downward API). The client is configured from the
+pod's service account, or from `KUBECONFIG` outside a cluster (the test harness). A write that fails is
+reported to the caller, never raised: training does not stop because the API server is unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from slicekeeper import protocol
+
+
+class OwnPod:
+    def __init__(self, namespace: str, name: str) -> None:
+        self.namespace = namespace
+        self.name = name
+        self._api: Any = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> OwnPod | None:
+        """The pod this process runs in, or None outside one (no POD_NAME)."""
+        name, namespace = env.get(protocol.ENV_POD_NAME), env.get(protocol.ENV_POD_NAMESPACE)
+        return cls(namespace, name) if name and namespace else None
+
+    def _core(self) -> Any:
+        if self._api is None:
+            from kubernetes import client, config  # the `operator` extra: only pods need it
+
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+            self._api = client.CoreV1Api()
+        return self._api
+
+    def annotate(self, annotations: dict[str, str]) -> str | None:
+        """Merge `annotations` into this pod's; returns why it failed, or None. Blocking: call it in
+        a thread from asyncio code."""
+        try:
+            self._core().patch_namespaced_pod(
+                self.name, self.namespace, {"metadata": {"annotations": annotations}}
+            )
+        except Exception as error:  # any failure (import, config, HTTP) is reported, not raised
+            return f"could not annotate pod {self.namespace}/{self.name}: {error!r}"[:500]
+        return None
+
+    def ask_replacement(self, reason: str) -> str | None:
+        return self.annotate({protocol.ANNOTATION_REPLACE: reason or "retired by the leader"})
+
+    def publish_status(self, status: dict[str, Any]) -> str | None:
+        return self.annotate({protocol.ANNOTATION_STATUS: json.dumps(status, sort_keys=True)})

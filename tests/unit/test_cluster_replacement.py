@@ -1,0 +1,130 @@
+"""The leader in a cluster: a lost host's replacement is a new pod with the same identity.
+
+The operator re-creates a lost pod; its supervisor registers as the same host. The leader holds the
+job stopped until it does (a hot-swap), or until `replacement_timeout` passes: then the policy decides
+again with no spare (by default: drop the host's slice), and the pod joining later brings the slice
+back (scale-up). A real Leader over TCP with fake members, two slices of two hosts.
+"""
+
+import asyncio
+
+from slicekeeper.supervisor.coordination import JobState, Leader
+
+from tests.unit.test_leader_coordination import Member, coordinator, eventually, join, run
+
+TIMEOUT = 0.5
+
+
+async def cluster_job(replacement_timeout: float = TIMEOUT) -> tuple[Leader, list[Member], int]:
+    leader = Leader(
+        hosts=4,
+        max_restarts=10,
+        coordinator_address=coordinator,
+        hosts_per_slice=2,
+        devices_per_host=2,
+        replacement_timeout=replacement_timeout,
+    )
+    port = await leader.serve("127.0.0.1", 0)
+    members = await join(port, 4)
+    for member in members:
+        await member.send("register", replica_address=f"pod-{member.host}:1", machine=f"node-{member.host}")
+    for member in members:
+        assert (await member.receive())["type"] == "start"
+    for member in members:
+        await member.progress(0, step=10, t=100.0)
+        await member.send("checkpoint", step=10)
+    await eventually(lambda: all(s.committed == {10} for s in leader.status.values()))
+    return leader, members, port
+
+
+async def lose_host_3(members: list[Member]) -> None:
+    members[3].close()
+    for member in members[:3]:
+        assert (await member.receive())["type"] == "stop"
+    for member in members[:3]:
+        # Host 1 (slice 0) keeps its twin's shard, host 3's, as a peer replica.
+        replicas = {"3": [10]} if member.host == 1 else {}
+        await member.send("stopped", generation=0, committed=[10], replicas=replicas)
+
+
+async def new_pod(port: int, host: int, node: str) -> Member:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    pod = Member(host, reader, writer)
+    await pod.send("register", replica_address=f"new-pod-{host}:1", machine=node)
+    return pod
+
+
+def test_a_lost_pod_is_awaited_and_its_replacement_takes_over_the_host():
+    async def scenario():
+        leader, members, port = await cluster_job(replacement_timeout=30)
+        await lose_host_3(members)
+        await eventually(lambda: leader.status[3].state == "awaiting replacement")
+        assert leader.state is JobState.STOPPING  # held: no start without host 3
+        replacement = await new_pod(port, 3, "node-9")
+        everyone = [*members[:3], replacement]
+        starts = [await m.receive() for m in everyone]
+        for rank, start in enumerate(starts):
+            assert (start["type"], start["generation"], start["restore_step"]) == ("start", 1, 10)
+            assert (start["world"], start["rank"]) == ([0, 1, 2, 3], rank)
+        assert starts[0]["replica_addresses"]["3"] == "new-pod-3:1"
+        # Host 3's shard comes from its peer replica on host 1 (the new pod holds nothing yet).
+        assert next((s["tier"], s.get("holder")) for s in starts[3]["sources"]) == ("peer", 1)
+        assert leader.hot_swaps == [{"host": 3, "spare": None, "machine": "node-9", "generation": 0}]
+        status = leader.cluster_status()
+        assert (status["slicesActive"], status["hotSwaps"], status["awaitingReplacement"]) == (2, 1, [])
+        assert status["restarts"] == {"host_lost": 1} and status["lastCheckpointStep"] == 10
+        for member in everyone:
+            member.close()
+        await leader.close()
+
+    run(scenario)
+
+
+def test_no_replacement_in_time_drops_the_slice_and_its_late_pod_brings_it_back():
+    async def scenario():
+        leader, members, port = await cluster_job()
+        await lose_host_3(members)
+        # No pod for host 3 within the timeout: the policy, told there is no spare, scales down.
+        starts = [await m.receive() for m in members[:2]]
+        assert [(s["type"], s["world"]) for s in starts] == [("start", [0, 1]), ("start", [0, 1])]
+        assert (await members[2].receive())["type"] == "park"
+        assert leader.cluster_status()["slicesActive"] == 1
+        decisions = [(d["event"]["kind"], d["action"]["name"]) for d in leader.summary()["decisions"]]
+        assert decisions == [("host_lost", "replace"), ("host_lost", "scale_down")]
+        for member in members[:2]:
+            await member.progress(1, step=12, t=200.0)
+        # Capacity came back: the replacement pod is scheduled at last and registers as host 3.
+        late = await new_pod(port, 3, "node-9")
+        for member in members[:2]:
+            assert (await member.receive())["type"] == "stop"
+        for member in members[:2]:
+            await member.send("stopped", generation=1, committed=[10])
+        everyone = [*members[:3], late]
+        starts = [await m.receive() for m in everyone]
+        assert [(s["type"], s["generation"], s["world"]) for s in starts] == [("start", 2, [0, 1, 2, 3])] * 4
+        assert leader.cluster_status()["slicesActive"] == 2
+        assert [e["kind"] for e in leader.summary()["scale_events"]] == ["down", "up"]
+        for member in everyone:
+            member.close()
+        await leader.close()
+
+    run(scenario)
+
+
+def test_a_pod_lost_before_the_job_started_is_awaited_not_failed():
+    async def scenario():
+        leader = Leader(hosts=2, max_restarts=3, coordinator_address=coordinator, replacement_timeout=TIMEOUT)
+        port = await leader.serve("127.0.0.1", 0)
+        members = await join(port, 2)
+        await members[0].send("register", machine="node-0")
+        members[1].close()  # connected, never registered: its pod went before it could
+        await asyncio.sleep(0.1)
+        again = await new_pod(port, 1, "node-7")
+        assert (await members[0].receive())["type"] == "start"
+        assert (await again.receive())["type"] == "start"
+        assert leader.state is JobState.RUNNING and leader.hot_swaps == []
+        for member in (members[0], again):
+            member.close()
+        await leader.close()
+
+    run(scenario)
