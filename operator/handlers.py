@@ -84,6 +84,30 @@ def _children(body: kopf.Body, job: TrainingJob) -> Iterator[dict[str, Any]]:
         yield manifest
 
 
+def _pod_summary(body: kopf.Body) -> dict[str, Any]:
+    """What the operator reads of a pod (name, labels, our annotations, node, phase, scheduling), in the
+    shape of the pod: the index keeps this much per pod, so a 25,000-host job costs megabytes, and no
+    handler lists the job's pods from the API server (100 MB of JSON at that size)."""
+    annotations = {k: v for k, v in body.metadata.annotations.items() if k.startswith(GROUP)}
+    status = body.get("status") or {}
+    scheduling = [c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"]
+    return {
+        "metadata": {
+            "name": body.metadata.name,
+            "labels": dict(body.metadata.labels),
+            "annotations": annotations,
+        },
+        "spec": {"nodeName": (body.get("spec") or {}).get("nodeName")},
+        "status": {"phase": status.get("phase"), "conditions": scheduling},
+    }
+
+
+def _not_ready(node: kopf.Body) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    return ready is not None and ready.get("status") != "True"
+
+
 def _suspended(body: kopf.Body) -> bool:
     return bool((body.get("spec") or {}).get("suspend"))
 
@@ -103,15 +127,28 @@ def register(
     def jobs(*, body: kopf.Body, **_: Any) -> dict[tuple[str, str], kopf.Body]:
         return {_where(body): body}
 
+    @kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, id="pods_by_job", registry=registry)
+    def pods_by_job(*, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+        return {(_where(body)[0], body.metadata.labels[LABEL_JOB]): _pod_summary(body)}
+
+    def job_pods(body: kopf.Body, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+        """The job's pods as the index has them (kopf fills every index before any handler runs)."""
+        index: kopf.Index[tuple[str, str], dict[str, Any]] = kwargs["pods_by_job"]
+        return list(index.get(_where(body), []))
+
     @kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, id="pods_by_node", registry=registry)
     def pods_by_node(*, body: kopf.Body, spec: kopf.Spec, **_: Any) -> dict[str, tuple[str, str]] | None:
         node = spec.get("nodeName")
         return {node: _where(body)} if node else None
 
+    @kopf.index("", "v1", "nodes", id="unready_nodes", registry=registry)
+    def unready_nodes(*, body: kopf.Body, **_: Any) -> dict[str, bool] | None:
+        return {str(body.metadata.name): True} if _not_ready(body) else None
+
     @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
-    def reconcile(*, body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    def reconcile(*, body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
         job = _validated(body, patch)
         if job is None:
             return
@@ -122,9 +159,11 @@ def register(
             patch.status["conditions"] = [condition("Invalid", "False", "Valid", "the spec is valid")]
         if job.spec.suspend:
             _create_missing(body, job, kinds=("Service", "ConfigMap"), pods=[])
-            _suspend(body, patch)
+            _suspend(body, patch, job_pods(body, kwargs))
             return
-        created = _create_missing(body, job, kinds=("Service", "ConfigMap", "Pod"))
+        created = _create_missing(
+            body, job, kinds=("Service", "ConfigMap", "Pod"), pods=job_pods(body, kwargs)
+        )
         if phase in (None, "Invalid", "Suspended"):
             patch.status["phase"] = "Pending"
         if phase == "Suspended":
@@ -136,16 +175,20 @@ def register(
             _post(body, reason="Created", message=f"created {created} children (pods, Service, ConfigMap)")
 
     @kopf.timer(GROUP, VERSION, PLURAL, interval=status_interval, registry=registry)
-    def keep(*, body: kopf.Body, patch: kopf.Patch, status: kopf.Status, **_: Any) -> None:
+    def keep(*, body: kopf.Body, patch: kopf.Patch, status: kopf.Status, **kwargs: Any) -> None:
         if status.get("phase") in (*FINAL_PHASES, None):
             return
         job = _job(body)
-        namespace, name = _where(body)
-        pods = cluster.pods(namespace, name)
+        namespace = _where(body)[0]
+        pods = job_pods(body, kwargs)
         if job.spec.suspend:
             for pod in pods:  # a deletion that failed in the update handler
                 cluster.delete_pod(namespace, pod["metadata"]["name"])
             return
+        unready: kopf.Index[str, bool] = kwargs["unready_nodes"]
+        for pod in pods:  # level-based too: a NotReady node seen before its pods were indexed
+            if pod["spec"]["nodeName"] in unready:
+                cluster.delete_pod(namespace, pod["metadata"]["name"])
         if len(pods) < job.total_hosts:
             _create_missing(body, job, kinds=("Pod",), pods=pods)
         derived = derive(job, pods, dict(status))
@@ -181,9 +224,7 @@ def register(
     @kopf.on.event("", "v1", "nodes", registry=registry)
     def node_event(*, body: kopf.Body, **kwargs: Any) -> None:
         pods_by_node: kopf.Index[str, tuple[str, str]] = kwargs["pods_by_node"]
-        conditions = (body.get("status") or {}).get("conditions") or []
-        ready = next((c for c in conditions if c.get("type") == "Ready"), None)
-        if ready is None or ready.get("status") == "True":
+        if not _not_ready(body):
             return
         for namespace, name in list(pods_by_node.get(body.metadata.name, [])):
             cluster.delete_pod(namespace, name)  # its DELETED event re-creates it elsewhere
@@ -193,12 +234,10 @@ def register(
         cluster.delete_children(*_where(body))
 
     def _create_missing(
-        body: kopf.Body, job: TrainingJob, kinds: tuple[str, ...], pods: list[dict[str, Any]] | None = None
+        body: kopf.Body, job: TrainingJob, kinds: tuple[str, ...], pods: list[dict[str, Any]]
     ) -> int:
-        """Create the children of `kinds` that do not exist: one list of the job's pods, then one
-        create per missing pod (a restarted operator re-creates only what went missing)."""
-        if pods is None:
-            pods = cluster.pods(*_where(body))
+        """Create the children of `kinds` that do not exist: one create per pod missing from `pods`
+        (a restarted operator re-creates only what went missing; a 409 means it was there)."""
         existing = {p["metadata"]["name"] for p in pods}
         wanted = (
             m
@@ -227,10 +266,9 @@ def register(
                 message=f"pod {name} re-created ({reason}); avoiding nodes: {avoided}",
             )
 
-    def _suspend(body: kopf.Body, patch: kopf.Patch) -> None:
+    def _suspend(body: kopf.Body, patch: kopf.Patch, pods: list[dict[str, Any]]) -> None:
         """Delete the job's pods (their supervisors end; the persistent tier keeps the progress)."""
-        namespace, name = _where(body)
-        pods = cluster.pods(namespace, name)
+        namespace, _ = _where(body)
         for pod in pods:
             cluster.delete_pod(namespace, pod["metadata"]["name"])
         previous = (body.get("status") or {}).get("phase")

@@ -15,6 +15,8 @@ import yaml
 from slicekeeper import api
 
 _DROP = {"title", "additionalProperties", "$defs"}
+"""Not in a structural schema; except a map's value schema (`dict[str, int]`: additionalProperties
+{type: integer}), restored below, without which the API server would prune every key of the map."""
 
 
 def _resolve(node: Any, defs: dict[str, Any]) -> Any:
@@ -26,7 +28,10 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
         target = _resolve(defs[node["$ref"].split("/")[-1]], defs)
         extra = {k: v for k, v in node.items() if k != "$ref"}
         return {**target, **_resolve(extra, defs)}
+    values = node.get("additionalProperties")
     node = {k: _resolve(v, defs) for k, v in node.items() if k not in _DROP}
+    if isinstance(values, dict):
+        node["additionalProperties"] = _resolve(values, defs)
     variants = node.get("anyOf")
     if variants is not None:
         non_null = [v for v in variants if v.get("type") != "null"]

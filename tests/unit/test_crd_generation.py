@@ -74,3 +74,8 @@ def test_the_crd_schema_rejects_what_the_models_reject():
     example["spec"]["checkpoint"]["interval"] = "often"
     messages = [e.message for e in _validator().iter_errors(example)]
     assert len(messages) == 2
+
+
+def test_a_map_in_the_status_keeps_its_value_schema_so_the_api_server_does_not_prune_its_keys():
+    status = crd.openapi_schema()["properties"]["status"]
+    assert status["properties"]["restarts"] == {"type": "object", "additionalProperties": {"type": "integer"}}
