@@ -1,0 +1,143 @@
+"""The operator's Deployment and the image it runs: valid objects that agree with the code and the RBAC.
+
+A wrong probe path, a service account rbac.yaml does not define, or an image that misses a package
+folder only shows on a real cluster, long after the change; these checks run offline.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from typing import Any
+from urllib.parse import urlsplit
+
+import kubernetes_validate
+import yaml
+from packaging.specifiers import SpecifierSet
+from slicekeeper.operator.main import LIVENESS
+from slicekeeper.operator.render import render
+
+from slicekeeper.api import load_training_job
+from tests.helpers import EXAMPLE, ROOT
+
+OPERATOR = ROOT / "operator" / "manifests" / "operator.yaml"
+RBAC = ROOT / "operator" / "manifests" / "rbac.yaml"
+DOCKERFILE = ROOT / "Dockerfile"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def documents(path: Any) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def deployment() -> dict[str, Any]:
+    (found,) = [d for d in documents(OPERATOR) if d["kind"] == "Deployment"]
+    return found
+
+
+def container() -> dict[str, Any]:
+    (found,) = deployment()["spec"]["template"]["spec"]["containers"]
+    return found
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    lines = [line.strip() for line in text.splitlines()]
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "")
+        for line in lines
+        if line and not line.startswith("#")
+    ]
+
+
+def test_every_object_is_valid_against_the_kubernetes_schema():
+    assert [d["kind"] for d in documents(OPERATOR)] == ["Deployment"]
+    for document in documents(OPERATOR):
+        kubernetes_validate.validate(document, "1.31", strict=True)
+
+
+def test_one_replica_replaced_by_recreate_never_two_operators_at_once():
+    spec = deployment()["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    labels = spec["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_the_liveness_probe_asks_where_kopf_serves_it():
+    served = urlsplit(LIVENESS)
+    probe = container()["livenessProbe"]["httpGet"]
+    assert (probe["path"], probe["port"]) == (served.path, served.port)
+    assert served.port in [p["containerPort"] for p in container()["ports"]]
+    # `slicekeeper operator` serves LIVENESS by default: the command must not move it elsewhere.
+    assert container()["command"] == ["slicekeeper", "operator"]
+    assert "slicekeeper" in PYPROJECT["project"]["scripts"]
+
+
+def test_it_runs_as_the_operator_account_that_rbac_yaml_defines_and_binds():
+    metadata, pod = deployment()["metadata"], deployment()["spec"]["template"]["spec"]
+    account = pod["serviceAccountName"]
+    rbac = documents(RBAC)
+    assert any(
+        d["kind"] == "ServiceAccount"
+        and d["metadata"]["name"] == account
+        and d["metadata"]["namespace"] == metadata["namespace"] == "slicekeeper-system"
+        for d in rbac
+    )
+    binding = next(d for d in rbac if d["kind"] == "ClusterRoleBinding")
+    subject = {"kind": "ServiceAccount", "name": account, "namespace": metadata["namespace"]}
+    assert subject in binding["subjects"]
+
+
+def test_it_runs_non_root_on_a_read_only_root_with_bounded_resources():
+    pod, box = deployment()["spec"]["template"]["spec"], container()
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert isinstance(pod["securityContext"]["runAsUser"], int) and pod["securityContext"]["runAsUser"] > 0
+    assert box["securityContext"]["readOnlyRootFilesystem"] is True
+    assert box["securityContext"]["allowPrivilegeEscalation"] is False
+    assert box["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    resources = box["resources"]
+    for bound in ("requests", "limits"):
+        assert {"cpu", "memory"} <= resources[bound].keys(), bound
+    assert resources["requests"]["memory"] == resources["limits"]["memory"]
+    assert box["image"] == load_training_job(EXAMPLE).spec.workload.image  # one image for both
+
+
+def test_the_image_installs_existing_extras_and_runs_as_the_deployments_user():
+    instructions = dockerfile_instructions()
+    bases = [arguments.split()[0] for name, arguments in instructions if name == "FROM"]
+    assert bases and all(base == "python:3.12-slim" for base in bases)
+    assert SpecifierSet(PYPROJECT["project"]["requires-python"]).contains("3.12")
+    (extras,) = [a.split("=", 1)[1] for n, a in instructions if n == "ARG" and a.startswith("EXTRAS=")]
+    assert extras.split(",") == ["jax", "operator"]
+    assert set(extras.split(",")) <= PYPROJECT["project"]["optional-dependencies"].keys()
+    (user,) = [arguments for name, arguments in instructions if name == "USER"]
+    uid = deployment()["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
+    assert user.split(":")[0] == str(uid), "runAsNonRoot needs the image's numeric user"
+    assert not [name for name, _ in instructions if name in ("ENTRYPOINT", "CMD")]
+
+
+def test_the_image_copies_every_package_folder_and_the_build_context_keeps_them():
+    folders = {"slicekeeper", *PYPROJECT["tool"]["setuptools"]["package-dir"].values()}
+    top_level = {folder.split("/")[0] for folder in folders}
+    copied = {
+        source.rstrip("/")
+        for name, arguments in dockerfile_instructions()
+        if name == "COPY" and not arguments.startswith("--from")
+        for source in arguments.split()[:-1]
+    }
+    assert top_level | {"pyproject.toml", "README.md"} <= copied
+    kept = {
+        line[1:].rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
+    assert copied <= kept, f"the build context leaves out {copied - kept}"
+
+
+def test_the_pods_command_is_a_module_the_image_installs():
+    pod = next(render(load_training_job(EXAMPLE)).pods())
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[:3] == ["python", "-m", "slicekeeper.supervisor"]
+    assert command[2] in PYPROJECT["tool"]["setuptools"]["packages"]
