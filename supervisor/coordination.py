@@ -653,6 +653,12 @@ class Leader:
         self, host: int, message: dict[str, Any], writer: asyncio.StreamWriter
     ) -> None:
         """A pod with `host`'s identity registered after the job started: the operator's replacement."""
+        if self.state is JobState.SUCCEEDED:
+            await send(writer, {"type": "shutdown"})  # too late: the job is over
+            return
+        if self.state is JobState.FAILED:
+            await send(writer, {"type": "fail", "reason": self.failure_reason or "the job failed"})
+            return
         old = self._members.get(host)
         if old is not None and old is not writer:
             old.close()  # a stale connection of the pod this one replaces

@@ -128,3 +128,20 @@ def test_a_pod_lost_before_the_job_started_is_awaited_not_failed():
         await leader.close()
 
     run(scenario)
+
+
+def test_a_pod_that_joins_after_the_job_finished_is_told_to_shut_down():
+    async def scenario():
+        leader, members, port = await cluster_job()
+        for member in members:
+            await member.send("finished", generation=0, step=40, fingerprint="f")
+        for member in members:
+            assert (await member.receive())["type"] == "shutdown"
+        late = await new_pod(port, 3, "node-9")
+        assert await late.receive() == {"type": "shutdown"}
+        assert leader.hot_swaps == []
+        for member in [*members, late]:
+            member.close()
+        await leader.close()
+
+    run(scenario)
