@@ -134,10 +134,6 @@ class Cluster:
                 deleted += _done_unless(partial(delete, item["metadata"]["name"], namespace), already=404)
         return deleted
 
-    def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
-        """The job's pods as plain dicts (camelCase, as the API sends them)."""
-        return list(self._pages(namespace, job))
-
     def _pages(self, namespace: str, job: str) -> Iterator[dict[str, Any]]:
         """The job's pods, listed LIST_PAGE_SIZE at a time and parsed from the raw JSON (the client's
         models of them are never built)."""
