@@ -10,7 +10,8 @@ Every write the operator makes goes through here, so that the rules hold everywh
 
 The job's pods are listed a page at a time (`LIST_PAGE_SIZE`) and parsed from the raw JSON: a
 25,000-pod list in one piece (about 90 MB of JSON) made into the client's models took the operator's
-peak memory to 1.9 GB when it deleted such a job (benchmarks/operator_scale.py); paged, 0.2 GB.
+peak memory to 1.9 GB when it deleted such a job (benchmarks/operator_scale.py); paged, 0.2 GB. The
+same listing fills the operator's pod store when it first reads a job (operator/pod_store.py).
 
 `writes` counts the write requests made, for the scale benchmark's "API writes per hot-swap".
 """
@@ -120,7 +121,7 @@ class Cluster:
         """Delete every pod, Service and ConfigMap labelled as the job's: the finalizer's cleanup."""
         selector = f"{LABEL_JOB}={job}"
         # Every name first, then the deletes: no page changes while the pods are listed.
-        names = [pod["metadata"]["name"] for pod in self._pages(namespace, job)]
+        names = [pod["metadata"]["name"] for pod in self.job_pods(namespace, job)]
         deleted = sum(self.delete_pod(namespace, name) for name in names)
         serialize = self._core.api_client.sanitize_for_serialization
         services = serialize(self._core.list_namespaced_service(namespace, label_selector=selector).items)
@@ -134,7 +135,7 @@ class Cluster:
                 deleted += _done_unless(partial(delete, item["metadata"]["name"], namespace), already=404)
         return deleted
 
-    def _pages(self, namespace: str, job: str) -> Iterator[dict[str, Any]]:
+    def job_pods(self, namespace: str, job: str) -> Iterator[dict[str, Any]]:
         """The job's pods, listed LIST_PAGE_SIZE at a time and parsed from the raw JSON (the client's
         models of them are never built)."""
         token: str | None = None

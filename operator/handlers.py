@@ -18,6 +18,10 @@ Handlers, all idempotent (kopf retries them, and a restarted operator runs `resu
   spent): the job is marked Failed and nothing is replaced.
 - node events: a NotReady node's job pods are hot-swapped (deleted, then re-created elsewhere).
 - delete: the finalizer (kopf adds it for a non-optional delete handler) deletes the children.
+
+The handlers read pods and nodes from the operator's own store (operator/pod_store.py), kept by the
+pod and node event handlers, never from a list request per run and never from kopf indexes, whose
+filling makes a restarted operator quadratic in the pods. The only kopf index is `jobs` (few objects).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import kopf
 from slicekeeper.operator.cluster import PLURAL, VERSION, Cluster
 from slicekeeper.operator.hot_swap import AVOID_ANNOTATION, replacement, replacement_reason
 from slicekeeper.operator.job_status import HOT_SWAPS_ANNOTATION, condition, derive, with_condition
+from slicekeeper.operator.pod_store import PodStore
 from slicekeeper.operator.render import GROUP, LABEL_JOB, manifests, render
 
 from slicekeeper.api import TrainingJob, parse_training_job
@@ -84,30 +89,6 @@ def _children(body: kopf.Body, job: TrainingJob) -> Iterator[dict[str, Any]]:
         yield manifest
 
 
-def _pod_summary(body: kopf.Body) -> dict[str, Any]:
-    """What the operator reads of a pod (name, labels, our annotations, node, phase, scheduling), in the
-    shape of the pod: the index keeps this much per pod, so a 25,000-host job costs megabytes, and no
-    handler lists the job's pods from the API server (100 MB of JSON at that size)."""
-    annotations = {k: v for k, v in body.metadata.annotations.items() if k.startswith(GROUP)}
-    status = body.get("status") or {}
-    scheduling = [c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"]
-    return {
-        "metadata": {
-            "name": body.metadata.name,
-            "labels": dict(body.metadata.labels),
-            "annotations": annotations,
-        },
-        "spec": {"nodeName": (body.get("spec") or {}).get("nodeName")},
-        "status": {"phase": status.get("phase"), "conditions": scheduling},
-    }
-
-
-def _not_ready(node: kopf.Body) -> bool:
-    conditions = (node.get("status") or {}).get("conditions") or []
-    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
-    return ready is not None and ready.get("status") != "True"
-
-
 def _suspended(body: kopf.Body) -> bool:
     return bool((body.get("spec") or {}).get("suspend"))
 
@@ -116,6 +97,7 @@ def register(
     registry: kopf.OperatorRegistry, cluster: Cluster, status_interval: float = STATUS_INTERVAL_SECONDS
 ) -> None:
     """Put every handler on `registry`, acting on the cluster through `cluster`."""
+    store = PodStore()
 
     @kopf.on.startup(registry=registry)
     def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -127,28 +109,15 @@ def register(
     def jobs(*, body: kopf.Body, **_: Any) -> dict[tuple[str, str], kopf.Body]:
         return {_where(body): body}
 
-    @kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, id="pods_by_job", registry=registry)
-    def pods_by_job(*, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
-        return {(_where(body)[0], body.metadata.labels[LABEL_JOB]): _pod_summary(body)}
-
-    def job_pods(body: kopf.Body, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
-        """The job's pods as the index has them (kopf fills every index before any handler runs)."""
-        index: kopf.Index[tuple[str, str], dict[str, Any]] = kwargs["pods_by_job"]
-        return list(index.get(_where(body), []))
-
-    @kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, id="pods_by_node", registry=registry)
-    def pods_by_node(*, body: kopf.Body, spec: kopf.Spec, **_: Any) -> dict[str, tuple[str, str]] | None:
-        node = spec.get("nodeName")
-        return {node: _where(body)} if node else None
-
-    @kopf.index("", "v1", "nodes", id="unready_nodes", registry=registry)
-    def unready_nodes(*, body: kopf.Body, **_: Any) -> dict[str, bool] | None:
-        return {str(body.metadata.name): True} if _not_ready(body) else None
+    def job_pods(body: kopf.Body) -> list[dict[str, Any]]:
+        """The job's pods, as summaries from the store (listed from the API server on first use)."""
+        namespace, name = _where(body)
+        return store.pods(namespace, name, lambda: cluster.job_pods(namespace, name))
 
     @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
-    def reconcile(*, body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
+    def reconcile(*, body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         job = _validated(body, patch)
         if job is None:
             return
@@ -159,11 +128,9 @@ def register(
             patch.status["conditions"] = [condition("Invalid", "False", "Valid", "the spec is valid")]
         if job.spec.suspend:
             _create_missing(body, job, kinds=("Service", "ConfigMap"), pods=[])
-            _suspend(body, patch, job_pods(body, kwargs))
+            _suspend(body, patch, job_pods(body))
             return
-        created = _create_missing(
-            body, job, kinds=("Service", "ConfigMap", "Pod"), pods=job_pods(body, kwargs)
-        )
+        created = _create_missing(body, job, kinds=("Service", "ConfigMap", "Pod"), pods=job_pods(body))
         if phase in (None, "Invalid", "Suspended"):
             patch.status["phase"] = "Pending"
         if phase == "Suspended":
@@ -175,19 +142,18 @@ def register(
             _post(body, reason="Created", message=f"created {created} children (pods, Service, ConfigMap)")
 
     @kopf.timer(GROUP, VERSION, PLURAL, interval=status_interval, registry=registry)
-    def keep(*, body: kopf.Body, patch: kopf.Patch, status: kopf.Status, **kwargs: Any) -> None:
+    def keep(*, body: kopf.Body, patch: kopf.Patch, status: kopf.Status, **_: Any) -> None:
         if status.get("phase") in (*FINAL_PHASES, None):
             return
         job = _job(body)
         namespace = _where(body)[0]
-        pods = job_pods(body, kwargs)
+        pods = job_pods(body)
         if job.spec.suspend:
             for pod in pods:  # a deletion that failed in the update handler
                 cluster.delete_pod(namespace, pod["metadata"]["name"])
             return
-        unready: kopf.Index[str, bool] = kwargs["unready_nodes"]
-        for pod in pods:  # level-based too: a NotReady node seen before its pods were indexed
-            if pod["spec"]["nodeName"] in unready:
+        for pod in pods:  # level-based too: a node that went NotReady before its pods were known
+            if not store.node_ready(pod["spec"]["nodeName"]):
                 cluster.delete_pod(namespace, pod["metadata"]["name"])
         if len(pods) < job.total_hosts:
             _create_missing(body, job, kinds=("Pod",), pods=pods)
@@ -200,7 +166,8 @@ def register(
             cluster.delete_pod(namespace, leftover)
 
     @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
-    def pod_event(*, type: str, body: kopf.Body, **kwargs: Any) -> None:
+    def pod_event(*, type: str | None, body: kopf.Body, **kwargs: Any) -> None:
+        store.observe(type, body)
         jobs: kopf.Index[tuple[str, str], kopf.Body] = kwargs["jobs"]
         namespace, _ = _where(body)
         owner = next(iter(jobs.get((namespace, body.metadata.labels[LABEL_JOB]), [])), None)
@@ -222,16 +189,16 @@ def register(
             _hot_swap(owner, pod, reason, delete=True)
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
-    def node_event(*, body: kopf.Body, **kwargs: Any) -> None:
-        pods_by_node: kopf.Index[str, tuple[str, str]] = kwargs["pods_by_node"]
-        if not _not_ready(body):
+    def node_event(*, body: kopf.Body, **_: Any) -> None:
+        if not store.observe_node(body):
             return
-        for namespace, name in list(pods_by_node.get(body.metadata.name, [])):
+        for namespace, name in store.pods_on(str(body.metadata.name)):
             cluster.delete_pod(namespace, name)  # its DELETED event re-creates it elsewhere
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
     def cleanup(*, body: kopf.Body, **_: Any) -> None:
         cluster.delete_children(*_where(body))
+        store.forget_job(*_where(body))
 
     def _create_missing(
         body: kopf.Body, job: TrainingJob, kinds: tuple[str, ...], pods: list[dict[str, Any]]

@@ -200,6 +200,32 @@ async def test_an_operator_restart_recreates_what_went_missing_while_it_was_down
             assert cluster.writes <= 4
 
 
+async def test_an_operator_restart_replaces_the_pods_of_a_node_lost_while_it_was_down():
+    async with emulated_cluster() as kube:
+        async with operator(kube):
+            await kube.apply(example())
+            await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
+            for name in NAMES:
+                node = "tpu-a" if "-s0-" in name else "tpu-b"
+                await kube.patch_pod(NS, name, {"spec": {"nodeName": node}, "status": {"phase": "Running"}})
+        uids = {n: p["metadata"]["uid"] for n, p in kube.pods(NS).items()}
+        await kube.put_node(
+            {"metadata": {"name": "tpu-b"}, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}
+        )
+        async with operator(kube):
+            await eventually(
+                lambda: all(
+                    (p := kube.pods(NS).get(n)) and p["metadata"]["uid"] != uids[n]
+                    for n in NAMES
+                    if "-s1-" in n
+                ),
+                what="slice 1's pods replaced by the restarted operator",
+            )
+            pods = kube.pods(NS)
+            assert len(pods) == 4
+            assert all(pods[n]["metadata"]["uid"] == uids[n] for n in NAMES if "-s0-" in n)
+
+
 async def test_a_node_going_not_ready_has_its_job_pods_replaced_elsewhere():
     async with emulated_cluster() as kube, operator(kube):
         await kube.apply(example())
