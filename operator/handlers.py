@@ -159,7 +159,8 @@ def register(
             _create_missing(body, job, kinds=("Pod",), pods=pods)
         derived = derive(job, pods, dict(status))
         for key, value in derived.status.items():
-            patch.status[key] = value
+            if status.get(key) != value:  # at rest nothing changes, and nothing is written
+                patch.status[key] = value
         for event in derived.events:
             (_post_warning if event.warning else _post)(body, reason=event.reason, message=event.message)
         for leftover in derived.leftover_pods:

@@ -272,6 +272,19 @@ async def test_slicekeeper_operator_runs_the_same_handlers_from_the_command_line
             log.close()
 
 
+async def test_a_job_at_rest_costs_no_writes():
+    async with emulated_cluster() as kube, operator(kube):
+        await kube.apply(example())
+        await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
+        for name in NAMES:
+            await kube.patch_pod(NS, name, {"status": {"phase": "Running"}})
+        await eventually(lambda: kube.job(NS, "tiny-lm")["status"].get("phase") == "Running", what="Running")
+        await asyncio.sleep(1.0)  # the status written for the last change
+        before = len(kube.writes())
+        await asyncio.sleep(2.5)  # five timer runs with nothing changed
+        assert kube.writes()[before:] == []
+
+
 async def test_a_suspended_job_has_no_pods_until_it_resumes():
     async with emulated_cluster() as kube, operator(kube):
         await kube.apply(example())
