@@ -36,8 +36,9 @@ parse (the operator stops on the 500). Per job size, a fresh emulator and operat
    deleted every pod and the job is gone, and the operator's peak memory after it;
 8. **restart** (unless `--restart-timeout 0`): the job is applied again, and once its pods exist the
    operator is stopped and a fresh one started: seconds until it serves the job again (its first
-   status patch: kopf runs no handler before every index is filled from its first listing of the
-   pods), and its peak memory. Given up after `--restart-timeout` seconds.
+   status patch, written by the resume handler once it has read the job's pods: kopf runs no handler
+   before its index of TrainingJobs is filled), and its peak memory. Given up after
+   `--restart-timeout` seconds.
 
 Job shapes: v5p hosts carry 4 chips; a size of N hosts runs N / h slices of h hosts (v5p-(8h)), h the
 largest power of two up to 16 that divides N: 64 = 4 x 16 (v5p-128), 1,000 = 125 x 8 (v5p-64),
@@ -540,8 +541,8 @@ class Run:
 
     async def restart(self, timeout: float) -> None:
         """A fresh operator: how long until it has resumed the job, what it wrote, its peak memory.
-        kopf runs no handler (resume, timer, pod events) before every index is filled from its first
-        listing of the pods: the first status patch says the operator is serving the job again."""
+        The first status patch comes from the resume handler, once it has read the job's pods (kopf
+        runs no handler before its indexes are filled): the operator is serving the job again."""
         f, emulator = self.figures, self.emulator
         log = self.logs / f"operator-{self.shape.hosts}-restart.log"
         start = len(emulator._requests)

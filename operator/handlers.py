@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import kopf
-from slicekeeper.operator.cluster import PLURAL, VERSION, Cluster
+from slicekeeper.operator.cluster import LIST_PAGE_SIZE, PLURAL, VERSION, Cluster
 from slicekeeper.operator.hot_swap import AVOID_ANNOTATION, replacement, replacement_reason
 from slicekeeper.operator.job_status import HOT_SWAPS_ANNOTATION, condition, derive, with_condition
 from slicekeeper.operator.pod_store import PodStore
@@ -104,6 +104,9 @@ def register(
         # Only our own events (remediations, invalid specs) and kopf's warnings and errors become
         # Kubernetes events: kopf's INFO logs would post one per timer run, every few seconds.
         settings.posting.level = logging.WARNING
+        # kopf's first listing of the pods a page at a time, as they come: in one piece, 25,000 pods
+        # (about 100 MB of JSON) took a restarted operator to 790 MiB; paged, 220 MiB.
+        settings.watching.chunk_size = LIST_PAGE_SIZE
 
     @kopf.index(GROUP, VERSION, PLURAL, id="jobs", registry=registry)
     def jobs(*, body: kopf.Body, **_: Any) -> dict[tuple[str, str], kopf.Body]:
