@@ -26,6 +26,7 @@ filling makes a restarted operator quadratic in the pods. The only kopf index is
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -169,8 +170,11 @@ def register(
         for leftover in derived.leftover_pods:
             cluster.delete_pod(namespace, leftover)
 
+    # The event handlers are coroutines: they run on kopf's event loop, and only their API calls go
+    # to a thread. A restarted operator gets an event per existing pod (25,000 for a large job);
+    # as sync handlers they queued on kopf's thread pool ahead of the job's resume handler and timer.
     @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
-    def pod_event(*, type: str | None, body: kopf.Body, **kwargs: Any) -> None:
+    async def pod_event(*, type: str | None, body: kopf.Body, **kwargs: Any) -> None:
         store.observe(type, body)
         jobs: kopf.Index[tuple[str, str], kopf.Body] = kwargs["jobs"]
         namespace, _ = _where(body)
@@ -181,23 +185,23 @@ def register(
             return  # a suspended job's pods were deleted on purpose
         pod = dict(body)
         if type == "DELETED":
-            _hot_swap(owner, pod, "it was deleted", delete=False)
+            await asyncio.to_thread(_hot_swap, owner, pod, "it was deleted", delete=False)
             return
         terminated = _terminated(pod)
         if terminated is not None and terminated.get("exitCode") == JOB_FAILED_EXIT_CODE:
             message = terminated.get("message") or f"pod {body.metadata.name}'s supervisor failed the job"
-            _fail(owner, message)
+            await asyncio.to_thread(_fail, owner, message)
             return
         reason = replacement_reason(pod)
         if reason is not None:
-            _hot_swap(owner, pod, reason, delete=True)
+            await asyncio.to_thread(_hot_swap, owner, pod, reason, delete=True)
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
-    def node_event(*, body: kopf.Body, **_: Any) -> None:
+    async def node_event(*, body: kopf.Body, **_: Any) -> None:
         if not store.observe_node(body):
             return
         for namespace, name in store.pods_on(str(body.metadata.name)):
-            cluster.delete_pod(namespace, name)  # its DELETED event re-creates it elsewhere
+            await asyncio.to_thread(cluster.delete_pod, namespace, name)  # its DELETED event re-creates it
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
     def cleanup(*, body: kopf.Body, **_: Any) -> None:

@@ -100,14 +100,15 @@ class PodStore:
             return list(self._by_job.get(key, {}).values())
 
     def forget_job(self, namespace: str, job: str) -> None:
-        """The job is gone: drop its pods (a job created again under its name is listed again)."""
+        """The job is gone: drop its pods. It stays listed: the watch has been on since, so the events
+        alone describe a job created again under its name (and nothing piles up in `_observed`)."""
         key = (namespace, job)
         with self._lock:
             for name in list(self._by_job.get(key, {})):
                 self._forget(key, name)
             self._by_job.pop(key, None)
-            self._listed.discard(key)
             self._observed.pop(key, None)
+            self._listed.add(key)
 
     def observe_node(self, node: Mapping[str, Any]) -> bool:
         """A node's watch event; True when the node is NotReady."""

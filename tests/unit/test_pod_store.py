@@ -116,13 +116,16 @@ class TestFirstRead:
         assert phases(store, Lister([])) == {}
         assert [p["metadata"]["name"] for p in store.pods(NAMESPACE, "other", Lister([]))] == ["other-s0-w0"]
 
-    def test_a_forgotten_job_is_listed_again(self) -> None:
+    def test_a_deleted_job_drops_its_pods_and_its_successor_follows_the_events(self) -> None:
         store = PodStore()
         assert phases(store, Lister([pod("llm-s0-w0")])) == {"llm-s0-w0": "Running"}
         store.forget_job(NAMESPACE, JOB)
-        lister = Lister([])
+        store.observe("DELETED", pod("llm-s0-w0"))  # the finalizer's deletes, seen after
+        lister = Lister([pod("llm-s0-w0", phase="Pending")])
         assert phases(store, lister) == {}
-        assert lister.calls == 1
+        store.observe("ADDED", pod("llm-s0-w0", phase="Pending"))  # the job created again
+        assert phases(store, lister) == {"llm-s0-w0": "Pending"}
+        assert lister.calls == 0
 
 
 class TestNodes:
