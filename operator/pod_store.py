@@ -21,11 +21,15 @@ event handlers never wait for the API server.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from slicekeeper.operator.render import GROUP, LABEL_JOB
+
+logger = logging.getLogger(__name__)
 
 PodSummary = dict[str, Any]
 JobKey = tuple[str, str]
@@ -94,8 +98,16 @@ class PodStore:
         if key not in self._listed:
             with self._listing:
                 if key not in self._listed:
+                    started = time.monotonic()
                     listed = [summary(pod) for pod in list_pods()]
                     self._merge(key, listed)
+                    logger.info(
+                        "read the %d pods of job %s/%s from the API server in %.1f s",
+                        len(listed),
+                        namespace,
+                        job,
+                        time.monotonic() - started,
+                    )
         with self._lock:
             return list(self._by_job.get(key, {}).values())
 
