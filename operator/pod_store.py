@@ -2,8 +2,9 @@
 
 Why not kopf indexes: kopf (1.45.2) runs no handler before every index is filled, and fills them with
 every worker waiting on one toggle set that wakes them all on each indexed object. For a restarted
-operator that is quadratic in the pods: 4,000 hosts took 92 s to be served again and 25,000 never
-were (benchmarks/operator_scale.py). So the handlers keep this store instead:
+operator that is quadratic in the pods: 4,000 hosts took 92 s to be served again, 25,000 were not
+within 5 minutes (benchmarks/operator_scale.py; 40 s with this store). So the handlers keep this
+store instead:
 
 - the pod event handler `observe`s every job pod (the watch's first listing included); a pod is kept
   as a small summary (`summary`), so a 25,000-host job costs megabytes, not the 100 MB of its JSON;
@@ -15,8 +16,9 @@ were (benchmarks/operator_scale.py). So the handlers keep this store instead:
 - the node event handler records which nodes are NotReady (`observe_node`); `pods_on(node)` are the
   job pods bound to a node.
 
-Thread-safe: kopf runs sync handlers on a thread pool. The listing runs outside the data lock, so
-event handlers never wait for the API server.
+Thread-safe: the event handlers call it on kopf's event loop, the job handlers (sync) from kopf's
+thread pool. The listing runs outside the data lock, so the event loop never waits for the API
+server, only, once per job, for the merge of its listing.
 """
 
 from __future__ import annotations
