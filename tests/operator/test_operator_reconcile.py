@@ -16,7 +16,7 @@ import yaml
 from slicekeeper.supervisor.plan import free_port
 
 from tests.helpers import ROOT
-from tests.operator.harness import emulated_cluster, eventually, operator
+from tests.operator.harness import Kube, emulated_cluster, eventually, operator
 
 NS = "research"
 EXAMPLE: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "trainingjob.yaml").read_text())
@@ -200,52 +200,52 @@ async def test_an_operator_restart_recreates_what_went_missing_while_it_was_down
             assert cluster.writes <= 4
 
 
+async def bind_slices_to_nodes(kube: Kube) -> dict[str, str]:
+    """Play the scheduler: slice 0 on node tpu-a, slice 1 on node tpu-b, all Running; the pods' uids."""
+    for name in NAMES:
+        node = "tpu-a" if "-s0-" in name else "tpu-b"
+        await kube.patch_pod(NS, name, {"spec": {"nodeName": node}, "status": {"phase": "Running"}})
+    return {n: p["metadata"]["uid"] for n, p in kube.pods(NS).items()}
+
+
+async def lose_node_b(kube: Kube) -> None:
+    await kube.put_node(
+        {"metadata": {"name": "tpu-b"}, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}
+    )
+
+
+async def only_slice_1_replaced(kube: Kube, uids: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Wait until slice 1's pods are new ones; slice 0's must be the same. The pods then."""
+    await eventually(
+        lambda: all(
+            (p := kube.pods(NS).get(n)) and p["metadata"]["uid"] != uids[n] for n in NAMES if "-s1-" in n
+        ),
+        what="slice 1's pods replaced",
+    )
+    pods = kube.pods(NS)
+    assert sorted(pods) == NAMES
+    assert all(pods[n]["metadata"]["uid"] == uids[n] for n in NAMES if "-s0-" in n)  # slice 0 untouched
+    return pods
+
+
 async def test_an_operator_restart_replaces_the_pods_of_a_node_lost_while_it_was_down():
     async with emulated_cluster() as kube:
         async with operator(kube):
             await kube.apply(example())
             await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
-            for name in NAMES:
-                node = "tpu-a" if "-s0-" in name else "tpu-b"
-                await kube.patch_pod(NS, name, {"spec": {"nodeName": node}, "status": {"phase": "Running"}})
-        uids = {n: p["metadata"]["uid"] for n, p in kube.pods(NS).items()}
-        await kube.put_node(
-            {"metadata": {"name": "tpu-b"}, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}
-        )
+            uids = await bind_slices_to_nodes(kube)
+        await lose_node_b(kube)
         async with operator(kube):
-            await eventually(
-                lambda: all(
-                    (p := kube.pods(NS).get(n)) and p["metadata"]["uid"] != uids[n]
-                    for n in NAMES
-                    if "-s1-" in n
-                ),
-                what="slice 1's pods replaced by the restarted operator",
-            )
-            pods = kube.pods(NS)
-            assert len(pods) == 4
-            assert all(pods[n]["metadata"]["uid"] == uids[n] for n in NAMES if "-s0-" in n)
+            await only_slice_1_replaced(kube, uids)
 
 
 async def test_a_node_going_not_ready_has_its_job_pods_replaced_elsewhere():
     async with emulated_cluster() as kube, operator(kube):
         await kube.apply(example())
         await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
-        for name in NAMES:  # the scheduler binds: slice 0 on node a, slice 1 on node b
-            node = "tpu-a" if "-s0-" in name else "tpu-b"
-            await kube.patch_pod(NS, name, {"spec": {"nodeName": node}, "status": {"phase": "Running"}})
-        uids = {n: p["metadata"]["uid"] for n, p in kube.pods(NS).items()}
-        await kube.put_node(
-            {"metadata": {"name": "tpu-b"}, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}
-        )
-        replaced = await eventually(
-            lambda: all(
-                (p := kube.pods(NS).get(n)) and p["metadata"]["uid"] != uids[n] for n in NAMES if "-s1-" in n
-            ),
-            what="slice 1's pods replaced",
-        )
-        assert replaced
-        pods = kube.pods(NS)
-        assert all(pods[n]["metadata"]["uid"] == uids[n] for n in NAMES if "-s0-" in n)  # slice 0 untouched
+        uids = await bind_slices_to_nodes(kube)
+        await lose_node_b(kube)
+        pods = await only_slice_1_replaced(kube, uids)
         for name in ("tiny-lm-s1-w0", "tiny-lm-s1-w1"):
             expressions = pods[name]["spec"]["affinity"]["nodeAffinity"][
                 "requiredDuringSchedulingIgnoredDuringExecution"
