@@ -49,6 +49,7 @@ bench: install
 	$(BIN)/python benchmarks/recovery.py
 	$(BIN)/python benchmarks/checkpoint.py
 	$(BIN)/python benchmarks/policy.py
+	$(BIN)/python benchmarks/layout.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -360,11 +360,17 @@ class Run:
 
     # -- helpers ------------------------------------------------------------------------------------
     async def patch_pod(self, pod: str, patch: dict[str, Any]) -> None:
-        """As the scheduler or the kubelet: a merge patch of one pod."""
+        """As the scheduler or the kubelet: a merge patch of one pod, its status through `/status`
+        (a write to the pod itself ignores the status, as on a real API server)."""
         headers = {"Content-Type": "application/merge-patch+json"}
         path = f"{self.url}/api/v1/namespaces/{NAMESPACE}/pods/{pod}"
-        async with self.session.patch(path, json=patch, headers=headers) as response:
-            assert response.status < 300, await response.text()
+        rest = {key: value for key, value in patch.items() if key != "status"}
+        writes = [(path, rest)] if rest else []
+        if "status" in patch:
+            writes.append((f"{path}/status", {"status": patch["status"]}))
+        for url, body in writes:
+            async with self.session.patch(url, json=body, headers=headers) as response:
+                assert response.status < 300, await response.text()
 
     def since(self, start: int) -> list[rendering.Request]:
         return self.emulator._requests[start:]

@@ -117,6 +117,23 @@ class Cluster:
             lambda: self._core.delete_namespaced_pod(name, namespace, grace_period_seconds=0), already=404
         )
 
+    def pod_uid(self, namespace: str, name: str) -> str | None:
+        """The uid of the pod of that name, None when there is none (a read: the pod store's check)."""
+        try:
+            response = cast(  # unread, as `_preload_content=False` asks (the client's type says a model)
+                urllib3.BaseHTTPResponse,
+                self._core.read_namespaced_pod(name, namespace, _preload_content=False),
+            )
+        except kubernetes.client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        try:
+            uid = (json.loads(response.data).get("metadata") or {}).get("uid")
+        finally:
+            response.release_conn()
+        return str(uid) if uid else None
+
     def delete_children(self, namespace: str, job: str) -> int:
         """Delete every pod, Service and ConfigMap labelled as the job's: the finalizer's cleanup."""
         selector = f"{LABEL_JOB}={job}"

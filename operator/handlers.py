@@ -9,13 +9,15 @@ Handlers, all idempotent (kopf retries them, and a restarted operator runs `resu
 - a timer per job (level-based): create what is missing, and derive the status from the pods and the
   leader's view published on its pod (operator/job_status.py): phase, slices ready/active/total,
   restarts by kind, step, checkpoint, goodput, scale-down and scale-up events. A pod deleted while
-  the operator was down is re-created here.
+  the operator was down, or while its pod watch was cut off (kopf's re-list does not say what went),
+  is re-created here.
 - `spec.suspend: true`: the pods are deleted (Service and ConfigMap stay), phase Suspended; back to
   false, they are created again and the job resumes from its persistent checkpoint.
 - pod events (job pods only): a pod that failed, was deleted, or that its own supervisor marked for
   replacement is hot-swapped (operator/hot_swap.py) and a Kubernetes event says so on the job. A
   supervisor exiting 1 means the job failed as a whole (its policy said so, or its budgets are
-  spent): the job is marked Failed and nothing is replaced.
+  spent): the job is marked Failed and nothing is replaced. A supervisor exiting 4 could not reach
+  its leader in time: its pod is replaced, its node not avoided (nothing says the node is at fault).
 - node events: a NotReady node's job pods are hot-swapped (deleted, then re-created elsewhere).
 - delete: the finalizer (kopf adds it for a non-optional delete handler) deletes the children.
 
@@ -38,11 +40,19 @@ from slicekeeper.operator.job_status import HOT_SWAPS_ANNOTATION, condition, der
 from slicekeeper.operator.pod_store import PodStore
 from slicekeeper.operator.render import GROUP, LABEL_JOB, manifests, render
 
+from slicekeeper import protocol
 from slicekeeper.api import TrainingJob, parse_training_job
 from slicekeeper.errors import UserError
 
-JOB_FAILED_EXIT_CODE = 1
+JOB_FAILED_EXIT_CODE = protocol.EXIT_JOB_FAILED
 """The in-pod supervisor's exit code when the job failed as a whole (slicekeeper.errors.JobFailed)."""
+LEADER_UNREACHABLE_EXIT_CODE = protocol.EXIT_LEADER_UNREACHABLE
+"""The in-pod supervisor's exit code when it could not reach the job's leader within
+spec.health.replacementTimeoutSeconds (supervisor/leader_connection.py): replace the pod, and do not
+blame its node. Any other failure of a pod is replaced too, away from its node."""
+LEADER_UNREACHABLE = (
+    "its supervisor could not reach the job's leader within spec.health.replacementTimeoutSeconds"
+)
 STATUS_INTERVAL_SECONDS = 5.0
 FINAL_PHASES = ("Invalid", "Failed", "Succeeded")
 
@@ -150,7 +160,10 @@ def register(
         if status.get("phase") in (*FINAL_PHASES, None):
             return
         job = _job(body)
-        namespace = _where(body)[0]
+        namespace, name = _where(body)
+        # One of the job's pods checked against the API server per run: the store's guard against a
+        # watch gap no pod event could show (operator/pod_store.py, "Watch gaps").
+        store.verify(namespace, name, lambda pod: cluster.pod_uid(namespace, pod))
         pods = job_pods(body)
         if job.spec.suspend:
             for pod in pods:  # a deletion that failed in the update handler
@@ -184,13 +197,17 @@ def register(
         if (owner.get("status") or {}).get("phase") in FINAL_PHASES or _suspended(owner):
             return  # a suspended job's pods were deleted on purpose
         pod = dict(body)
+        terminated = _terminated(pod) or {}
         if type == "DELETED":
-            await asyncio.to_thread(_hot_swap, owner, pod, "it was deleted", delete=False)
+            why = LEADER_UNREACHABLE if _left_for_its_leader(pod) else "it was deleted"
+            await asyncio.to_thread(_hot_swap, owner, pod, why, delete=False)
             return
-        terminated = _terminated(pod)
-        if terminated is not None and terminated.get("exitCode") == JOB_FAILED_EXIT_CODE:
+        if terminated.get("exitCode") == JOB_FAILED_EXIT_CODE:
             message = terminated.get("message") or f"pod {body.metadata.name}'s supervisor failed the job"
             await asyncio.to_thread(_fail, owner, message)
+            return
+        if _left_for_its_leader(pod):
+            await asyncio.to_thread(_hot_swap, owner, pod, LEADER_UNREACHABLE, delete=True)
             return
         reason = replacement_reason(pod)
         if reason is not None:
@@ -228,6 +245,8 @@ def register(
             _post_warning(owner, reason="HotSwap", message=f"replacing pod {name}: {reason}")
             return
         job = _job(owner)
+        if _left_for_its_leader(pod):  # its node is not at fault: the new pod may go there again
+            pod = {**pod, "spec": {**(pod.get("spec") or {}), "nodeName": None}}
         fresh = replacement(render(job, job.spec.policy.source), pod)
         fresh["metadata"]["namespace"] = _where(owner)[0]
         swaps = int((pod["metadata"].get("annotations") or {}).get(HOT_SWAPS_ANNOTATION, 0)) + 1
@@ -262,6 +281,11 @@ def register(
             *_where(owner), {"phase": "Failed", "conditions": with_condition(conditions, failed)}
         )
         _post_warning(owner, reason="JobFailed", message=message)
+
+
+def _left_for_its_leader(pod: dict[str, Any]) -> bool:
+    """The pod's supervisor ended because it could not reach the leader (LEADER_UNREACHABLE_EXIT_CODE)."""
+    return (_terminated(pod) or {}).get("exitCode") == LEADER_UNREACHABLE_EXIT_CODE
 
 
 def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:

@@ -110,7 +110,7 @@ def derive(job: TrainingJob, pods: list[dict[str, Any]], previous: dict[str, Any
         "slicesTotal": job.spec.slices,
         "restarts": {**(previous.get("restarts") or {}), **(view.get("restarts") or {}), "replace": swaps},
     }
-    for key in ("step", "slicesActive", "lastCheckpointStep", "goodput"):
+    for key in ("step", "slicesActive", "lastCheckpointStep", "lastRestore", "goodput"):
         if view.get(key) is not None:
             status[key] = view[key]
     derived = DerivedStatus(status)

@@ -6,8 +6,8 @@ operator that is quadratic in the pods: 4,000 hosts took 92 s to be served again
 within 5 minutes (benchmarks/operator_scale.py; 40 s with this store). So the handlers keep this
 store instead:
 
-- the pod event handler `observe`s every job pod (the watch's first listing included); a pod is kept
-  as a small summary (`summary`), so a 25,000-host job costs megabytes, not the 100 MB of its JSON;
+- the pod event handler `observe`s every job pod (the watch's listings included); a pod is kept as a
+  small summary (`summary`), so a 25,000-host job costs megabytes, not the 100 MB of its JSON;
 - a job's pods are read with `pods(namespace, job, list_pods)`: the first read of a job lists its pods
   from the API server, a page at a time (the watch may not have delivered them yet when a restarted
   operator resumes the job), and merges them in. What a watch event said wins over what a listing
@@ -16,9 +16,22 @@ store instead:
 - the node event handler records which nodes are NotReady (`observe_node`); `pods_on(node)` are the
   job pods bound to a node.
 
+Watch gaps. The API server ends watches, and answers one that resumes from a resourceVersion it no
+longer holds with 410 Gone; kopf then lists the pods again and hands each one to the event handler as
+an event of type None (as in its first listing). A pod deleted during the gap is simply not in that
+listing: kopf says nothing of it, and nothing tells a handler where a listing starts or ends. So:
+
+- a listing event (type None) for a pod the watch has described before is the sign that kopf listed
+  again (in one listing each pod comes once); then every job is listed again from the API server at
+  its next read, and a pod the new listing lacks is dropped (unless an event described it since);
+- when no pod the watch knew is left to show the re-list (every job pod in the watched namespaces
+  went during the gap), `verify` notices: the job's timer asks the API server about one of the job's
+  pods in turn, and a pod the server does not have (or has as another pod, a new uid) makes the next
+  read list the job again.
+
 Thread-safe: the event handlers call it on kopf's event loop, the job handlers (sync) from kopf's
 thread pool. The listing runs outside the data lock, so the event loop never waits for the API
-server, only, once per job, for the merge of its listing.
+server, only, once per job and re-list, for the merge of its listing.
 """
 
 from __future__ import annotations
@@ -49,6 +62,7 @@ def summary(pod: Mapping[str, Any]) -> PodSummary:
         "metadata": {
             "name": metadata.get("name"),
             "namespace": metadata.get("namespace"),
+            "uid": metadata.get("uid"),
             "labels": dict(metadata.get("labels") or {}),
             "annotations": annotations,
         },
@@ -69,40 +83,58 @@ class PodStore:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._listing = threading.Lock()  # one listing at a time: a job is listed once
+        self._listing = threading.Lock()  # one listing at a time: a job is listed once per re-list
         self._by_job: dict[JobKey, dict[str, PodSummary]] = {}
         self._on_node: dict[str, set[tuple[str, str]]] = {}
-        self._listed: set[JobKey] = set()
+        self._relists = 0
+        """Re-lists of kopf's pod watch noticed so far (its first listing not counted)."""
+        self._listed: dict[JobKey, int] = {}
+        """Per job: the re-list count its last listing was made under (older: list it again)."""
         self._observed: dict[JobKey, set[str]] = {}
-        """Per job still to be listed: the pods an event described (added, changed or deleted)."""
+        """Per job to be listed: the pods an event described (added, changed or deleted) since."""
+        self._described: dict[str, int] = {}
+        """Job pod uid -> the re-list count when the watch last described it."""
+        self._verify_next: dict[JobKey, int] = {}
         self._unready: set[str] = set()
 
     def observe(self, event_type: str | None, pod: Mapping[str, Any]) -> None:
-        """A pod's watch event (None: the watch's first listing; DELETED: the pod is gone)."""
+        """A pod's watch event (None: one of the watch's listings; DELETED: the pod is gone)."""
         pod_summary = summary(pod)
         metadata = pod_summary["metadata"]
         job = metadata["labels"].get(LABEL_JOB)
         if job is None:
             return
-        key, name = (str(metadata["namespace"]), str(job)), str(metadata["name"])
+        key, name, uid = (str(metadata["namespace"]), str(job)), str(metadata["name"]), metadata["uid"]
         with self._lock:
-            if key not in self._listed:
+            if event_type is None and self._described.get(uid, -1) >= self._relists:
+                self._relists += 1  # this pod was described before: kopf is listing again
+                logger.info("the pod watch listed again: every job is listed again at its next read")
+            if self._stale(key):
                 self._observed.setdefault(key, set()).add(name)
+            stored = self._by_job.get(key, {}).get(name)
+            if event_type == "DELETED":
+                self._described.pop(uid, None)
+                if stored is None or stored["metadata"]["uid"] in (uid, None):
+                    self._forget(key, name)  # (a late event of an earlier pod of the name is not)
+                return
+            self._described[uid] = self._relists
             self._forget(key, name)
-            if event_type != "DELETED":
-                self._remember(key, name, pod_summary)
+            self._remember(key, name, pod_summary)
 
     def pods(
         self, namespace: str, job: str, list_pods: Callable[[], Iterable[Mapping[str, Any]]]
     ) -> list[PodSummary]:
-        """The job's pods; the first call for a job lists them with `list_pods` and merges them in."""
+        """The job's pods; the first call for a job, and the first after a re-list of the watch, lists
+        them with `list_pods` and merges them in."""
         key = (namespace, job)
-        if key not in self._listed:
+        if self._stale(key):
             with self._listing:
-                if key not in self._listed:
+                with self._lock:
+                    relists = self._relists
+                if self._stale(key):
                     started = time.monotonic()
                     listed = [summary(pod) for pod in list_pods()]
-                    self._merge(key, listed)
+                    self._merge(key, listed, relists)
                     logger.info(
                         "read the %d pods of job %s/%s from the API server in %.1f s",
                         len(listed),
@@ -113,16 +145,43 @@ class PodStore:
         with self._lock:
             return list(self._by_job.get(key, {}).values())
 
+    def verify(self, namespace: str, job: str, server_uid: Callable[[str], str | None]) -> bool:
+        """Ask the API server about one of the job's pods (in turn: `server_uid(name)` is its uid
+        there, None when there is none). False when the store was wrong about it: the job is then
+        listed again at its next read."""
+        key = (namespace, job)
+        with self._lock:
+            known = self._by_job.get(key, {})
+            if not known:
+                return True
+            turn = self._verify_next.get(key, 0) % len(known)
+            self._verify_next[key] = turn + 1
+            name = list(known)[turn]
+            pod_summary = known[name]
+        uid = server_uid(name)
+        if uid == pod_summary["metadata"]["uid"]:
+            return True
+        with self._lock:
+            if self._by_job.get(key, {}).get(name) is pod_summary:  # no event said more meanwhile
+                logger.info(
+                    "pod %s/%s is not what the API server has: job %s is listed again", namespace, name, job
+                )
+                self._listed.pop(key, None)
+                return False
+        return True
+
     def forget_job(self, namespace: str, job: str) -> None:
         """The job is gone: drop its pods. It stays listed: the watch has been on since, so the events
         alone describe a job created again under its name (and nothing piles up in `_observed`)."""
         key = (namespace, job)
         with self._lock:
-            for name in list(self._by_job.get(key, {})):
+            for name, pod_summary in list(self._by_job.get(key, {}).items()):
+                self._described.pop(pod_summary["metadata"]["uid"], None)
                 self._forget(key, name)
             self._by_job.pop(key, None)
             self._observed.pop(key, None)
-            self._listed.add(key)
+            self._verify_next.pop(key, None)
+            self._listed[key] = self._relists
 
     def observe_node(self, node: Mapping[str, Any]) -> bool:
         """A node's watch event; True when the node is NotReady."""
@@ -142,14 +201,27 @@ class PodStore:
         with self._lock:
             return sorted(self._on_node.get(node, ()))
 
-    def _merge(self, key: JobKey, listed: list[PodSummary]) -> None:
+    def _stale(self, key: JobKey) -> bool:
+        """The job has not been listed since the watch last listed again (or ever)."""
+        return self._listed.get(key, -1) < self._relists
+
+    def _merge(self, key: JobKey, listed: list[PodSummary], relists: int) -> None:
+        """The listing is the job's pods, except where an event said more recently what became of
+        one; a pod no event described and the listing lacks went while the watch could not say so."""
         with self._lock:
             observed = self._observed.pop(key, set())
+            names = set()
             for pod_summary in listed:
                 name = str(pod_summary["metadata"]["name"])
-                if name not in observed:  # an event said more recently what became of it
+                names.add(name)
+                if name not in observed:
+                    self._forget(key, name)
                     self._remember(key, name, pod_summary)
-            self._listed.add(key)
+            for name, pod_summary in list(self._by_job.get(key, {}).items()):
+                if name not in names and name not in observed:
+                    self._described.pop(pod_summary["metadata"]["uid"], None)
+                    self._forget(key, name)
+            self._listed[key] = relists
 
     def _remember(self, key: JobKey, name: str, pod_summary: PodSummary) -> None:
         self._by_job.setdefault(key, {})[name] = pod_summary

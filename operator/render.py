@@ -168,6 +168,9 @@ class RenderedJob:
                         "args": [*spec.workload.command, *spec.workload.args],
                         "env": self._env(host),
                         "ports": [{"name": n, "containerPort": p} for n, p in PORTS.items()],
+                        # A failed supervisor's last log lines (why it failed the job) become the
+                        # container's termination message, which the job's Failed condition quotes.
+                        "terminationMessagePolicy": "FallbackToLogsOnError",
                         "resources": {"limits": {TPU_RESOURCE: chips}, "requests": {TPU_RESOURCE: chips}},
                         "volumeMounts": [
                             {"name": "slicekeeper-config", "mountPath": CONFIG_DIR, "readOnly": True},

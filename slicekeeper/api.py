@@ -235,7 +235,9 @@ class LocalSpec(Model):
     devices_per_host: PositiveInt = Field(default=2, description="CPU devices per local host.")
     work_dir: str | None = Field(default=None, description="Run directory (default: a new temp dir).")
     metrics_port: Annotated[int, Field(ge=0, le=65535)] = Field(
-        default=0, description="First supervisor metrics port (host i gets port+i); 0 picks free ports."
+        default=0,
+        description="First supervisor metrics port (host i gets port+i, spare j port+hosts+j); 0 picks "
+        "free ports.",
     )
     spares: Annotated[int, Field(ge=0)] = Field(
         default=0, description="Spare host processes, ready to take over the identity of a lost host."
@@ -318,6 +320,18 @@ class Condition(Model):
     last_transition_time: str | None = None
 
 
+class LastRestore(Model):
+    """The job's most recent start from a checkpoint, as its leader published it."""
+
+    generation: int
+    cause: str = Field(
+        description="What stopped the job (a fault kind), or `resume` for a start from an "
+        "earlier run's persistent checkpoint (a resumed or re-created job)."
+    )
+    step: int | None = Field(default=None, description="The step restored; empty: from scratch.")
+    steps_replayed: int = Field(default=0, description="Steps trained again after the restore.")
+
+
 class TrainingJobStatus(Model):
     phase: JobPhase = JobPhase.PENDING
     conditions: list[Condition] = Field(default_factory=list)
@@ -328,6 +342,7 @@ class TrainingJobStatus(Model):
     step: int | None = None
     restarts: dict[str, int] = Field(default_factory=dict)
     last_checkpoint_step: int | None = None
+    last_restore: LastRestore | None = None
     goodput: float | None = Field(default=None, ge=0.0, le=1.0)
 
 

@@ -10,7 +10,10 @@ Rules, in one place:
 - the first step of every (re)start includes compilation and counts as `program_startup`;
 - time still open when a fault stops the workload (the hung or interrupted step, the wait for the
   fault to be detected) is `infrastructure_recovery`, as is the restart itself until the new process
-  reports in.
+  reports in; a host parked by a scale-down has no workload to stop, its idle time stays `scaled_down`.
+
+Because a fault can take the open interval back, only closed intervals are settled
+(`settled_seconds`): what a Prometheus counter may show, never to go down.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ class Category(StrEnum):
 
 
 BADPUT = [c for c in Category if c is not Category.PRODUCTIVE]
+
+SETTLED_WHILE_OPEN = frozenset({Category.INFRASTRUCTURE_RECOVERY, Category.SCALED_DOWN})
+"""Categories whose open interval no fault re-books (GoodputAccountant.interrupt): already recovery,
+or a parked host with no workload to lose."""
 
 PHASE_CATEGORY = {
     Phase.TPU_INITIALIZATION: Category.TPU_INITIALIZATION,
@@ -104,7 +111,8 @@ class GoodputAccountant:
 
     def interrupt(self, now: float) -> None:
         """The workload was stopped by a fault: the open interval was lost to the disruption."""
-        self._current = Category.INFRASTRUCTURE_RECOVERY
+        if self._current not in SETTLED_WHILE_OPEN:
+            self._current = Category.INFRASTRUCTURE_RECOVERY
         self._step_started = None
         self.switch(Category.INFRASTRUCTURE_RECOVERY, now)
 
@@ -112,6 +120,14 @@ class GoodputAccountant:
         """Totals per category including the open interval."""
         totals = dict(self._seconds)
         totals[self._current] += max(0.0, now - self._since)
+        return totals
+
+    def settled_seconds(self, now: float) -> dict[Category, float]:
+        """Totals no later event can take back: closed intervals, and the open one only when a fault
+        could not re-book it (`SETTLED_WHILE_OPEN`). Each total only ever grows."""
+        totals = dict(self._seconds)
+        if self._current in SETTLED_WHILE_OPEN:
+            totals[self._current] += max(0.0, now - self._since)
         return totals
 
     def goodput(self, now: float) -> float:

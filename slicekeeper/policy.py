@@ -109,8 +109,12 @@ class World:
 
     @property
     def mesh(self) -> Mapping[str, int]:
-        """The training mesh: data parallel across hosts, model parallel across a host's devices."""
-        return MappingProxyType({"data": self.size, "model": self.devices_per_host})
+        """The mesh a multislice job trains on (the reference trainer's): data parallel over the active
+        slices (`replica`), state split over the hosts of a slice (`fsdp`) and over a host's devices
+        (`model`)."""
+        return MappingProxyType(
+            {"replica": len(self.active_slices), "fsdp": self.hosts_per_slice, "model": self.devices_per_host}
+        )
 
     @property
     def scaled_down(self) -> bool:

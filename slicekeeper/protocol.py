@@ -87,6 +87,14 @@ ANNOTATION_REPLACE: Final = "slicekeeper.dev/replace"
 """On a pod, by its own supervisor: replace this pod (the value says why); the operator acts on it."""
 ANNOTATION_STATUS: Final = "slicekeeper.dev/status"
 """On the leader's pod, by its supervisor: the job's progress as JSON, copied into the job's status."""
+EXIT_JOB_FAILED: Final = 1
+"""A pod's supervisor exit codes are what the operator reads of it (operator/handlers.py): 1 means the
+job failed as a whole (its policy or budgets said so): mark the job Failed, replace nothing."""
+EXIT_RETIRED: Final = 3
+"""The leader retired this host while it was alive (a straggler, a crash loop): replace this pod."""
+EXIT_LEADER_UNREACHABLE: Final = 4
+"""The leader could not be reached within spec.health.replacementTimeoutSeconds: replace this pod,
+without blaming its node (supervisor/leader_connection.py)."""
 SUPERVISOR_PORT: Final = 8490
 """In a pod: the port the leader's supervisor listens on for its peers."""
 METRICS_PORT: Final = 9464

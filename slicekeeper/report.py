@@ -1,15 +1,17 @@
 """The end-of-run report: job-level goodput, badput by category, restarts, faults, fingerprint.
 
-Built from what each host's supervisor accounted and what the leader recorded. Job-level seconds are
-the mean over hosts, so `goodput + sum(badput_seconds) / wall_seconds == 1`; time a host did not
-account for (the runtime starting and stopping supervisors) counts as `other`. After a hot-swap a host
-identity was served by two machines (the lost one, then the spare): their accounts are added up. A
-spare that was never needed is not a host of the job and does not count.
+Built from what each host's supervisor accounted and what the leader recorded. Job-level seconds
+are the mean over hosts, so `goodput + sum(badput_seconds) / wall_seconds == 1`; time a host did
+not account for (the runtime starting and stopping supervisors) counts as `other`. After a hot-swap
+a host identity was served by two machines (the lost one, then the spare): their accounts are added
+up. A spare that was never needed is not a host of the job and does not count. Reads from the
+persistent tier are the tier's own counts, from every machine's supervisor, not the restores' labels.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from typing import Any
 
 from slicekeeper.goodput import BADPUT, Category, ideal_step_seconds
@@ -42,6 +44,15 @@ def merge_machines(machines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return merged
 
 
+def store_reads(machines: list[dict[str, Any]]) -> dict[str, int]:
+    """What every machine's supervisor read from the persistent tier, as the tier counted it."""
+    total = {"shards": 0, "objects": 0, "bytes": 0}
+    for report in machines:
+        for key, value in (report.get("persistent_reads") or {}).items():
+            total[key] = total.get(key, 0) + int(value)
+    return total
+
+
 def build_report(
     *,
     job_name: str,
@@ -50,6 +61,7 @@ def build_report(
     summary: dict[str, Any],
     hosts: list[dict[str, Any]],
 ) -> dict[str, Any]:
+    reads = store_reads(hosts)
     hosts = merge_machines(hosts)
     productive = [h["seconds"][Category.PRODUCTIVE.value] for h in hosts]
     badput: dict[str, float] = {}
@@ -107,10 +119,15 @@ def build_report(
         "wall_seconds": round(wall_seconds, 3),
         "generations": summary.get("generations", 1),
         "restores": [
-            {k: r.get(k) for k in ("host", "step", "tier", "holder", "generation", "seconds")}
+            {k: r.get(k) for k in ("host", "step", "tier", "holder", "generation", "seconds", "loaded_step")}
             for r in restores
         ],
-        "persistent_reads": sum(1 for r in restores if r.get("tier") == "persistent"),
+        "recoveries": [
+            {**r, "stopped_at": _relative(r.get("stopped_at"), started_at)}
+            for r in summary.get("recoveries", [])
+        ],
+        "persistent_reads": reads["shards"],
+        "persistent_read_bytes": reads["bytes"],
         "hot_swaps": {
             "count": len(swaps),
             "hosts": [s["host"] for s in swaps],
@@ -122,6 +139,9 @@ def build_report(
         "world": [{**w, "t": _relative(w["t"], started_at)} for w in summary.get("world", [])],
         "scale_events": [{**e, "t": _relative(e["t"], started_at)} for e in summary.get("scale_events", [])],
         "persistent_checkpoints": summary.get("persistent_committed", []),
+        "persistent_commits": [
+            {**c, "t": _relative(c["t"], started_at)} for c in summary.get("persistent_commits", [])
+        ],
         "hosts": [
             {
                 "host": h["host"],
@@ -138,6 +158,30 @@ def build_report(
             for h in hosts
         ],
     }
+
+
+def _recovery_line(recovery: dict[str, Any], restores: list[dict[str, Any]]) -> str:
+    """`generation 2: hang on host 0 -> step 75 (host 2 peer, others local), 4 steps again`."""
+    tiers = {r["host"]: r.get("tier") for r in restores if r["generation"] == recovery["generation"]}
+    counts = Counter(tiers.values())
+    common = counts.most_common(1)[0][0] if counts else None
+    if len(counts) == 1:
+        sources = f"all {common}"
+    elif counts[common] > 1:
+        odd = ", ".join(f"host {h} {t}" for h, t in sorted(tiers.items()) if t != common)
+        sources = f"{odd}, others {common}"
+    else:
+        sources = ", ".join(f"host {h} {t}" for h, t in sorted(tiers.items()))
+    cause = recovery.get("cause") or "restart"
+    if recovery.get("host") is not None:
+        cause += f" on host {recovery['host']}"
+    restored = (
+        "from scratch" if recovery["restore_step"] is None else f"step {recovery['restore_step']} ({sources})"
+    )
+    return (
+        f"  generation {recovery['generation']:<7}{cause} -> {restored}, "
+        f"{recovery['steps_replayed']} step(s) again"
+    )
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -172,14 +216,12 @@ def format_report(report: dict[str, Any]) -> str:
     if report.get("hot_swaps", {}).get("count"):
         swapped = ", ".join(f"host {s['host']} -> {s['machine']}" for s in report["hot_swaps"]["details"])
         lines.append(f"  hot-swaps         {report['hot_swaps']['count']} ({swapped})")
+    for recovery in report.get("recoveries", []):
+        lines.append(_recovery_line(recovery, report.get("restores", [])))
     if report.get("restores"):
-        last_generation = max(r["generation"] for r in report["restores"])
-        latest = [r for r in report["restores"] if r["generation"] == last_generation]
-        tiers = ", ".join(f"host {r['host']} {r['tier']}" for r in sorted(latest, key=lambda r: r["host"]))
-        lines.append(f"  last restore      step {latest[0]['step']}: {tiers}")
         lines.append(
             f"  restores          {len(report['restores'])} shard(s), "
-            f"{report['persistent_reads']} from the persistent tier"
+            f"{report['persistent_reads']} read from the persistent tier"
         )
     for straggler in report.get("stragglers", []):
         lines.append(

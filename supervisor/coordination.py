@@ -57,6 +57,11 @@ from slicekeeper.policy_engine import PolicyEngine
 STOP_ACK_SECONDS = 30.0
 """How long every member gets to kill its workload and ack a stop before the job fails."""
 
+PERSISTENT_LISTING_ATTEMPTS = 3
+PERSISTENT_LISTING_BACKOFF = 2.0
+"""At the first start, a persistent tier that cannot be listed is tried this many times, this many
+seconds apart times the attempt, before the job fails."""
+
 WATCHER_BUFFER_LIMIT = 1 << 20
 """Bytes of status lines a watcher may fall behind by before it is dropped."""
 
@@ -155,8 +160,12 @@ class Leader:
         engine: PolicyEngine | None = None,
         events_path: Path | None = None,
         replacement_timeout: float | None = None,
+        log_events: bool = False,
     ) -> None:
         self.hosts = hosts
+        self.log_events = log_events
+        """Print every event on stderr: in a pod, where no runtime watches, the leader pod's log
+        (`kubectl logs <job>-s0-w0`) tells the job's story."""
         per_slice = hosts_per_slice or hosts
         self.world = JobWorld(hosts // per_slice, per_slice, min_slices, devices_per_host)
         self.remediation = Remediation(engine or PolicyEngine(None), self.world, events_path=events_path)
@@ -197,6 +206,15 @@ class Leader:
         self.job_invalid: set[int] = set()
         """Steps no host may restore (a restore of them gave a non-finite loss)."""
         self.restores: list[dict[str, Any]] = []
+        """One entry per host and restore: the step and tier staged, and the step its workload loaded."""
+        self.recoveries: list[dict[str, Any]] = []
+        """One entry per start from a checkpoint: what stopped the job, what every host held, which
+        step was restored and how many steps are executed again."""
+        self._first_start_under_way = False
+        self._stop_cause: dict[str, Any] | None = None
+        """What stopped the running generation (kind, host, time, the job's high-water mark then)."""
+        self.persistent_commits: list[dict[str, Any]] = []
+        """Each persistent step committed by this leader, with its time."""
         self.hot_swaps: list[dict[str, Any]] = []
         self.failed_saves: Counter[str] = Counter()
         self._watchers: list[asyncio.StreamWriter] = []
@@ -261,7 +279,11 @@ class Leader:
                 writer.write(protocol.encode(message))
 
     async def _event(self, text: str, **fields: Any) -> None:
-        await self._notify({"type": "event", "t": time.time(), "text": text, **fields})
+        now = time.time()
+        if self.log_events:
+            stamp = time.strftime("%H:%M:%S", time.gmtime(now))
+            print(f"[leader {stamp}] {text}", file=sys.stderr, flush=True)
+        await self._notify({"type": "event", "t": now, "text": text, **fields})
 
     # --- the state machine --------------------------------------------------------------------
     async def _handle(self, message: dict[str, Any], writer: asyncio.StreamWriter) -> None:
@@ -323,6 +345,8 @@ class Leader:
             await self._persisted_shard(host, int(message["step"]))
         elif kind == "restored":
             self._restored(host, message)
+        elif kind == "loaded":
+            self._loaded(host, message)
         elif kind == "chaos":
             record = FaultRecord(
                 message["kind"],
@@ -419,11 +443,13 @@ class Leader:
         self._restarts_without_progress = (
             0 if self._progress_this_generation or planned else self._restarts_without_progress + 1
         )
+        cause = {"kind": kind, "host": host, "t": now, "high_water": self.high_water, "planned": planned}
         if planned:
             reason = None
             self.restarts[kind] += 1
             self.state = JobState.STOPPING
             self._stopped.clear()
+            self._stop_cause = cause
         elif self._restarts_without_progress >= self.max_restarts_without_progress:
             reason = (
                 f"no progress across {self._restarts_without_progress} consecutive starts "
@@ -439,6 +465,7 @@ class Leader:
             self.restarts[kind] += 1
             self.state = JobState.STOPPING
             self._stopped.clear()
+            self._stop_cause = cause
         for record in self.faults if not planned else []:
             if record.detected_at is None and record.generation == generation and record.disruptive:
                 record.detected_at, record.detected_as = now, kind
@@ -775,11 +802,13 @@ class Leader:
             return
         self.persistent_committed = set(sorted({*self.persistent_committed, step})[-self._persistent_keep :])
         self._persistent_owners[step] = set(uploaded)
+        self.persistent_commits.append({"step": step, "t": time.time()})
         for old in [s for s in self._persisted if s <= step]:
             del self._persisted[old]
         await self._event(f"persistent checkpoint of step {step} committed")
 
     def _restored(self, host: int, message: dict[str, Any]) -> None:
+        """A supervisor staged its host's shard of the agreed step into its local tier."""
         self.restores.append(
             {
                 "host": host,
@@ -789,6 +818,26 @@ class Leader:
                 "generation": self.generation,
                 "seconds": message.get("seconds"),
                 "bytes": message.get("bytes"),
+                "loaded_step": None,
+            }
+        )
+
+    def _loaded(self, host: int, message: dict[str, Any]) -> None:
+        """A workload says which step it restored: checked against the step its supervisor staged."""
+        generation, step = int(message["generation"]), int(message["step"])
+        for restore in reversed(self.restores):
+            if restore["host"] == host and restore["generation"] == generation:
+                restore["loaded_step"] = step
+                return
+        # A workload that restored a step nobody staged for it (a loop restoring on its own).
+        self.restores.append(
+            {
+                "host": host,
+                "step": None,
+                "tier": None,
+                "holder": None,
+                "generation": generation,
+                "loaded_step": step,
             }
         )
 
@@ -806,6 +855,71 @@ class Leader:
         twins = {h: [t for t in self.world.twins(h) if t not in self._joined] for h in self._joined}
         return plan_restore(self.world.hosts, self.holdings(), live=self._members.keys(), twins=twins)
 
+    async def _find_persistent_checkpoints(self) -> bool:
+        """Before the first start: the steps earlier runs of this job committed to the persistent tier
+        (a suspended job resumed, a job re-created under the same name, a leader started again).
+        False when the tier cannot be read (the job failed: starting from scratch would silently
+        throw away what it holds)."""
+        if self.persistent is None:
+            return True
+        for attempt in range(1, PERSISTENT_LISTING_ATTEMPTS + 1):
+            try:
+                owners = await asyncio.to_thread(self.persistent.committed_owners)
+                break
+            except PersistentTierError as error:
+                if attempt == PERSISTENT_LISTING_ATTEMPTS:
+                    await self._fail(f"cannot read the persistent tier to find earlier checkpoints: {error}")
+                    return False
+                await asyncio.sleep(PERSISTENT_LISTING_BACKOFF * attempt)
+        kept = sorted(owners)[-self._persistent_keep :]
+        self.persistent_committed = set(kept)
+        self._persistent_owners = {step: owners[step] for step in kept}
+        if kept:
+            newest = kept[-1]
+            # Hosts whose shard the newest step lacks (it was saved by a scaled-down world) take a twin's.
+            self._joined |= set(self.world.hosts) - owners[newest]
+            await self._event(f"persistent tier: earlier runs committed step(s) {kept}")
+        return True
+
+    def _held(self) -> dict[str, Any]:
+        """What the job held when it stopped, as the restore plan saw it (for the report)."""
+        holdings = self.holdings()
+        live = set(self._members)
+        return {
+            "live": sorted(live),
+            "local": {str(h): sorted(steps) for h, steps in holdings.local.items() if steps and h in live},
+            "replicas": {
+                str(holder): {str(owner): sorted(steps) for owner, steps in owners.items() if steps}
+                for holder, owners in holdings.replicas.items()
+                if holder in live and any(owners.values())
+            },
+            "persistent": {
+                str(step): sorted(holdings.persistent_owners.get(step, set(range(self.hosts))))
+                for step in sorted(holdings.persistent)
+            },
+            "invalid": {str(h): sorted(steps) for h, steps in holdings.invalid.items() if steps},
+            "job_invalid": sorted(holdings.job_invalid),
+            "rejoining": sorted(self._joined),
+        }
+
+    def _record_recovery(self, restore_step: int | None, held: dict[str, Any], *, resumed: bool) -> None:
+        cause = self._stop_cause or {}
+        restored = restore_step or 0
+        high_water = restored if resumed else int(cause.get("high_water", self.high_water))
+        self.recoveries.append(
+            {
+                "generation": self.generation,
+                "cause": "resume" if resumed else cause.get("kind"),
+                "host": None if resumed else cause.get("host"),
+                "stopped_at": None if resumed else cause.get("t"),
+                "high_water": high_water,
+                "restore_step": restore_step,
+                "steps_replayed": max(0, high_water - restored),
+                "world": list(self.world.hosts),
+                "held": held,
+            }
+        )
+
     def _acks_overdue(self, generation: int) -> None:
         if self.state is JobState.STOPPING and self.generation == generation:
             missing = sorted(set(self.world.hosts) & self._members.keys() - self._stopped)
@@ -818,17 +932,32 @@ class Leader:
         if self._ack_deadline is not None:
             self._ack_deadline.cancel()
         first = self.state is JobState.REGISTERING
+        if first:
+            if self._first_start_under_way:
+                return  # a second call while the first one reads the persistent tier
+            self._first_start_under_way = True
+            found = await self._find_persistent_checkpoints()
+            self._first_start_under_way = False
+            if not found or self.state is not JobState.REGISTERING:
+                return
         missing = [h for h in self.world.hosts if h not in self._members]
         if missing:
+            if first:
+                return  # a host was lost while the tier was read: the next registration starts the job
             await self._fail(
                 f"host(s) {missing} have no machine, and the policy decided neither a replacement nor a "
                 "scale-down for them"
             )
             return
-        plan = RestorePlan(None, {}) if first else self.restore_plan()
+        plan = self.restore_plan()
+        held = self._held()
         if not first:
             self.generation += 1
         restore_step = plan.step
+        if not first or restore_step is not None:
+            self._record_recovery(restore_step, held, resumed=first)
+        if first and restore_step is not None:
+            self.high_water = restore_step  # the steps an earlier run completed
         self._joined.clear()
 
         def keep(step: int) -> bool:
@@ -875,6 +1004,8 @@ class Leader:
             )
         if restore_step is None and not first:
             where = "from scratch: no checkpoint step is complete across the hosts"
+        elif first and restore_step is not None:
+            where = f"from step {restore_step} of an earlier run (persistent tier)"
         else:
             where = f"from step {restore_step}" if restore_step is not None else "from scratch"
         size = f" on {len(world)} of {self.hosts} hosts" if len(world) < self.hosts else ""
@@ -940,8 +1071,20 @@ class Leader:
             "restarts": dict(self.restarts),
             "hotSwaps": len(self.hot_swaps),
             "lastCheckpointStep": self.restore_plan().step,  # the newest step every shard restores from
+            "lastRestore": self._last_restore(),
             "awaitingReplacement": sorted(self._awaited),
             "failureReason": self.failure_reason,
+        }
+
+    def _last_restore(self) -> dict[str, Any] | None:
+        if not self.recoveries:
+            return None
+        last = self.recoveries[-1]
+        return {
+            "generation": last["generation"],
+            "cause": last["cause"],
+            "step": last["restore_step"],
+            "stepsReplayed": last["steps_replayed"],
         }
 
     def summary(self) -> dict[str, Any]:
@@ -957,8 +1100,10 @@ class Leader:
             "steps_completed": self.high_water,
             "metrics_ports": {h: s.metrics_port for h, s in self.status.items()},
             "restores": self.restores,
+            "recoveries": self.recoveries,
             "hot_swaps": self.hot_swaps,
             "persistent_committed": sorted(self.persistent_committed),
+            "persistent_commits": self.persistent_commits,
             "failed_saves": dict(self.failed_saves),
             "machines": {h: s.machine for h, s in self.status.items()},
             "decisions": self.remediation.decisions,

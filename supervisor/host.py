@@ -25,13 +25,14 @@ import sys
 import time
 import traceback
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers
 from slicekeeper.supervisor.coordination import Leader, send
 from slicekeeper.supervisor.hang import HangDetector
+from slicekeeper.supervisor.leader_connection import reach_leader
 from slicekeeper.supervisor.metrics import SupervisorMetrics
 from slicekeeper.supervisor.own_pod import OwnPod
 from slicekeeper.supervisor.persistent_tier import PersistentTier
@@ -56,7 +57,7 @@ SANITY_STEPS = 3
 LOST_EXIT_CODE = 137
 """How a supervisor whose machine a `lose` fault took ends (as if SIGKILLed)."""
 
-RETIRED_EXIT_CODE = 3
+RETIRED_EXIT_CODE = protocol.EXIT_RETIRED
 """In a pod: retired by the leader, replace this pod (its phase becomes Failed even if the annotation
 asking for a replacement could not be written)."""
 
@@ -103,6 +104,8 @@ class HostSupervisor:
             log=self._log,
         )
         self.tiers.host = host
+        if self.tiers.persistent is not None:
+            self.metrics.count_store_reads(self.tiers.persistent.reads)
         self._sanity_left = 0
         self._restored_step: int | None = None
         self.generation = -1
@@ -169,7 +172,9 @@ class HostSupervisor:
             loop.add_signal_handler(signum, self._terminate, f"received {signum.name}")
         port = self.plan.metrics_port
         if port and self.plan.local:
-            port += self.host  # local hosts share the machine: host i on port + i; pods each have theirs
+            # Local machines share one address: host i on port + i, spare j after the hosts, on
+            # port + hosts + j (a spare keeps its port when it takes over a host); pods each have theirs.
+            port += self.host if self.host >= 0 else self.plan.hosts + self._spare_index()
         leader_host, leader_port = self.plan.leader.rsplit(":", 1)
         bind = self._bind_address(leader_host)
         metrics_port = self.metrics.serve(port, bind)
@@ -194,6 +199,7 @@ class HostSupervisor:
                 engine=PolicyEngine.from_spec(self.job.spec.policy),
                 events_path=Path(self.plan.run_dir) / "policy-events.jsonl",
                 replacement_timeout=self.plan.replacement_timeout,
+                log_events=not self.plan.local,
             )
             await self._leader.serve(bind, int(leader_port))
             publisher = self._spawn_task(self._leader.publish_status())
@@ -208,7 +214,7 @@ class HostSupervisor:
                 await send(self._leader_writer, {"type": "register", "host": self.host, **hello})
                 await self._follow_leader(reader)
             else:
-                spare = int(self.machine.rsplit("-", 1)[-1])
+                spare = self._spare_index()
                 joined = {"chaos": self.joined_by} if self.joined_by else {}
                 await send(self._leader_writer, {"type": "register_spare", "spare": spare, **hello, **joined})
                 if await self._await_assignment(reader):
@@ -229,6 +235,10 @@ class HostSupervisor:
                     await self._annotate_own_pod(self._own_pod.publish_status, self._pod_status())
                 await self._leader.close()
         return self._exit_code if self._exit_code is not None else 1
+
+    def _spare_index(self) -> int:
+        """j, of a spare machine `spare-j`."""
+        return int(self.machine.rsplit("-", 1)[-1])
 
     def _coordinator_address(self, generation: int, rank0: int) -> str:
         if self.plan.local:
@@ -274,14 +284,15 @@ class HostSupervisor:
     async def _connect_leader(
         self, host: str, port: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        deadline = time.time() + 60
-        while True:
-            try:
-                return await asyncio.open_connection(host, port)
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+        # In a pod: waits out a slow DNS name or a late leader, then exits 4 for a new pod
+        # (supervisor/leader_connection.py).
+        return await reach_leader(
+            host,
+            port,
+            in_pod=not self.plan.local,
+            replacement_timeout=self.plan.replacement_timeout,
+            machine=self.machine,
+        )
 
     def _terminate(self, reason: str, exit_code: int = 130) -> None:
         self._exit_code = exit_code
@@ -446,6 +457,14 @@ class HostSupervisor:
         self, generation: int, coordinator: str, restore_step: int | None, sources: list[dict[str, Any]]
     ) -> None:
         now = time.time()
+        if self._last_checkpoint is not None and (
+            restore_step is None or self._last_checkpoint > restore_step
+        ):
+            # The steps after the restore step are dropped below, from every tier of this machine:
+            # the newest committed step is now the restore step (none: from scratch). Lowered before
+            # the generation moves, so no scrape of the new generation sees a dropped step.
+            self._last_checkpoint = restore_step
+            self.metrics.last_checkpoint_step.set(restore_step or 0)
         self.generation = generation
         self.metrics.generation.set(generation)
         self._stopping = False
@@ -539,6 +558,7 @@ class HostSupervisor:
     def _park(self, generation: int, restore_step: int | None) -> None:
         """This host's slice was dropped (scale-down): idle, its steps past the restore point dropped."""
         self.generation = generation  # an older workload's late words no longer count
+        self.metrics.generation.set(generation)
         self._stopping = True
         self._drop_standby()
         self.tiers.start_generation(generation, {}, [])
@@ -760,6 +780,12 @@ class HostSupervisor:
                 file=sys.stderr,
                 flush=True,
             )
+        elif event is Event.CHECKPOINT_RESTORED:
+            self.detector.activity(now)
+            # What the workload says it loaded, next to what this supervisor staged for it.
+            await self._report(
+                {"type": "loaded", "generation": self.generation, "step": int(message["step"])}
+            )
         elif event is Event.DONE:
             self.detector.activity(now, Phase.TEARDOWN)  # it must still exit, within the phase allowance
             self._done_message = message
@@ -851,6 +877,7 @@ class HostSupervisor:
             "last_checkpoint_step": self._last_checkpoint,
             "typical_step_seconds": self.detector.typical_step_seconds,
             "exit_code": self._exit_code,
+            "persistent_reads": asdict(self.tiers.persistent.reads) if self.tiers.persistent else None,
         }
         (self._dir / "report.json").write_text(json.dumps(report, indent=1))
         self._events.close()

@@ -2,7 +2,9 @@
 
 Counters derived from the goodput accountant are produced by a custom collector (so they are
 exactly the accountant's figures, never a second bookkeeping); the rest are plain instruments on a
-registry of the supervisor's own (tests get a fresh one each).
+registry of the supervisor's own (tests get a fresh one each). The goodput counters show the
+accountant's settled seconds: an interval still open (a step under way) is counted once it closes,
+since a fault may yet book it as recovery, and a counter must never go down.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from slicekeeper.supervisor.persistent_tier import StoreReads
 
 from slicekeeper.goodput import BADPUT, Category, GoodputAccountant
 
@@ -26,7 +29,7 @@ class _GoodputCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         accountant = self._accountant()
         now = time.time()
-        seconds = accountant.seconds(now)
+        seconds = accountant.settled_seconds(now)
         productive = CounterMetricFamily(
             "slicekeeper_productive_seconds", "Wall seconds spent in productive training steps."
         )
@@ -41,6 +44,26 @@ class _GoodputCollector(Collector):
         goodput = GaugeMetricFamily("slicekeeper_goodput_ratio", "Productive seconds / wall seconds.")
         goodput.add_metric([], accountant.goodput(now))
         yield goodput
+
+
+class _StoreReadsCollector(Collector):
+    """The persistent tier's own read counts (supervisor.persistent_tier.StoreReads), at scrape time."""
+
+    def __init__(self, reads: StoreReads) -> None:
+        self._reads = reads
+
+    def collect(self) -> Iterator[Metric]:
+        shards = CounterMetricFamily(
+            "slicekeeper_persistent_shard_reads", "Host shards downloaded from the persistent tier."
+        )
+        shards.add_metric([], self._reads.shards)
+        yield shards
+        read = CounterMetricFamily(
+            "slicekeeper_persistent_read_bytes",
+            "Bytes read from the persistent tier (shards, manifests, markers).",
+        )
+        read.add_metric([], self._reads.bytes)
+        yield read
 
 
 class SupervisorMetrics:
@@ -96,6 +119,10 @@ class SupervisorMetrics:
         self.generation = Gauge(
             "slicekeeper_restart_generation", "Restart generation.", registry=self.registry
         )
+
+    def count_store_reads(self, reads: StoreReads) -> None:
+        """Export what the persistent tier counts as it reads (a job with that tier)."""
+        self.registry.register(_StoreReadsCollector(reads))
 
     def serve(self, port: int, address: str = "127.0.0.1") -> int:
         """Serve /metrics; returns the bound port (0 picks a free one)."""

@@ -21,6 +21,9 @@ All methods block (the supervisor calls them through `asyncio.to_thread`), one c
 instance. Any failure of the store is raised as PersistentTierError (object-store clients raise
 their own exception types, so the cause is chained); a shard that does not match its manifest
 raises shard_folder.CorruptCheckpoint.
+
+Every object read from the store is counted where it is read (`reads`): a restore that claims to
+have come from elsewhere can be checked against what the store actually served.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -49,6 +53,18 @@ CHUNK = shard_folder.HASH_BLOCK
 
 class PersistentTierError(Exception):
     """The persistent tier is unreachable or an operation on it failed; the message names the URI."""
+
+
+@dataclass
+class StoreReads:
+    """What one PersistentTier instance read from the store, counted at each read."""
+
+    shards: int = 0
+    """Host shards downloaded (complete or not): restores served by the store."""
+    objects: int = 0
+    """Objects opened for reading: shard files, manifests, COMMITTED markers."""
+    bytes: int = 0
+    """Bytes read from those objects."""
 
 
 def _reason(error: BaseException) -> str:
@@ -93,6 +109,7 @@ class PersistentTier:
             self._resolve_error = error
             root = ""
         self._base = f"{str(root).rstrip('/')}/{key}"
+        self.reads = StoreReads()
 
     @property
     def location(self) -> str:
@@ -138,13 +155,22 @@ class PersistentTier:
     def _read_manifest(self, fs: Any, folder: str) -> Manifest:
         where = self._where(folder)
         try:
-            with fs.open(f"{folder}/{MANIFEST}", "rb") as file:
-                text = file.read().decode()
+            data = self._read_object(fs, f"{folder}/{MANIFEST}")
         except FileNotFoundError:
             raise CorruptCheckpoint(f"{where}: no manifest") from None
+        try:
+            text = data.decode()
         except UnicodeDecodeError:
             raise CorruptCheckpoint(f"{where}: unreadable manifest") from None
         return Manifest.from_json(text, where)
+
+    def _read_object(self, fs: Any, path: str) -> bytes:
+        """A small object (a manifest, a marker), read whole and counted."""
+        with fs.open(path, "rb") as file:
+            data: bytes = file.read()
+        self.reads.objects += 1
+        self.reads.bytes += len(data)
+        return data
 
     def _remove(self, fs: Any, folder: str, marker: str = MANIFEST) -> None:
         """Delete `folder`, its marker (manifest or COMMITTED) first."""
@@ -240,6 +266,20 @@ class PersistentTier:
         with self._errors(f"commit of step {step}") as fs, fs.open(marker, "wb") as file:
             file.write(json.dumps({"step": step, "hosts": sorted(hosts)}).encode())
 
+    def committed_owners(self) -> dict[int, set[int]]:
+        """Committed step -> the hosts whose shard it holds (its COMMITTED marker says), oldest first.
+
+        What a job that starts again (resumed, re-created, a new leader) finds of its earlier runs. A
+        marker that cannot be parsed does not commit its step (as a missing one does not).
+        """
+        owners: dict[int, set[int]] = {}
+        for step in self.committed_steps():
+            with self._errors(f"reading the commit marker of step {step}") as fs:
+                marker = self._read_object(fs, f"{self._step_path(step)}/{COMMITTED}")
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                owners[step] = {int(host) for host in json.loads(marker)["hosts"]}
+        return owners
+
     def committed_steps(self) -> list[int]:
         """Steps with a COMMITTED marker, oldest first."""
         with self._errors("listing committed steps") as fs:
@@ -263,6 +303,7 @@ class PersistentTier:
                 raise CorruptCheckpoint(f"{self._where(source)}: manifest is for step {manifest.step}")
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
+            self.reads.shards += 1
             received = 0
             try:
                 for shard in manifest.shards:
@@ -271,8 +312,12 @@ class PersistentTier:
                         reader = fs.open(remote, "rb")
                     except FileNotFoundError:
                         raise CorruptCheckpoint(f"{self._where(remote)}: file is missing") from None
+                    self.reads.objects += 1
                     with reader, (tmp / shard.file).open("wb") as sink:
-                        received += _copy(reader, sink, shard, self._where(remote))
+                        try:
+                            received += _copy(reader, sink, shard, self._where(remote))
+                        finally:
+                            self.reads.bytes += sink.tell()
                         sink.flush()
                         os.fsync(sink.fileno())
                 shard_folder.write_manifest(tmp, manifest)

@@ -3,6 +3,9 @@
 Every run directory and temporary file of the session, ours and the subprocesses', goes under
 pytest's own temporary tree (TMPDIR), which pytest prunes to the last few sessions: `slicekeeper run`
 keeps its run directory for the user to read, and hundreds of test runs must not pile up in /tmp.
+
+Each test's pytest timeout is handed to tests.helpers, which fits every CLI run inside it, and a test
+whose CLI runs left processes alive fails (they are killed): see tests/helpers.py.
 """
 
 from __future__ import annotations
@@ -10,8 +13,12 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+
+from tests import helpers
+from tests.support.example_runs import clean_run
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -26,6 +33,32 @@ def _session_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ.pop("TMPDIR", None)
     else:
         os.environ["TMPDIR"] = saved_env
+
+
+@pytest.fixture(autouse=True)
+def _cli_runs_end_with_their_test() -> Iterator[None]:
+    yield
+    leaks = helpers.leftover_processes()
+    if leaks:
+        pytest.fail(f"CLI runs of this test left processes alive (now killed): {leaks}", pytrace=False)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
+    # Returns None, so pytest-timeout's own implementation still sets the timer.
+    helpers.start_test_clock(float(settings.timeout))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_timeout_cancel_timer(item: pytest.Item) -> None:
+    helpers.stop_test_clock()
+
+
+@pytest.fixture(scope="session")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The fault-free run of the example job that the chaos and cluster tests compare with, run once
+    per session (tests/support/example_runs.py); it counts towards the first test that needs it."""
+    return clean_run(tmp_path_factory.mktemp("clean"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

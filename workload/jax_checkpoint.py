@@ -5,15 +5,19 @@ host waits on another to save and a host's copy survives a restart of the job. T
 of a save is the copy of those shards to host memory; writing happens on a background thread
 (workload.checkpointing), and restores rebuild the global arrays on the current mesh.
 
-Shards are named by their position in the global array, not by process: when the job shrinks or
-grows by data-parallel replicas, a host's parameters (replicated over `data`, split over `model`
-within the host) keep the same positions, so it restores its own shards in any world size.
+Shards are named by their position in the global array, not by process. A state split over the
+hosts of a slice and replicated over slices gives each host positions of its own within its slice,
+shared only with its twins (the same worker in the other slices, holding the same values): a host
+restores its own shards, or a twin's, and never another host's, which have other names. When the
+job shrinks or grows by whole slices a host's positions do not change, so it restores its own
+shards in any world size.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -102,6 +106,42 @@ def fingerprint_gathered(leaves: Mapping[str, np.ndarray]) -> str:
 def fingerprint(tree: Any) -> str:
     """The fingerprint of a sharded tree (a gather across processes, see `gather`)."""
     return fingerprint_gathered(gather(tree))
+
+
+def host_digest(tree: Any) -> bytes:
+    """sha256 over this process's own shards of `tree` (names, shapes, dtypes, bytes); no communication."""
+    digest = hashlib.sha256()
+    for name, shard in sorted(host_shards(tree).items()):
+        digest.update(f"{name}{shard.shape}{shard.dtype}".encode())
+        digest.update(np.ascontiguousarray(shard).tobytes())
+    return digest.digest()
+
+
+@dataclass(frozen=True)
+class ReplicaAgreement:
+    """Whether every slice holds the same state: what a gather of a replicated array cannot tell."""
+
+    diverged: tuple[int, ...]
+    """Slices whose copy differs from slice 0's (empty: every replica agrees)."""
+    digest: str
+    """sha256 over every host's digest of its own shards, in rank order: the same on every process."""
+
+
+def replica_agreement(tree: Any, hosts_per_slice: int) -> ReplicaAgreement:
+    """Compare every host's own shards of `tree` with its twins' (the same worker in other slices).
+
+    A gather of a replicated array reads each process's local copy, so a slice whose hosts restored a
+    wrong shard would go unnoticed in the fingerprint of the gathered values (or give each slice a
+    fingerprint of its own). A collective across processes, ranked slice by slice: every process must
+    call it.
+    """
+    from jax.experimental import multihost_utils
+
+    mine = np.frombuffer(host_digest(tree), np.uint8)
+    every = np.asarray(multihost_utils.process_allgather(mine, tiled=False))
+    slices = every.reshape(-1, hosts_per_slice, every.shape[-1])
+    diverged = tuple(index for index in range(1, len(slices)) if not np.array_equal(slices[index], slices[0]))
+    return ReplicaAgreement(diverged, hashlib.sha256(every.tobytes()).hexdigest())
 
 
 class JaxCheckpointer:

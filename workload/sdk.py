@@ -34,6 +34,9 @@ class HostIdentity:
     """This host's rank among them: its JAX process id. Differs from `host` after a scale-down."""
     full_hosts: int
     """Hosts of the full job: size the global batch for these, whatever the world size."""
+    hosts_per_slice: int
+    """Hosts of one slice (the GKE `TPU_WORKER_HOSTNAMES` of this host's slice): the hosts a slice's
+    state is split over. A generation's hosts are whole slices, ranked slice by slice."""
     generation: int
     coordinator: str | None
     restore_step: int | None
@@ -55,11 +58,13 @@ class HostIdentity:
         restore = env.get(protocol.ENV_RESTORE_STEP, "")
         host = int(env.get(protocol.ENV_HOST, "0"))
         num_hosts = int(env.get(protocol.ENV_NUM_HOSTS, "1"))
+        slice_hosts = [name for name in env.get(protocol.ENV_TPU_WORKER_HOSTNAMES, "").split(",") if name]
         return cls(
             host=host,
             num_hosts=num_hosts,
             process_id=int(env.get(protocol.ENV_PROCESS_ID) or host),
             full_hosts=int(env.get(protocol.ENV_FULL_HOSTS) or num_hosts),
+            hosts_per_slice=len(slice_hosts) or num_hosts,
             generation=int(env.get(protocol.ENV_GENERATION, "0")),
             coordinator=env.get(protocol.ENV_COORDINATOR) or None,
             restore_step=int(restore) if restore else None,

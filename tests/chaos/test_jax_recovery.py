@@ -1,50 +1,136 @@
-"""The acceptance runs: the reference JAX job survives a kill, a hang and a lost host, nothing lost."""
+"""The acceptance runs on the reference JAX job: every fault kind, nothing lost, state from the right place.
+
+The job's state is split over the hosts of a slice and replicated over its two slices, so a host's
+shard exists only on its own disk, on its twin's in the other slice, in peer replicas and in the
+persistent tier: restoring the wrong one changes the result. Each run fires several faults and is
+checked three ways:
+
+- its final parameters equal the fault-free run's (`clean`, tests/chaos/conftest.py);
+- every restart restored the newest step every host held, each host loaded exactly that step, and
+  the steps executed again are the ones after it (tests/support/recovery_checks.py), with the exact
+  steps and tiers this schedule must give: a fault at step S stops the job after step S - 1, and
+  checkpoints are every 5 steps (persistent every 50);
+- what the persistent tier served, counted by the tier itself.
+
+The negative controls run a trainer that restores wrongly on purpose (tests/fixtures/
+misrestoring_trainer.py) and show each check catching what it is there for: a restore of an older
+step ends with the fault-free parameters and only the restore check sees it; a host loading another
+host's shard passes the restore check and only the fingerprint sees it.
+"""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
-from tests.helpers import EXAMPLE, processes_mentioning, read_report, run_cli
+from tests.helpers import ROOT, processes_mentioning
+from tests.support.example_runs import run_example
+from tests.support.recovery_checks import detected_on, problems, recovery_summary, tiers
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-STEPS = "120"
-
-
-def run_example(report_path, *extra: str):
-    result = run_cli("run", str(EXAMPLE), "--steps", STEPS, "--report", str(report_path), *extra, timeout=900)
-    assert result.returncode == 0, result.stderr
-    return read_report(report_path)
+MISRESTORING = str(ROOT / "tests" / "fixtures" / "misrestoring_trainer.py")
 
 
-@pytest.fixture(scope="module")
-def clean_report(tmp_path_factory):
-    report = run_example(tmp_path_factory.mktemp("clean") / "clean.json")
-    assert report["restarts"] == {} and report["faults"] == [] and report["params_fingerprint"]
-    assert report["stragglers"] == [] and report["decisions"] == []
-    return report
+def nothing_lost(report, clean) -> list[str]:
+    return problems(report, fingerprint=clean["report"]["params_fingerprint"], steps=120)
 
 
-def test_kill_and_hang_end_with_the_parameters_of_a_fault_free_run(tmp_path, clean_report):
-    report = run_example(tmp_path / "faulty.json", "--chaos", "kill:host=2@step=40,hang:host=0@step=80")
-    assert report["params_fingerprint"] == clean_report["params_fingerprint"]
-    assert report["steps_completed"] == 120
+def test_kill_corrupt_hang_and_slow_restore_the_newest_steps_and_end_with_the_fault_free_parameters(
+    tmp_path, clean
+):
+    chaos = "kill:host=2@step=40,corrupt:host=1@step=78,hang:host=0@step=80,slow:host=3,factor=2@step=90"
+    report = run_example(tmp_path, "--spares", "0", "--chaos", chaos)
+    assert nothing_lost(report, clean) == []
+    assert recovery_summary(report) == [("crash", 35, 4), ("hang", 75, 4)]
+    assert detected_on(report)[0] == 2
+    assert tiers(report, 1) == {0: "local", 1: "local", 2: "local", 3: "local"}
+    # Host 1's local copy of step 75 was corrupted: found at the restore, taken from its twin's replica.
+    corrupt = next(f for f in report["faults"] if f["kind"] == "corrupt")
+    assert corrupt["detail"].startswith("flipped bytes in local step 75")
+    assert tiers(report, 2) == {0: "local", 1: "peer", 2: "local", 3: "local"}
     assert report["restarts"] == {"crash": 1, "hang": 1}
-    assert report["stragglers"] == []  # own work is timed on the host's own core (docs/supervisor.md)
-    assert [(f["kind"], f["detected_as"]) for f in report["faults"]] == [("kill", "crash"), ("hang", "hang")]
-    assert all(f["productive_at"] is not None for f in report["faults"])
-    assert report["badput_seconds"]["wasted_progress"] > 0  # steps replayed after the restores
+    assert [(f["kind"], f["detected_as"]) for f in report["faults"]] == [
+        ("kill", "crash"),
+        ("corrupt", None),
+        ("hang", "hang"),
+        ("slow", "straggler"),
+    ]
+    # The slowed machine is found (others may be too on a loaded machine; docs/benchmarks.md), never
+    # before it was slowed; with no spare the default policy leaves it training.
+    [straggler] = [s for s in report["stragglers"] if s["host"] == 3]
+    assert straggler["score"] > 1.3 and straggler["step"] > 90
+    assert all(s["step"] > 90 for s in report["stragglers"])
+    assert report["persistent_reads"] == 0 and report["persistent_read_bytes"] == 0
     assert processes_mentioning(report["run_dir"]) == []
 
 
-def test_a_lost_host_is_hot_swapped_from_a_peer_copy_with_nothing_lost(tmp_path, clean_report):
-    """The issue's acceptance: --steps 120 --spares 1 --chaos lose:host=1@step=50."""
-    report = run_example(tmp_path / "lose.json", "--spares", "1", "--chaos", "lose:host=1@step=50")
-    assert report["params_fingerprint"] == clean_report["params_fingerprint"]
-    assert report["hot_swaps"]["count"] == 1 and report["hot_swaps"]["hosts"] == [1]
-    last = max(r["generation"] for r in report["restores"])
-    tiers = {r["host"]: r["tier"] for r in report["restores"] if r["generation"] == last}
-    assert tiers == {0: "local", 1: "peer", 2: "local", 3: "local"}
-    assert report["persistent_reads"] == 0
-    assert report["faults"][0]["productive_at"] is not None
+def test_two_lost_hosts_are_hot_swapped_from_their_twins_replicas_though_the_persistent_tier_has_them(
+    tmp_path, clean
+):
+    # Every checkpoint also goes to the persistent tier: the restored steps are there too, and the
+    # store serving nothing shows the peer copies were preferred.
+    chaos = "lose:host=1@step=70,lose:host=2@step=95"
+    report = run_example(tmp_path, "--spares", "2", "--chaos", chaos, persistent_interval=5)
+    assert nothing_lost(report, clean) == []
+    assert recovery_summary(report) == [("host_lost", 65, 4), ("host_lost", 90, 4)]
+    assert detected_on(report) == [1, 2]
+    assert tiers(report, 1) == {0: "local", 1: "peer", 2: "local", 3: "local"}
+    assert tiers(report, 2) == {0: "local", 1: "local", 2: "peer", 3: "local"}
+    holders = {(r["generation"], r["host"]): r["holder"] for r in report["restores"] if r["tier"] == "peer"}
+    assert holders == {(1, 1): 3, (2, 2): 0}  # each from its twin on the other slice
+    assert [(s["host"], s["machine"]) for s in report["hot_swaps"]["details"]] == [
+        (1, "spare-0"),
+        (2, "spare-1"),
+    ]
+    # Steps 65 and 90 were committed to the persistent tier before the losses: the peers were preferred.
+    for fault, step in zip(report["faults"], (65, 90), strict=True):
+        assert any(c["step"] == step and c["t"] < fault["fired_at"] for c in report["persistent_commits"])
+    assert report["persistent_reads"] == 0 and report["persistent_read_bytes"] == 0
     assert processes_mentioning(report["run_dir"]) == []
+
+
+def test_a_lost_host_without_peer_copies_restores_every_shard_from_the_persistent_tier(tmp_path, clean):
+    report = run_example(
+        tmp_path, "--spares", "1", "--chaos", "lose:host=1@step=67", checkpoint={"peer": {"replicas": 0}}
+    )
+    assert nothing_lost(report, clean) == []
+    # Host 1's shard exists only in the persistent step 50; the others' local tiers kept 55-65 only.
+    assert recovery_summary(report) == [("host_lost", 50, 16)]
+    assert tiers(report, 1) == {0: "persistent", 1: "persistent", 2: "persistent", 3: "persistent"}
+    assert report["persistent_reads"] == 4 and report["persistent_read_bytes"] > 0
+    assert processes_mentioning(report["run_dir"]) == []
+
+
+# --- negative controls: each check catches the wrong restore it is there for ---------------------
+
+
+def run_misrestoring(tmp_path, mode: str) -> dict:
+    """The acceptance job with a kill at step 40 (restore step 35), its trainer restoring wrongly."""
+    workload = {
+        "command": [sys.executable, MISRESTORING],
+        "env": [{"name": "SLICEKEEPER_TEST_MISRESTORE", "value": mode}],
+    }
+    return run_example(tmp_path, "--chaos", "kill:host=2@step=40", workload=workload)
+
+
+def test_a_restore_of_an_older_step_ends_with_the_right_parameters_and_is_caught_by_the_restore_check(
+    tmp_path, clean
+):
+    report = run_misrestoring(tmp_path, "older-step")
+    assert report["params_fingerprint"] == clean["report"]["params_fingerprint"]  # it cannot tell
+    found = nothing_lost(report, clean)
+    assert found == [f"generation 1 (crash): host {h}'s workload loaded step 30, not 35" for h in range(4)]
+
+
+def test_a_host_loading_another_hosts_shard_passes_the_restore_check_and_is_caught_by_the_fingerprint(
+    tmp_path, clean
+):
+    report = run_misrestoring(tmp_path, "other-host:1")
+    assert recovery_summary(report) == [("crash", 35, 4)]
+    assert report["params_fingerprint"].startswith("diverged:1:")  # slice 1 disagrees with slice 0
+    fingerprint, clean_fingerprint = report["params_fingerprint"], clean["report"]["params_fingerprint"]
+    assert nothing_lost(report, clean) == [
+        f"final parameters {fingerprint} differ from the fault-free run's {clean_fingerprint}"
+    ]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, processes_mentioning, run_job
+from tests.support.recovery_checks import problems, recovery_summary
 
 STEPS = 40  # run_job's default
 
@@ -39,12 +40,11 @@ def last_restore(report):
 def test_a_lost_host_is_replaced_by_a_spare_that_restores_its_shard_from_a_peer(tmp_path, clean_fingerprint):
     result, report = run_job(tmp_path, "--spares", "1", "--chaos", "lose:host=1@step=23")
     assert result.returncode == 0, result.stderr
-    assert report["params_fingerprint"] == clean_fingerprint
+    assert problems(report, fingerprint=clean_fingerprint, steps=STEPS) == []
     assert report["hot_swaps"]["count"] == 1 and report["hot_swaps"]["hosts"] == [1]
     restore = last_restore(report)
     assert {h: r["tier"] for h, r in restore.items()} == {0: "local", 1: "peer", 2: "local", 3: "local"}
     assert restore[1]["holder"] == 3  # the same worker on the other slice keeps host 1's replica
-    assert report["persistent_reads"] == 0
     assert report["restarts"] == {"host_lost": 1}
     assert report["faults"][0]["detected_as"] == "host_lost"
     assert report["faults"][0]["productive_at"] is not None
@@ -58,13 +58,13 @@ def test_a_lost_host_without_a_peer_copy_restores_from_the_persistent_tier(tmp_p
     spec = with_persistent(tmp_path, interval=10, replicas=0)
     result, report = run_job(tmp_path, "--spares", "1", "--chaos", "lose:host=2@step=28", **spec)
     assert result.returncode == 0, result.stderr
-    assert report["params_fingerprint"] == clean_fingerprint
+    assert problems(report, fingerprint=clean_fingerprint, steps=STEPS) == []
     restore = last_restore(report)
     assert restore[2]["tier"] == "persistent"
     assert {restore[h]["tier"] for h in (0, 1, 3)} == {"local"}
     # The newest persistent step committed before the loss (20 unless the machine is very busy).
     assert restore[2]["step"] in (10, 20) and {r["step"] for r in restore.values()} == {restore[2]["step"]}
-    assert report["persistent_reads"] == 1
+    assert report["persistent_reads"] == 1 and report["persistent_read_bytes"] > 0  # host 2's shard only
     assert report["persistent_checkpoints"] == [30, 40]  # retention: maxToKeep 2
 
 
@@ -80,7 +80,7 @@ def test_losing_a_host_with_no_spare_at_the_minimum_slices_fails_the_job_with_th
 def test_a_second_lost_host_is_replaced_by_the_next_spare(tmp_path, clean_fingerprint):
     result, report = run_job(tmp_path, "--spares", "2", "--chaos", "lose:host=1@step=12,lose:host=2@step=27")
     assert result.returncode == 0, result.stderr
-    assert report["params_fingerprint"] == clean_fingerprint
+    assert problems(report, fingerprint=clean_fingerprint, steps=STEPS) == []
     assert [(s["host"], s["machine"]) for s in report["hot_swaps"]["details"]] == [
         (1, "spare-0"),
         (2, "spare-1"),
@@ -94,7 +94,8 @@ def test_a_corrupt_local_checkpoint_is_noticed_at_the_restore_and_taken_from_a_p
 ):
     result, report = run_job(tmp_path, "--chaos", "corrupt:host=2@step=18,kill:host=0@step=20")
     assert result.returncode == 0, result.stderr
-    assert report["params_fingerprint"] == clean_fingerprint
+    assert problems(report, fingerprint=clean_fingerprint, steps=STEPS) == []
+    assert recovery_summary(report) == [("crash", 15, 4)]
     restore = last_restore(report)
     assert restore[2]["step"] == 15 and restore[2]["tier"] == "peer"
     assert {restore[h]["tier"] for h in (0, 1, 3)} == {"local"}
@@ -109,7 +110,7 @@ def test_a_silently_bad_restored_state_is_caught_by_its_loss_and_an_older_step_r
     workload = {"command": [sys.executable, str(loop)], "args": [], "steps": STEPS, "standby": False}
     result, report = run_job(tmp_path, "--chaos", "kill:host=1@step=13", workload=workload)
     assert result.returncode == 0, result.stderr
-    assert report["params_fingerprint"] == clean_fingerprint
+    assert problems(report, fingerprint=clean_fingerprint, steps=STEPS) == []
     assert [d["kind"] for d in report["detections"]] == ["crash", "nonfinite_loss"]
     assert sorted({r["step"] for r in report["restores"]}) == [5, 10]  # 10 was bad, 5 was not
     assert report["restarts"] == {"crash": 1, "nonfinite_loss": 1}

@@ -1,10 +1,21 @@
-"""Bad input to `slicekeeper run`: a clear message naming the problem, exit 2, nothing started."""
+"""Bad input to `slicekeeper run`: a clear message naming the problem, exit 2, nothing started.
+
+"Nothing started" is read from the run directory (`spec.local.workDir`): a run that got as far as
+starting its supervisors has written its plan there.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.helpers import EXAMPLE, processes_mentioning, run_cli, write_job
+from tests.helpers import EXAMPLE, run_cli, write_job
+
+
+def started_runs(runs: Path) -> list[Path]:
+    """Runs under `runs` that got as far as starting supervisors (a plan written for them)."""
+    return list(runs.glob("*/plan.json"))
 
 
 @pytest.mark.parametrize(
@@ -24,12 +35,14 @@ from tests.helpers import EXAMPLE, processes_mentioning, run_cli, write_job
     ],
 )
 def test_a_bad_job_file_is_refused_naming_the_field(tmp_path, changes, expected):
-    job = write_job(tmp_path / "job.yaml", **changes)
+    runs = tmp_path / "runs"
+    local = {**changes.get("local", {}), "workDir": str(runs)}
+    job = write_job(tmp_path / "job.yaml", **{**changes, "local": local})
     result = run_cli("run", str(job), timeout=60)
     assert result.returncode == 2
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
-    assert processes_mentioning(str(job)) == []
+    assert started_runs(runs) == []
 
 
 @pytest.mark.parametrize(
@@ -87,7 +100,6 @@ def test_a_policy_that_cannot_work_is_refused_before_anything_starts(tmp_path, p
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
     assert not runs.exists()
-    assert processes_mentioning(str(job)) == []
 
 
 def test_spec_policy_file_is_checked_relative_to_the_job_file(tmp_path):

@@ -1,16 +1,26 @@
-"""`slicekeeper run` end to end with the fast SDK example loop: supervisors, restarts, report."""
+"""`slicekeeper run` end to end with the fast SDK example loop: supervisors, restarts, report.
+
+Every run is checked against the parameters the loop must end with (`sdk_loop_fingerprint`), not
+against another run: two runs that both trained nothing would agree with each other.
+"""
 
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, processes_mentioning, read_report, run_cli, run_job, sdk_loop_job
+from tests.helpers import (
+    processes_mentioning,
+    read_report,
+    run_job,
+    sdk_loop_fingerprint,
+    sdk_loop_job,
+    started_cli,
+)
 
 REQUIRED_FIELDS = {
     "steps_completed",
@@ -31,7 +41,7 @@ def test_a_fault_free_run_succeeds_with_a_complete_report(tmp_path):
     assert report["steps_completed"] == 40
     assert 0 < report["goodput"] <= 1
     assert report["restarts"] == {} and report["faults"] == []
-    assert report["params_fingerprint"]
+    assert report["params_fingerprint"] == sdk_loop_fingerprint(40)
     total = report["goodput"] + sum(report["badput_seconds"].values()) / report["wall_seconds"]
     assert total == pytest.approx(1.0, abs=0.01)
     assert "metrics: host 0 http://127.0.0.1:" in result.stdout
@@ -40,10 +50,9 @@ def test_a_fault_free_run_succeeds_with_a_complete_report(tmp_path):
 
 
 def test_a_killed_and_a_hung_host_recover_with_nothing_lost(tmp_path):
-    _, clean = run_job(tmp_path / "clean")
-    result, report = run_job(tmp_path / "faulty", "--chaos", "kill:host=1@step=12,hang:host=3@step=27")
+    result, report = run_job(tmp_path, "--chaos", "kill:host=1@step=12,hang:host=3@step=27")
     assert result.returncode == 0, result.stderr
-    assert report["params_fingerprint"] == clean["params_fingerprint"]
+    assert report["params_fingerprint"] == sdk_loop_fingerprint(40)
     assert report["restarts"] == {"crash": 1, "hang": 1}
     assert [(f["kind"], f["host"], f["step"]) for f in report["faults"]] == [("kill", 1, 12), ("hang", 3, 27)]
     for fault in report["faults"]:  # each fired exactly once, was detected, and training went on
@@ -68,49 +77,45 @@ def test_a_spent_restart_budget_fails_the_job_with_the_reason(tmp_path):
 
 
 def test_a_workload_that_crashes_at_every_start_fails_fast(tmp_path):
-    job = sdk_loop_job(tmp_path / "job.yaml", health={"maxRestarts": 10, "maxRestartsWithoutProgress": 3})
-    job.write_text(job.read_text().replace(str(ROOT / "examples" / "sdk_loop.py"), "-c") + "")
-    text = job.read_text().replace("- -c", "- -c\n    - import sys; sys.exit(3)")
-    job.write_text(text)
-    result = run_cli("run", str(job), "--report", str(tmp_path / "r.json"))
+    result, report = run_job(
+        tmp_path,
+        workload={"command": [sys.executable, "-c", "import sys; sys.exit(3)"]},
+        health={"maxRestarts": 10, "maxRestartsWithoutProgress": 3},
+    )
     assert result.returncode == 1
     assert "no progress across 3 consecutive starts (spec.health.maxRestartsWithoutProgress)" in result.stderr
     assert "workload exit code 3" in result.stderr
-    assert read_report(tmp_path / "r.json")["restarts"] == {"crash": 2}
+    assert report["restarts"] == {"crash": 2}
+    assert processes_mentioning(report["run_dir"]) == []
 
 
 def test_ctrl_c_stops_every_process_it_started(tmp_path):
     job = sdk_loop_job(tmp_path / "job.yaml", steps=100000)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "slicekeeper.cli", "run", str(job), "--report", str(tmp_path / "r.json")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    run_dir = None
-    deadline = time.time() + 60
-    for line in process.stdout:
-        if "run directory:" in line:
-            run_dir = line.split("run directory:")[1].split()[0]
-        if ("steps/s" in line and "training" in line) or time.time() > deadline:
-            break
-    assert run_dir is not None
-    assert processes_mentioning(run_dir), "the job should be running"
-    process.send_signal(signal.SIGINT)
-    out, _ = process.communicate(timeout=30)
-    assert process.returncode != 0
+    with started_cli("run", str(job), "--report", str(tmp_path / "r.json")) as process:
+        assert process.stdout is not None
+        run_dir = None
+        deadline = time.time() + 60
+        for line in process.stdout:
+            if "run directory:" in line:
+                run_dir = line.split("run directory:")[1].split()[0]
+            if ("steps/s" in line and "training" in line) or time.time() > deadline:
+                break
+        assert run_dir is not None
+        assert processes_mentioning(run_dir), "the job should be running"
+        process.send_signal(signal.SIGINT)
+        out, _ = process.communicate(timeout=30)
+    assert process.returncode == 1
     assert "interrupted" in out
+    assert read_report(tmp_path / "r.json")["state"] == "interrupted"
     assert processes_mentioning(run_dir) == []
 
 
 def test_a_standby_process_takes_over_at_each_restart_with_nothing_lost(tmp_path):
-    _, clean = run_job(tmp_path / "clean")
     result, report = run_job(
-        tmp_path / "standby", "--chaos", "kill:host=1@step=8,hang:host=3@step=35", workload={"standby": True}
+        tmp_path, "--chaos", "kill:host=1@step=8,hang:host=3@step=35", workload={"standby": True}
     )
     assert result.returncode == 0, result.stderr
-    assert report["params_fingerprint"] == clean["params_fingerprint"]
+    assert report["params_fingerprint"] == sdk_loop_fingerprint(40)
     assert report["restarts"] == {"crash": 1, "hang": 1}
     for host in range(4):
         events = (Path(report["run_dir"]) / f"host-{host}" / "events.jsonl").read_text()

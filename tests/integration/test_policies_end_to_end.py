@@ -3,7 +3,7 @@
 A user policy that forbids hot-swap scales down and back up; a slowed host is reported as a straggler
 (and replaced when a spare waits); the recorded event log replays under another policy. The loop's
 hosts compute the same parameters whatever the world size, so every run ends with the fault-free
-fingerprint.
+parameters (`sdk_loop_fingerprint`).
 """
 
 from pathlib import Path
@@ -11,18 +11,10 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import ROOT, run_cli, run_job
+from tests.helpers import ROOT, run_cli, run_job, sdk_loop_fingerprint
 
 STEPS = 120
 NO_HOT_SWAP = str(ROOT / "examples" / "policies" / "no_hot_swap.py")
-
-
-@pytest.fixture(scope="module")
-def clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    result, report = run_job(tmp_path_factory.mktemp("clean"), steps=STEPS)
-    assert result.returncode == 0, result.stderr
-    assert report is not None
-    return report
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +36,16 @@ def elastic(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, A
     return where, report
 
 
-def test_a_healthy_run_reports_no_straggler_and_decides_nothing(clean):
-    assert clean["stragglers"] == []
-    assert clean["decisions"] == []
-    assert [w["hosts"] for w in clean["world"]] == [4]
+def test_a_healthy_run_reports_no_straggler_and_decides_nothing(tmp_path):
+    result, report = run_job(tmp_path, steps=STEPS)
+    assert result.returncode == 0, result.stderr
+    assert report["params_fingerprint"] == sdk_loop_fingerprint(STEPS)
+    assert report["stragglers"] == []
+    assert report["decisions"] == []
+    assert [w["hosts"] for w in report["world"]] == [4]
 
 
-def test_a_policy_forbidding_hot_swap_scales_down_then_back_up_with_the_user_decisions_reported(
-    elastic, clean
-):
+def test_a_policy_forbidding_hot_swap_scales_down_then_back_up_with_the_user_decisions_reported(elastic):
     _, report = elastic
     decisions = [d for d in report["decisions"] if d["event"]["kind"] != "straggler"]  # noise: reported
     assert [(d["event"]["kind"], d["action"]["name"], d["source"]) for d in decisions] == [
@@ -66,7 +59,7 @@ def test_a_policy_forbidding_hot_swap_scales_down_then_back_up_with_the_user_dec
     assert [w["hosts"] for w in report["world"]] == [4, 2, 4]
     assert report["hot_swaps"]["count"] == 0  # the spare came in through the scale-up, not a swap
     assert report["badput_seconds"]["scaled_down"] > 0  # host 2 idled while its slice was dropped
-    assert report["params_fingerprint"] == clean["params_fingerprint"]
+    assert report["params_fingerprint"] == sdk_loop_fingerprint(STEPS)
     assert report["steps_completed"] == STEPS
 
 
@@ -83,7 +76,7 @@ def test_the_event_log_is_written_next_to_the_report_and_replays_under_another_p
     assert f"0 of {len(report['decisions'])} decision(s) differ" in same.stdout
 
 
-def test_a_slowed_host_is_reported_as_a_straggler_with_its_score(tmp_path, clean):
+def test_a_slowed_host_is_reported_as_a_straggler_with_its_score(tmp_path):
     result, report = run_job(tmp_path, "--chaos", "slow:host=2,factor=2@step=30", steps=STEPS)
     assert result.returncode == 0, result.stderr
     [straggler] = report["stragglers"]
@@ -94,10 +87,10 @@ def test_a_slowed_host_is_reported_as_a_straggler_with_its_score(tmp_path, clean
     assert (decision["action"]["name"], decision["source"]) == ("ignore", "default")  # no spare
     [slow] = report["faults"]
     assert slow["detected_as"] == "straggler"
-    assert report["params_fingerprint"] == clean["params_fingerprint"]
+    assert report["params_fingerprint"] == sdk_loop_fingerprint(STEPS)
 
 
-def test_a_straggler_is_replaced_by_a_waiting_spare_and_its_machine_retired(tmp_path, clean):
+def test_a_straggler_is_replaced_by_a_waiting_spare_and_its_machine_retired(tmp_path):
     result, report = run_job(
         tmp_path, "--spares", "1", "--chaos", "slow:host=1,factor=3@step=20", steps=STEPS
     )
@@ -107,4 +100,4 @@ def test_a_straggler_is_replaced_by_a_waiting_spare_and_its_machine_retired(tmp_
     assert report["hot_swaps"]["hosts"] == [1]
     host_1 = next(h for h in report["hosts"] if h["host"] == 1)
     assert host_1["machines"] == ["host-1", "spare-0"]
-    assert report["params_fingerprint"] == clean["params_fingerprint"]
+    assert report["params_fingerprint"] == sdk_loop_fingerprint(STEPS)

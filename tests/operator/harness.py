@@ -1,13 +1,22 @@
 """The operator under test: the real kopf operator, in this process, against the emulated API server.
 
-`running_operator()` starts the emulator and the operator and yields a `Kube` to act as a user
-(apply, delete), as the scheduler and kubelet (set a pod's node and phase), and to read the state.
+`emulated_cluster()` starts the emulator (tests/cluster_emulator.py) and yields a `Kube` to act as a
+user (apply, delete), as the scheduler, kubelet and node controller (bind a pod, set a pod's or
+node's status, through the status subresource as they do), and to read the state; `operator()` runs
+the operator against it until its block ends.
+
+A failure in the test's own machinery fails the test at once, with its traceback: the emulator's
+internal errors and the fake kubelet's (tests/operator/kubelet.py) are recorded with `Kube.fail` and
+raised by the next `eventually` and when `emulated_cluster()` ends, instead of surfacing as a
+timeout minutes later. Errors a restarting or busy API server causes are the kubelet's to tolerate
+(`TRANSIENT_STATUSES`, connection errors); they are not failures.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -20,6 +29,24 @@ from slicekeeper.operator.handlers import register
 
 from tests.cluster_emulator import TRAININGJOBS, ClusterEmulator
 
+JOBS_PATH = "/apis/slicekeeper.dev/v1alpha1/namespaces/{namespace}/trainingjobs"
+MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
+TRANSIENT_STATUSES = frozenset({404, 409, 429, 500, 502, 503, 504})
+"""Answers a controller retries: the object went meanwhile (404), a conflict (409), the API server
+busy or restarting (429, 5xx). Anything else (400, 415, 422) is a bug in whoever sent the request."""
+
+WATCH_SECONDS = 10.0
+"""Every watch of the emulated API server ends after this long (a real one's after 30 to 60 min): the
+operator's watches reconnect many times in every test."""
+
+
+class ApiError(AssertionError):
+    """The emulated API server refused a request the test (or its kubelet) made."""
+
+    def __init__(self, method: str, path: str, status: int, text: str) -> None:
+        super().__init__(f"{method} {path}: {status} {text}")
+        self.status = status
+
 
 class Kube:
     def __init__(self, emulator: ClusterEmulator, url: str, session: aiohttp.ClientSession) -> None:
@@ -27,48 +54,69 @@ class Kube:
         self.url = url
         self.session = session
         self.cluster: Cluster | None = None
+        self.failures: list[BaseException] = []
+
+    def fail(self, error: BaseException) -> None:
+        """Record a failure of the test's machinery: the test fails with it (see the module doc)."""
+        self.failures.append(error)
+
+    def check(self) -> None:
+        """Raise the first failure recorded, the kubelet's or the emulator's own, if any."""
+        for error in (*self.failures, *self.emulator.faults):
+            raise error
+
+    async def request(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> Any:
+        """One request to the API server; its JSON answer, or ApiError for a status of 300 or more."""
+        async with self.session.request(method, self.url + path, json=body, headers=headers) as response:
+            text = await response.text()
+            if response.status >= 300:
+                raise ApiError(method, path, response.status, text)
+            return await response.json() if text else None
 
     async def apply(self, job: dict[str, Any]) -> None:
-        namespace = job["metadata"]["namespace"]
-        path = f"/apis/slicekeeper.dev/v1alpha1/namespaces/{namespace}/trainingjobs"
-        async with self.session.post(self.url + path, json=job) as response:
-            assert response.status < 300, await response.text()
+        await self.request("POST", JOBS_PATH.format(namespace=job["metadata"]["namespace"]), job)
 
     async def delete_job(self, namespace: str, name: str) -> None:
-        path = f"/apis/slicekeeper.dev/v1alpha1/namespaces/{namespace}/trainingjobs/{name}"
-        async with self.session.delete(self.url + path) as response:
-            assert response.status < 300, await response.text()
+        await self.request("DELETE", f"{JOBS_PATH.format(namespace=namespace)}/{name}")
 
     async def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        """As a user (`kubectl patch --type merge`): merge `patch` into the TrainingJob."""
-        path = f"/apis/slicekeeper.dev/v1alpha1/namespaces/{namespace}/trainingjobs/{name}"
-        headers = {"Content-Type": "application/merge-patch+json"}
-        async with self.session.patch(self.url + path, json=patch, headers=headers) as response:
-            assert response.status < 300, await response.text()
+        """As a user (`kubectl patch --type merge`): merge `patch` into the TrainingJob (its status
+        is ignored there, as the API server ignores it: see `patch_job_status`)."""
+        await self.request("PATCH", f"{JOBS_PATH.format(namespace=namespace)}/{name}", patch, MERGE_PATCH)
+
+    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge `status` into the TrainingJob's status, through its status subresource."""
+        path = f"{JOBS_PATH.format(namespace=namespace)}/{name}/status"
+        await self.request("PATCH", path, {"status": status}, MERGE_PATCH)
 
     async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        """As the kubelet or the scheduler: merge `patch` into the pod."""
+        """As the kubelet or the scheduler: merge `patch` into the pod; its status through the status
+        subresource (two writes when the patch has both)."""
         path = f"/api/v1/namespaces/{namespace}/pods/{name}"
-        headers = {"Content-Type": "application/merge-patch+json"}
-        async with self.session.patch(self.url + path, json=patch, headers=headers) as response:
-            assert response.status < 300, await response.text()
+        await self._patch_with_status(path, patch)
 
     async def delete_pod(self, namespace: str, name: str) -> None:
-        async with self.session.delete(f"{self.url}/api/v1/namespaces/{namespace}/pods/{name}") as response:
-            assert response.status < 300, await response.text()
+        await self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
 
     async def put_node(self, node: dict[str, Any]) -> None:
-        """As the node controller: create the node, or merge `node` into it."""
-        name = node["metadata"]["name"]
+        """As the node controller: create the node (with its status, as a kubelet registers it), or
+        merge `node` into it."""
         body = {"apiVersion": "v1", "kind": "Node", **node}
-        async with self.session.post(f"{self.url}/api/v1/nodes", json=body) as response:
-            if response.status < 300:
-                return
-        headers = {"Content-Type": "application/merge-patch+json"}
-        async with self.session.patch(
-            f"{self.url}/api/v1/nodes/{name}", json=node, headers=headers
-        ) as response:
-            assert response.status < 300, await response.text()
+        try:
+            await self.request("POST", "/api/v1/nodes", body)
+        except ApiError as error:
+            if error.status != 409:
+                raise
+            await self._patch_with_status(f"/api/v1/nodes/{node['metadata']['name']}", node)
+
+    async def _patch_with_status(self, path: str, patch: dict[str, Any]) -> None:
+        rest = {key: value for key, value in patch.items() if key != "status"}
+        if rest:
+            await self.request("PATCH", path, rest, MERGE_PATCH)
+        if "status" in patch:
+            await self.request("PATCH", f"{path}/status", {"status": patch["status"]}, MERGE_PATCH)
 
     def writes(self) -> list[tuple[str, str]]:
         """Every write request so far, oldest first: (resource plural, CREATE / UPDATE / DELETE)."""
@@ -89,10 +137,18 @@ class Kube:
         return self.emulator.live("v1/events", namespace)
 
 
+_current: contextvars.ContextVar[Kube] = contextvars.ContextVar("kube")
+"""The cluster of the `emulated_cluster()` block the test is in, whose failures `eventually` raises."""
+
+
 async def eventually(check: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
-    """Wait until `check()` is truthy (returning it), or fail saying what was awaited."""
+    """Wait until `check()` is truthy (returning it), or fail saying what was awaited; a failure of
+    the emulated cluster's machinery (see the module doc) fails it at once."""
+    kube = _current.get(None)
     deadline = time.monotonic() + timeout
     while True:
+        if kube is not None:
+            kube.check()
         result = check()
         if result:
             return result
@@ -135,7 +191,9 @@ async def operator(kube: Kube) -> AsyncIterator[Cluster]:
 
 
 @contextlib.asynccontextmanager
-async def emulated_cluster() -> AsyncIterator[Kube]:
+async def emulated_cluster(watch_seconds: float | None = WATCH_SECONDS) -> AsyncIterator[Kube]:
+    """The emulated API server, its watches ending every `watch_seconds`; what its machinery recorded
+    as failed is raised when the block ends (if the block did not raise first)."""
     # A connection per request: a kept-alive one can stall behind a stopping operator's streams.
     connector = aiohttp.TCPConnector(force_close=True)
     async with (
@@ -143,4 +201,11 @@ async def emulated_cluster() -> AsyncIterator[Kube]:
         Server(emulator),
         aiohttp.ClientSession(connector=connector) as session,
     ):
-        yield Kube(emulator, str(emulator.url).rstrip("/"), session)
+        emulator.watch_seconds = watch_seconds
+        kube = Kube(emulator, str(emulator.url).rstrip("/"), session)
+        token = _current.set(kube)
+        try:
+            yield kube
+            kube.check()
+        finally:
+            _current.reset(token)

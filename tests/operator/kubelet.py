@@ -10,15 +10,28 @@ control plane and kubelets would, through the same API the operator watches:
   reason Unschedulable, as kube-scheduler reports;
 - the kubelet: a bound pod's container command runs as a local process with the pod's environment
   (downward API fields resolved; `python` is this virtual environment's). Each pod gets its own mount
-  namespace (`unshare`): a private /dev/shm, an /etc overlay whose /etc/hosts resolves the job's pod
-  host names (`<hostname>.<subdomain>`, the headless Service's DNS) to the pods' IPs, its ConfigMap
-  volumes at their mount paths and its emptyDirs. Pod IPs are loopback addresses (127.x.y.z), fixed
-  per pod name, so every pod has its own ports as on a real cluster. The process's exit sets the
-  pod's phase and its container's exit code; a deleted pod's process is killed;
+  namespace (`unshare`): a private /dev/shm, an /etc overlay, its ConfigMap volumes at their mount
+  paths and its emptyDirs, and a private supervisor run directory (/tmp/slicekeeper: logs, the SDK
+  socket, the job summary; the rest of /tmp is shared, as a bucket is). Every pod gets a new IP, a
+  loopback address (127.x.y.z), so every pod has its own ports as on a real cluster, and a
+  replacement pod is not where its predecessor was. The
+  status goes through the pod's status subresource: Running with its IP, then the process's exit as
+  the phase and the container's exit code (and termination message, as `terminationMessagePolicy`
+  says); a deleted pod's process is killed;
+- DNS: /etc/hosts plays the headless Service's DNS. A pod resolves its own name
+  (`<hostname>.<subdomain>`) at once, as the kubelet's own hosts entry does on a real cluster; the
+  name of another pod resolves to that pod's IP only `dns_delay` seconds after the pod got it (a real
+  cluster's DNS lags behind its pods), and stops resolving when the pod is gone. The file is
+  rewritten as that changes, under every running pod;
 - node loss: `lose_node` kills the node's processes (SIGKILL: the machine is gone) and marks the Node
   NotReady, as the node controller would.
 
 Pods reach the API server with a kubeconfig (KUBECONFIG) instead of a service-account token.
+
+The loop tolerates what a restarting or busy API server causes (connection errors, 429 and 5xx, a
+pod deleted or changed meanwhile: the statuses in harness.TRANSIENT_STATUSES) and retries the round;
+any other error is a bug in this fake: it is recorded with `Kube.fail`, which fails the test at once
+with its traceback (tests/operator/harness.py), and the loop stops.
 """
 
 from __future__ import annotations
@@ -35,14 +48,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
+from slicekeeper.supervisor.pod_plan import RUN_DIR
 
-from tests.operator.harness import Kube
+from tests.operator.harness import TRANSIENT_STATUSES, ApiError, Kube
 
+V5P_16_LABELS = {
+    "cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
+    "cloud.google.com/gke-tpu-topology": "2x2x2",
+}
+"""The TPU labels of the example job's nodes (v5p-16: a 2x2x2 slice of two hosts)."""
 POOL_LABEL = "cloud.google.com/gke-nodepool"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 TPU_RESOURCE = "google.com/tpu"
 KILL_GRACE_SECONDS = 5.0
+DNS_DELAY_SECONDS = 2.0
+"""How long after a pod got its IP other pods resolve its name (a real cluster's DNS lags)."""
+HOSTS_DIR = "/etc/.pod-dns"
+"""Where a pod's mount namespace sees the directory the kubelet keeps its hosts file in (/etc/hosts
+links to the file there, so that the kubelet can replace it while the pod runs)."""
 
 
 @dataclass
@@ -78,7 +103,20 @@ class RunningPod:
     process: subprocess.Popen[bytes]
     log: Path
     pod: dict[str, Any]
+    dns: Path
+    """The directory of the pod's hosts file, as the kubelet sees it."""
+    ip: str
+    running_reported: bool = False
     reported: bool = False
+    hosts: str = ""
+    """What the pod's hosts file says now."""
+
+
+@dataclass(frozen=True)
+class PodAddress:
+    ip: str
+    since: float
+    """When the pod got it (time.monotonic())."""
 
 
 @dataclass
@@ -92,7 +130,9 @@ class FakeTpuCluster:
     """By pod uid."""
     unschedulable: set[str] = field(default_factory=set)
     """Uids already reported Unschedulable (reported once, as the scheduler's condition)."""
-    _ips: dict[tuple[str, str], str] = field(default_factory=dict)
+    dns_delay: float = DNS_DELAY_SECONDS
+    _addresses: dict[str, PodAddress] = field(default_factory=dict)
+    """By pod uid: every pod its own IP."""
     _task: asyncio.Task[None] | None = None
 
     # --- the test's controls ------------------------------------------------------------------
@@ -100,6 +140,12 @@ class FakeTpuCluster:
         node = FakeNode(name, pool, dict(self.tpu_labels))
         self.nodes[name] = node
         await self.kube.put_node(node.manifest())
+
+    async def add_pools(self, pools: dict[str, list[str]]) -> None:
+        """Node pools of TPU nodes: {pool: [node names]}."""
+        for pool, names in pools.items():
+            for name in names:
+                await self.add_node(name, pool)
 
     async def lose_node(self, name: str) -> list[str]:
         """The machine dies: its pods' processes are killed at once, then the Node turns NotReady.
@@ -155,8 +201,11 @@ class FakeTpuCluster:
         while True:
             try:
                 await self._tick()
-            except Exception as error:  # a failed round is retried: the API may be restarting
-                print(f"fake cluster: {error!r}", file=sys.stderr)
+            except Exception as error:
+                if not transient(error):
+                    self.kube.fail(error)  # a bug here: the test fails with it, now
+                    return
+                print(f"fake cluster, retrying the round: {error!r}", file=sys.stderr)
             await asyncio.sleep(0.2)
 
     async def _tick(self) -> None:
@@ -170,6 +219,8 @@ class FakeTpuCluster:
                 if running.process.poll() is not None:
                     del self.running[uid]
                 continue
+            if not running.running_reported:  # (a transient error kept it from being said)
+                await self._report_running(running)
             if running.process.poll() is not None and not running.reported:
                 await self._report_exit(running)
         for pod in pods:
@@ -178,7 +229,8 @@ class FakeTpuCluster:
             if node is None:
                 await self._schedule(pod, pods)
             elif self._startable(pod, uid, node):
-                await self._start(pod)
+                await self._start(pod, pods)
+        self._publish_dns(pods)
 
     def _startable(self, pod: dict[str, Any], uid: str, node: str) -> bool:
         """Bound here, not started yet, on a node that is alive."""
@@ -241,26 +293,47 @@ class FakeTpuCluster:
         self.unschedulable.discard(uid)
 
     # --- the kubelet --------------------------------------------------------------------------
-    def _ip(self, namespace: str, name: str) -> str:
-        """A loopback address per pod name: a replacement pod is reachable where its name resolves."""
-        key = (namespace, name)
-        if key not in self._ips:
-            index = len(self._ips) + 10
-            self._ips[key] = f"127.{os.getpid() % 200 + 20}.{index // 250}.{index % 250 + 2}"
-        return self._ips[key]
+    def _ip(self, uid: str) -> str:
+        """A new loopback address for every pod (a replacement pod is not where its predecessor was)."""
+        if uid not in self._addresses:
+            index = len(self._addresses) + 10
+            ip = f"127.{os.getpid() % 200 + 20}.{index // 250}.{index % 250 + 2}"
+            self._addresses[uid] = PodAddress(ip, time.monotonic())
+        return self._addresses[uid].ip
 
-    def _hosts_file(self, pod: dict[str, Any], directory: Path) -> Path:
-        """/etc/hosts of the pod: every pod of its subdomain, as the headless Service's DNS serves."""
-        namespace = pod["metadata"]["namespace"]
+    def _hosts(self, pod: dict[str, Any], pods: list[dict[str, Any]]) -> str:
+        """The pod's /etc/hosts: the machine's own names, the pod's own name, and the names of the
+        other pods of its subdomain that the DNS serves by now (`dns_delay` after they got an IP)."""
+        namespace, uid = pod["metadata"]["namespace"], pod["metadata"]["uid"]
         subdomain = pod["spec"].get("subdomain")
-        lines = [Path("/etc/hosts").read_text().rstrip()]  # the machine's own names stay
-        for other in self.kube.emulator.live("v1/pods", namespace):
-            if subdomain and other["spec"].get("subdomain") == subdomain:
+        lines = [Path("/etc/hosts").read_text().rstrip()]
+        served_since = time.monotonic() - self.dns_delay
+        for other in pods:
+            if not subdomain or other["spec"].get("subdomain") != subdomain:
+                continue
+            if other["metadata"]["namespace"] != namespace:
+                continue
+            address = self._addresses.get(other["metadata"]["uid"])
+            if address is not None and (other["metadata"]["uid"] == uid or address.since <= served_since):
                 hostname = other["spec"].get("hostname") or other["metadata"]["name"]
-                lines.append(f"{self._ip(namespace, other['metadata']['name'])} {hostname}.{subdomain}")
-        path = directory / "hosts"
-        path.write_text("\n".join(lines) + "\n")
-        return path
+                lines.append(f"{address.ip} {hostname}.{subdomain}")
+        return "\n".join(lines) + "\n"
+
+    def _publish_dns(self, pods: list[dict[str, Any]]) -> None:
+        """Rewrite the hosts file of every running pod whose view of the DNS changed (atomically: a
+        resolver reading it meanwhile sees the old file or the new one)."""
+        for running in self.running.values():
+            if running.process.poll() is None:
+                hosts = self._hosts(running.pod, pods)
+                if hosts != running.hosts:
+                    self._write_hosts(running.dns, hosts)
+                    running.hosts = hosts
+
+    @staticmethod
+    def _write_hosts(directory: Path, hosts: str) -> None:
+        staged = directory / "hosts.new"
+        staged.write_text(hosts)
+        os.replace(staged, directory / "hosts")
 
     def _env(self, pod: dict[str, Any], container: dict[str, Any], ip: str) -> dict[str, str]:
         fields = {
@@ -296,23 +369,35 @@ class FakeTpuCluster:
             sources[volume["name"]] = str(path)
         return sources
 
-    async def _start(self, pod: dict[str, Any]) -> None:
+    async def _start(self, pod: dict[str, Any], pods: list[dict[str, Any]]) -> None:
         meta, spec = pod["metadata"], pod["spec"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
         [container] = spec["containers"]
-        ip = self._ip(namespace, name)
+        ip = self._ip(uid)
         directory = self.workdir / "pods" / uid
         directory.mkdir(parents=True)
-        hosts = self._hosts_file(pod, directory)
+        dns = directory / "dns"
+        dns.mkdir()
+        hosts = self._hosts(pod, pods)
+        self._write_hosts(dns, hosts)
         sources = self._volumes(pod, directory)
-        # In the pod's own mount namespace: private /dev/shm, an /etc overlay, volumes mounted.
+        run_dir = directory / "run-dir"
+        run_dir.mkdir()
+        # In the pod's own mount namespace: private /dev/shm, an /etc overlay, volumes mounted; its
+        # /etc/hosts a link into the directory the kubelet rewrites the file in; the supervisor's run
+        # directory its own, as a container's file system is (the rest of /tmp stays shared: tests
+        # keep "remote" storage there, as a bucket is shared).
         script = [
             "set -e",
+            f"mkdir -p {RUN_DIR}",
+            f"mount --bind {shlex.quote(str(run_dir))} {RUN_DIR}",
             "mount -t tmpfs tmpfs /dev/shm",
             "mkdir -p /dev/shm/.pod/etc /dev/shm/.pod/work",
             "mount -t overlay overlay"
             " -o lowerdir=/etc,upperdir=/dev/shm/.pod/etc,workdir=/dev/shm/.pod/work /etc",
-            f"cp {shlex.quote(str(hosts))} /etc/hosts",
+            f"mkdir -p {HOSTS_DIR}",
+            f"mount --bind {shlex.quote(str(dns))} {HOSTS_DIR}",
+            f"ln -sf {HOSTS_DIR}/hosts /etc/hosts",
         ]
         for mount in container.get("volumeMounts") or []:
             target = shlex.quote(mount["mountPath"])
@@ -328,34 +413,30 @@ class FakeTpuCluster:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.running[uid] = RunningPod(uid, name, namespace, spec["nodeName"], process, log, pod)
-        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        await self.kube.patch_pod(
-            namespace,
-            name,
-            {
-                "status": {
-                    "phase": "Running",
-                    "podIP": ip,
-                    "conditions": [
-                        {"type": "PodScheduled", "status": "True"},
-                        {"type": "Ready", "status": "True"},
-                    ],
-                    "containerStatuses": [
-                        self._container_status(pod, ready=True, state={"running": {"startedAt": started}})
-                    ],
-                }
-            },
+        self.running[uid] = RunningPod(
+            uid, name, namespace, spec["nodeName"], process, log, pod, dns, ip, hosts=hosts
         )
+        await self._report_running(self.running[uid])
+
+    async def _report_running(self, running: RunningPod) -> None:
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        status = {
+            "phase": "Running",
+            "podIP": running.ip,
+            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+            "containerStatuses": [
+                self._container_status(running.pod, ready=True, state={"running": {"startedAt": started}})
+            ],
+        }
+        await self.kube.patch_pod(running.namespace, running.name, {"status": status})
+        running.running_reported = True
 
     async def _report_exit(self, running: RunningPod) -> None:
-        running.reported = True
         code = running.process.returncode
-        lines = running.log.read_text(errors="replace").strip().splitlines()
         terminated = {
             "exitCode": code,
             "reason": "Completed" if code == 0 else "Error",
-            "message": lines[-1][-500:] if lines else "",
+            "message": self._termination_message(running, code),
         }
         status = {
             "phase": "Succeeded" if code == 0 else "Failed",
@@ -363,8 +444,23 @@ class FakeTpuCluster:
                 self._container_status(running.pod, ready=False, state={"terminated": terminated})
             ],
         }
-        with contextlib.suppress(AssertionError):  # deleted meanwhile
+        try:
             await self.kube.patch_pod(running.namespace, running.name, {"status": status})
+        except ApiError as error:
+            if error.status != 404:  # 404: deleted meanwhile, nothing to report to
+                raise  # (a transient error: reported again in the next round)
+        running.reported = True
+
+    @staticmethod
+    def _termination_message(running: RunningPod, code: int) -> str:
+        """As the kubelet fills it: the container's terminationMessagePath file (none is written
+        here), or, with `terminationMessagePolicy: FallbackToLogsOnError` and a failure, the end of
+        its log (at most 80 lines and 2048 bytes)."""
+        [container] = running.pod["spec"]["containers"]
+        if code == 0 or container.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+            return ""
+        lines = running.log.read_bytes().splitlines()[-80:]
+        return b"\n".join(lines)[-2048:].decode(errors="replace")
 
     @staticmethod
     def _container_status(pod: dict[str, Any], *, ready: bool, state: dict[str, Any]) -> dict[str, Any]:
@@ -392,3 +488,11 @@ class FakeTpuCluster:
         if running.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(running.process.pid, signal.SIGKILL)
+
+
+def transient(error: Exception) -> bool:
+    """An error a controller retries: the API server unreachable, busy or restarting, or the object
+    changed or gone meanwhile (see harness.TRANSIENT_STATUSES)."""
+    if isinstance(error, ApiError):
+        return error.status in TRANSIENT_STATUSES
+    return isinstance(error, aiohttp.ClientConnectionError | asyncio.TimeoutError)

@@ -54,18 +54,24 @@ async def test_a_training_job_becomes_its_service_config_map_and_one_pod_per_hos
         assert status["phase"] == "Pending" and status["observedGeneration"] == 1
 
 
-async def test_what_kopf_or_the_operator_keep_in_the_status_never_makes_a_job_invalid():
-    async with emulated_cluster() as kube, operator(kube):
-        job = example()
-        job["status"] = {"kopf": {"progress": {}}, "phase": "Pending", "somethingNew": 1}
-        await kube.apply(job)
-        await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
-        assert kube.job(NS, "tiny-lm")["status"]["phase"] != "Invalid"
+async def test_a_status_written_before_the_operator_started_never_makes_a_job_invalid():
+    """The status is the operator's (and the API server's defaults), never the user's input: an
+    earlier operator's status, with what the schema keeps of it, is not validated as a spec."""
+    async with emulated_cluster() as kube:
+        await kube.apply(example())
+        earlier = {"phase": "Running", "restarts": {"crash": 2}, "somethingNew": 1, "step": 7}
+        await kube.patch_job_status(NS, "tiny-lm", earlier)
+        async with operator(kube):
+            await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
+            status = kube.job(NS, "tiny-lm")["status"]
+            assert status["phase"] != "Invalid" and "somethingNew" not in status
 
 
 async def test_an_invalid_spec_is_marked_invalid_with_the_message_and_gets_no_pods():
+    """A spec the CRD schema lets through (each field is valid) but the model refuses (minSlices
+    above slices): the API server itself refuses what the schema forbids (slices: 0) with 422."""
     async with emulated_cluster() as kube, operator(kube):
-        await kube.apply(example(slices=0, minSlices=3))
+        await kube.apply(example(slices=1, minSlices=3))
         status = await eventually(
             lambda: (
                 kube.job(NS, "tiny-lm").get("status", {}).get("phase") == "Invalid"
@@ -74,7 +80,7 @@ async def test_an_invalid_spec_is_marked_invalid_with_the_message_and_gets_no_po
         )
         [condition] = status["conditions"]
         assert condition["type"] == "Invalid" and condition["status"] == "True"
-        assert "spec.slices" in condition["message"]
+        assert "minSlices (3) must not exceed slices (1)" in condition["message"]
         assert kube.pods(NS) == {}
 
 
@@ -95,9 +101,15 @@ async def test_a_failed_pod_is_replaced_with_the_same_identity_away_from_its_nod
             what="a replacement pod",
         )
         await eventually(lambda: len([e for e in kube.events(NS) if e["reason"] == "HotSwap"]) == 2)
-        # The hot-swap's writes to pods: our fault, the operator's delete and create; and two events.
+        # The hot-swap's writes to pods: our fault (the scheduler's bind and the kubelet's status, two
+        # writes), the operator's delete and create; and two events.
         pod_writes = [w for w in kube.writes()[len(before) :] if w[0] == "pods"]
-        assert sorted(pod_writes) == [("pods", "CREATE"), ("pods", "DELETE"), ("pods", "UPDATE")]
+        assert sorted(pod_writes) == [
+            ("pods", "CREATE"),
+            ("pods", "DELETE"),
+            ("pods", "UPDATE"),
+            ("pods", "UPDATE"),
+        ]
         hot_swap_events = [e["message"] for e in kube.events(NS) if e["reason"] == "HotSwap"]
         assert len(hot_swap_events) == 2, hot_swap_events  # one for the delete, one for the create
         terms = fresh["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
@@ -256,20 +268,25 @@ async def test_a_node_going_not_ready_has_its_job_pods_replaced_elsewhere():
 async def test_slicekeeper_operator_runs_the_same_handlers_from_the_command_line(tmp_path):
     async with emulated_cluster() as kube:
         port = free_port()
-        log = (tmp_path / "operator.log").open("w")
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "slicekeeper.cli", "operator", "--server", kube.url,
-            "--liveness", f"http://127.0.0.1:{port}/healthz", stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        try:
-            await kube.apply(example())
-            await eventually(
-                lambda: len(kube.pods(NS)) == 4, timeout=60, what="4 pods from the CLI's operator"
-            )
-        finally:
-            process.terminate()
-            assert await asyncio.wait_for(process.wait(), 30) is not None
-            log.close()
+        log_path = tmp_path / "operator.log"
+        with log_path.open("w") as log:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "slicekeeper.cli", "operator", "--server", kube.url,
+                "--liveness", f"http://127.0.0.1:{port}/healthz", stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            try:
+                await kube.apply(example())
+                await eventually(
+                    lambda: len(kube.pods(NS)) == 4, timeout=60, what="4 pods from the CLI's operator"
+                )
+                # The Deployment's liveness probe: answered while the operator runs.
+                async with kube.session.get(f"http://127.0.0.1:{port}/healthz") as response:
+                    assert response.status == 200, await response.text()
+            finally:
+                if process.returncode is None:
+                    process.terminate()
+                code = await asyncio.wait_for(process.wait(), 30)
+        assert code == 0, f"exit {code} on SIGTERM:\n{log_path.read_text()[-3000:]}"
 
 
 async def test_a_job_at_rest_costs_no_writes():
@@ -317,13 +334,17 @@ async def test_the_leaders_view_on_its_pod_becomes_the_job_status_and_scaling_ev
                 NS, "tiny-lm-s0-w0", {"metadata": {"annotations": {"slicekeeper.dev/status": text}}}
             )
 
-        await leader_publishes(step=40, slicesActive=2, lastCheckpointStep=35, goodput=0.9)
+        restore = {"generation": 1, "cause": "crash", "step": 30, "stepsReplayed": 4}
+        await leader_publishes(
+            step=40, slicesActive=2, lastCheckpointStep=35, lastRestore=restore, goodput=0.9
+        )
         status = await eventually(
             lambda: kube.job(NS, "tiny-lm")["status"].get("step") == 40 and kube.job(NS, "tiny-lm")["status"]
         )
         assert (status["phase"], status["slicesReady"], status["slicesActive"]) == ("Running", 2, 2)
         assert status["restarts"] == {"crash": 1, "replace": 0}
         assert (status["lastCheckpointStep"], status["goodput"]) == (35, 0.9)
+        assert status["lastRestore"] == restore  # kept by the CRD's schema, not pruned
         # Host 3's replacement never joined: the leader's policy dropped slice 1.
         await kube.patch_pod(
             NS,

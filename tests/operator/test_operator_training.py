@@ -16,15 +16,11 @@ from typing import Any
 import pytest
 
 from tests.operator.harness import Kube, emulated_cluster, eventually, operator
-from tests.operator.kubelet import FakeTpuCluster
+from tests.operator.kubelet import V5P_16_LABELS, FakeTpuCluster
 from tests.operator.test_operator_reconcile import EXAMPLE, NS
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
-TPU_LABELS = {
-    "cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
-    "cloud.google.com/gke-tpu-topology": "2x2x2",
-}
 STARTUP = 180.0
 """Seconds for four JAX processes to start and compile on two shared cores."""
 
@@ -67,12 +63,10 @@ def reasons(kube: Kube) -> list[str]:
 async def test_a_job_trains_in_pods_survives_node_losses_and_scales_down_and_back_up(tmp_path: Path):
     async with (
         emulated_cluster() as kube,
-        FakeTpuCluster(kube, tmp_path / "cluster", TPU_LABELS) as cluster,
+        FakeTpuCluster(kube, tmp_path / "cluster", V5P_16_LABELS) as cluster,
         operator(kube),
     ):
-        for pool, names in {"pool-a": ["a-0", "a-1"], "pool-b": ["b-0", "b-1", "b-2"]}.items():
-            for name in names:
-                await cluster.add_node(name, pool)
+        await cluster.add_pools({"pool-a": ["a-0", "a-1"], "pool-b": ["b-0", "b-1", "b-2"]})
         await kube.apply(training_job(tmp_path, steps=100_000))
         step = await trains_past(kube, cluster, 5)
         assert status(kube)["phase"] == "Running" and status(kube)["slicesReady"] == 2
@@ -131,12 +125,10 @@ async def test_a_job_trains_in_pods_survives_node_losses_and_scales_down_and_bac
 async def test_a_short_job_succeeds_in_pods(tmp_path: Path):
     async with (
         emulated_cluster() as kube,
-        FakeTpuCluster(kube, tmp_path / "cluster", TPU_LABELS) as cluster,
+        FakeTpuCluster(kube, tmp_path / "cluster", V5P_16_LABELS) as cluster,
         operator(kube),
     ):
-        for pool, names in {"pool-a": ["a-0", "a-1"], "pool-b": ["b-0", "b-1"]}.items():
-            for name in names:
-                await cluster.add_node(name, pool)
+        await cluster.add_pools({"pool-a": ["a-0", "a-1"], "pool-b": ["b-0", "b-1"]})
         await kube.apply(training_job(tmp_path, steps=30))
         try:
             done = await eventually(

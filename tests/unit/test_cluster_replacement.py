@@ -73,6 +73,13 @@ def test_a_lost_pod_is_awaited_and_its_replacement_takes_over_the_host():
         status = leader.cluster_status()
         assert (status["slicesActive"], status["hotSwaps"], status["awaitingReplacement"]) == (2, 1, [])
         assert status["restarts"] == {"host_lost": 1} and status["lastCheckpointStep"] == 10
+        # The restart the TrainingJob's status shows: the lost host's pod, step 10, none trained again.
+        assert status["lastRestore"] == {
+            "generation": 1,
+            "cause": "host_lost",
+            "step": 10,
+            "stepsReplayed": 0,
+        }
         for member in everyone:
             member.close()
         await leader.close()

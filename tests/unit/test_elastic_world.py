@@ -55,7 +55,7 @@ def test_the_policy_sees_the_world_with_its_restorable_slices_and_mesh():
     assert seen.active_slices == (0,)
     assert seen.restorable_slices == 1
     assert seen.idle_hosts == (2,)
-    assert seen.mesh == {"data": 2, "model": 2}
+    assert seen.mesh == {"replica": 1, "fsdp": 2, "model": 2}
 
 
 def test_the_world_history_records_each_change_once():

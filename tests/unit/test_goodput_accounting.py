@@ -50,6 +50,28 @@ def test_an_interrupted_step_and_the_restart_are_infrastructure_recovery():
     assert seconds[Category.PRODUCTIVE] == 0.0
 
 
+def test_a_parked_host_stopped_at_the_end_keeps_its_idle_time_as_scaled_down():
+    acc = GoodputAccountant(start=0.0)
+    acc.switch(Category.SCALED_DOWN, 2.0)
+    acc.interrupt(10.0)  # the job failed while the host was parked: it had no workload to lose
+    assert acc.seconds(10.0)[Category.SCALED_DOWN] == pytest.approx(8.0)
+    assert acc.seconds(10.0)[Category.INFRASTRUCTURE_RECOVERY] == 0.0
+
+
+def test_settled_seconds_leave_out_what_a_fault_could_still_book_as_recovery():
+    acc = GoodputAccountant(start=0.0)
+    acc.begin_step(1, 0.0, first_of_start=False)
+    assert acc.settled_seconds(2.0)[Category.PRODUCTIVE] == 0.0  # the step may yet hang
+    acc.interrupt(3.0)
+    settled = acc.settled_seconds(5.0)
+    assert settled[Category.PRODUCTIVE] == 0.0
+    assert settled[Category.INFRASTRUCTURE_RECOVERY] == pytest.approx(5.0)  # open, but no fault re-books it
+    acc.switch(Category.PROGRAM_STARTUP, 5.0)
+    acc.begin_step(2, 6.0, first_of_start=False)
+    acc.end_step(2, 7.0)
+    assert acc.settled_seconds(9.0) == {**acc.seconds(9.0), Category.OTHER: 0.0}  # closed: settled
+
+
 def test_ideal_step_time_ignores_outliers():
     assert ideal_step_seconds([1.0, 1.0, 1.1, 0.9, 30.0]) == pytest.approx(1.0)
     assert ideal_step_seconds([]) is None

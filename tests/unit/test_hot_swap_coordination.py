@@ -8,6 +8,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from slicekeeper.supervisor import coordination
 from slicekeeper.supervisor.coordination import JobState, Leader
 from slicekeeper.supervisor.persistent_tier import PersistentTierError
 
@@ -35,11 +36,27 @@ def peer(holder: int, address: str | None = None) -> dict[str, Any]:
 
 
 class FakePersistent:
-    """Stands in for the persistent tier: records the leader's commit and retain calls."""
+    """Stands in for the persistent tier: records the leader's commit and retain calls; `earlier`
+    is what earlier runs committed (step -> hosts whose shard it holds); `unreadable` makes listing it
+    fail."""
 
-    def __init__(self, error: Exception | None = None) -> None:
+    def __init__(
+        self,
+        error: Exception | None = None,
+        earlier: dict[int, set[int]] | None = None,
+        unreadable: Exception | None = None,
+    ) -> None:
         self.calls: list[tuple[str, int]] = []
         self.error = error
+        self.earlier = earlier or {}
+        self.unreadable = unreadable
+        self.listings = 0
+
+    def committed_owners(self) -> dict[int, set[int]]:
+        self.listings += 1
+        if self.unreadable is not None:
+            raise self.unreadable
+        return dict(self.earlier)
 
     def commit(self, step: int) -> None:
         self.calls.append(("commit", step))
@@ -442,6 +459,7 @@ def test_restored_messages_are_recorded_in_the_summary_with_their_generation():
                 "generation": 1,
                 "seconds": 0.01,
                 "bytes": 4096,
+                "loaded_step": None,
             },
             {
                 "host": 1,
@@ -451,8 +469,15 @@ def test_restored_messages_are_recorded_in_the_summary_with_their_generation():
                 "generation": 1,
                 "seconds": 0.25,
                 "bytes": 4096,
+                "loaded_step": None,
             },
         ]
+        # Each workload says which step it loaded: recorded next to what its supervisor staged.
+        await job.members[0].send("loaded", generation=1, step=10)
+        await job.spares[0].send("loaded", generation=1, step=5)
+        await eventually(lambda: all(r["loaded_step"] for r in job.leader.summary()["restores"]))
+        loaded = {r["host"]: r["loaded_step"] for r in job.leader.summary()["restores"]}
+        assert loaded == {0: 10, 1: 5}
         await job.shut()
 
     run(scenario)
@@ -512,6 +537,107 @@ def test_a_persistent_step_uploaded_by_some_hosts_only_is_never_offered():
         starts = [await m.receive() for m in job.members]
         assert [(s["restore_step"], s["sources"]) for s in starts] == [(None, []), (None, [])]
         assert store.calls == []
+        await job.shut()
+
+    run(scenario)
+
+
+def test_a_job_whose_earlier_run_committed_persistent_steps_starts_from_the_newest_of_them():
+    """A suspended job resumed, or a job re-created under the same name: generation 0 restores the
+    newest committed step, every host from the persistent tier, and the job's high-water mark is it."""
+
+    async def scenario():
+        store = FakePersistent(earlier={20: {0, 1}, 40: {0, 1}, 60: {0, 1}})
+        job = await leader_with_spares(hosts=2, spares=0, persistent=store, persistent_keep=2)
+        for member in job.members:
+            await register(member)
+        starts = [await m.receive() for m in job.members]
+        assert [(s["generation"], s["restore_step"], s["sources"]) for s in starts] == [
+            (0, 60, [persistent()]),
+            (0, 60, [persistent()]),
+        ]
+        summary = job.leader.summary()
+        assert summary["persistent_committed"] == [40, 60]  # the newest `persistent_keep`
+        assert summary["steps_completed"] == 60
+        [recovery] = summary["recoveries"]
+        assert (recovery["cause"], recovery["restore_step"], recovery["steps_replayed"]) == ("resume", 60, 0)
+        assert "generation 0 starting from step 60 of an earlier run" in await job.event("generation 0")
+        await job.shut()
+
+    run(scenario)
+
+
+def test_a_job_with_no_earlier_persistent_step_starts_from_scratch_and_records_no_restore():
+    async def scenario():
+        store = FakePersistent()
+        job = await job_with_spares(hosts=2, spares=0, persistent=store)  # asserts restore_step None
+        assert store.listings == 1
+        assert job.leader.summary()["recoveries"] == []
+        await job.shut()
+
+    run(scenario)
+
+
+def test_an_earlier_step_saved_by_a_scaled_down_world_gives_the_missing_hosts_their_twins_shards():
+    async def scenario():
+        store = FakePersistent(earlier={30: {0, 1}})  # slice 1 (hosts 2, 3) was dropped then
+        leader = Leader(
+            hosts=4, max_restarts=3, coordinator_address=coordinator, persistent=store, hosts_per_slice=2
+        )  # type: ignore[arg-type]
+        port = await leader.serve("127.0.0.1", 0)
+        members = await join(port, 4)
+        for member in members:
+            await register(member)
+        starts = [await m.receive() for m in members]
+        assert [s["restore_step"] for s in starts] == [30] * 4
+        assert [s["sources"] for s in starts] == [
+            [persistent()],
+            [persistent()],
+            [{**persistent(), "owner": 0}],
+            [{**persistent(), "owner": 1}],
+        ]
+        for member in members:
+            member.close()
+        await leader.close()
+
+    run(scenario)
+
+
+def test_a_persistent_tier_that_cannot_be_read_at_the_start_fails_the_job_instead_of_starting_over(
+    monkeypatch,
+):
+    monkeypatch.setattr(coordination, "PERSISTENT_LISTING_BACKOFF", 0.01)
+
+    async def scenario():
+        store = FakePersistent(unreadable=PersistentTierError("gs://bucket/job: listing failed: 503"))
+        job = await leader_with_spares(hosts=2, spares=0, persistent=store)
+        for member in job.members:
+            await register(member)
+        message = await job.members[0].receive()
+        assert message["type"] == "fail"
+        assert "cannot read the persistent tier" in message["reason"] and "503" in message["reason"]
+        assert store.listings == coordination.PERSISTENT_LISTING_ATTEMPTS  # tried again before giving up
+        await job.shut()
+
+    run(scenario)
+
+
+def test_each_restart_records_the_holdings_the_restore_step_and_the_steps_executed_again():
+    async def scenario():
+        job = await job_with_spares(hosts=2, spares=0)
+        for member in job.members:
+            await member.progress(0, 13, t=10.0)
+        await eventually(lambda: job.leader.high_water == 13)
+        await job.members[1].fault(0)
+        await all_stop(job.members, generation=0, kind="crash")
+        await job.members[0].send("stopped", generation=0, committed=[5, 10], replicas={"1": [10]})
+        await job.members[1].send("stopped", generation=0, committed=[5, 10], replicas={"0": [10]})
+        [await m.receive() for m in job.members]
+        [recovery] = job.leader.summary()["recoveries"]
+        assert recovery["generation"] == 1 and recovery["cause"] == "crash" and recovery["host"] == 1
+        assert (recovery["high_water"], recovery["restore_step"], recovery["steps_replayed"]) == (13, 10, 3)
+        assert recovery["held"]["local"] == {"0": [5, 10], "1": [5, 10]}
+        assert recovery["held"]["replicas"] == {"0": {"1": [10]}, "1": {"0": [10]}}
         await job.shut()
 
     run(scenario)

@@ -70,6 +70,41 @@ def leftovers(directory) -> list[str]:
 # -- round trip ---------------------------------------------------------------------------------
 
 
+def test_every_read_from_the_store_is_counted_by_the_tier_and_uploads_read_nothing(tier, tmp_path):
+    upload_step(tier, tmp_path, 45)
+    assert tier.reads.shards == tier.reads.objects == tier.reads.bytes == 0  # writing reads nothing
+    tier.download(1, 45, tmp_path / "restored")
+    shard_bytes = sum(len(data) for data in contents(45, 1).values())
+    manifest_bytes = (shard_folder.step_dir(tmp_path / "local-1", 45) / MANIFEST).stat().st_size
+    assert tier.reads.shards == 1
+    assert tier.reads.objects == 1 + len(contents(45, 1))  # the manifest, then each shard file
+    assert tier.reads.bytes == manifest_bytes + shard_bytes
+
+
+def test_a_download_that_fails_half_way_still_counts_what_it_read(tier, tmp_path):
+    upload_step(tier, tmp_path, 45)
+    fs, path = store_path(tier, "step-00000045", "host-0", "00001.bin")
+    fs.pipe_file(path, b"not the scalar")
+    with pytest.raises(CorruptCheckpoint):
+        tier.download(0, 45, tmp_path / "restored")
+    assert tier.reads.shards == 1 and tier.reads.objects >= 2 and tier.reads.bytes > 0
+
+
+def test_committed_owners_reads_each_commit_marker_and_names_the_hosts_it_holds(tier, tmp_path):
+    upload_step(tier, tmp_path, 40, hosts=(0, 1))
+    upload_step(tier, tmp_path, 50, hosts=(0,))
+    upload_step(tier, tmp_path, 60, hosts=(0, 1), commit=False)
+    assert tier.committed_owners() == {40: {0, 1}, 50: {0}}
+    assert tier.reads.objects == 2 and tier.reads.shards == 0
+    fs, marker = store_path(tier, "step-00000050", "COMMITTED")
+    fs.pipe_file(marker, b"{not json")
+    assert tier.committed_owners() == {40: {0, 1}}  # an unreadable marker commits nothing
+
+
+def test_a_store_with_no_folder_for_the_job_has_no_committed_steps(tmp_path):
+    assert PersistentTier(str(tmp_path / "nothing-here"), "job/run").committed_owners() == {}
+
+
 def test_an_uploaded_and_committed_step_downloads_bit_identical_to_the_original(tier, tmp_path):
     original = make_shard(tmp_path / "local-0", 45, 0)
     sent = tier.upload(0, original)

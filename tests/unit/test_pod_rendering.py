@@ -89,6 +89,8 @@ def test_the_supervisor_is_the_entrypoint_and_wraps_the_users_command():
         "POD_IP": "status.podIP",  # where the supervisor listens and its peers reach it
         "NODE_NAME": "spec.nodeName",
     }
+    # Why a supervisor failed the job (its last log lines) reaches the pod's termination message.
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 @pytest.mark.parametrize(

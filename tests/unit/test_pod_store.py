@@ -2,7 +2,9 @@
 
 A restarted operator resumes a job before its pod watch has delivered every pod, so the first read of
 a job lists its pods; events that arrive around that listing must win over it (a pod deleted or
-changed meanwhile is not brought back in its listed state). Nodes: NotReady ones, and who runs there.
+changed meanwhile is not brought back in its listed state). When kopf's watch lists again (after a
+410 Gone), a pod deleted meanwhile is not in that listing and no event says it went: the store must
+notice the re-list and list the job again. Nodes: NotReady ones, and who runs there.
 """
 
 from collections.abc import Iterable, Mapping
@@ -14,11 +16,14 @@ from slicekeeper.operator.pod_store import PodStore, summary
 NAMESPACE, JOB = "team", "llm"
 
 
-def pod(name: str, *, phase: str = "Running", node: str | None = None, job: str = JOB) -> dict[str, Any]:
+def pod(
+    name: str, *, phase: str = "Running", node: str | None = None, job: str = JOB, uid: str = ""
+) -> dict[str, Any]:
     return {
         "metadata": {
             "name": name,
             "namespace": NAMESPACE,
+            "uid": uid or f"uid-{name}",
             "labels": {"slicekeeper.dev/job": job, "slicekeeper.dev/slice": "0"},
             "annotations": {"slicekeeper.dev/replace": "straggler", "other.io/big": "x" * 1000},
             "resourceVersion": "12",
@@ -60,6 +65,7 @@ class TestSummary:
             "metadata": {
                 "name": "llm-s0-w0",
                 "namespace": NAMESPACE,
+                "uid": "uid-llm-s0-w0",
                 "labels": {"slicekeeper.dev/job": JOB, "slicekeeper.dev/slice": "0"},
                 "annotations": {"slicekeeper.dev/replace": "straggler"},
             },
@@ -126,6 +132,84 @@ class TestFirstRead:
         store.observe("ADDED", pod("llm-s0-w0", phase="Pending"))  # the job created again
         assert phases(store, lister) == {"llm-s0-w0": "Pending"}
         assert lister.calls == 0
+
+
+class TestRelisting:
+    """kopf lists again after its watch got 410 Gone: every pod still there arrives as an event of
+    type None, a pod deleted during the gap does not arrive at all."""
+
+    def test_a_second_listing_event_for_a_pod_makes_the_next_read_list_the_job_again(self) -> None:
+        store = PodStore()
+        for name in ("llm-s0-w0", "llm-s0-w1"):
+            store.observe(None, pod(name))  # kopf's first listing
+        lister = Lister([pod("llm-s0-w0"), pod("llm-s0-w1")])
+        assert sorted(phases(store, lister)) == ["llm-s0-w0", "llm-s0-w1"]
+        store.observe(None, pod("llm-s0-w0"))  # listed again: llm-s0-w1 was deleted in the gap
+        lister.pods = [pod("llm-s0-w0")]
+        assert phases(store, lister) == {"llm-s0-w0": "Running"}
+        assert lister.calls == 2
+        store.observe(None, pod("llm-s0-w0", uid="uid-other"))  # a new pod in the same listing
+        assert phases(store, lister) == {"llm-s0-w0": "Running"} and lister.calls == 2  # listed once
+
+    def test_a_pod_the_watch_streamed_and_then_listed_means_a_relist(self) -> None:
+        store = PodStore()
+        lister = Lister([pod("llm-s0-w0"), pod("llm-s0-w1")])
+        phases(store, lister)
+        store.observe("MODIFIED", pod("llm-s0-w0"))
+        store.observe("MODIFIED", pod("llm-s0-w1"))
+        store.observe(None, pod("llm-s0-w1"))
+        lister.pods = [pod("llm-s0-w1")]
+        assert phases(store, lister) == {"llm-s0-w1": "Running"} and lister.calls == 2
+
+    def test_a_relist_is_noticed_for_every_job_whichever_job_s_pod_showed_it(self) -> None:
+        store = PodStore()
+        store.observe(None, pod("other-s0-w0", job="other"))
+        lister = Lister([pod("llm-s0-w0")])
+        assert phases(store, lister) == {"llm-s0-w0": "Running"}
+        store.observe(None, pod("other-s0-w0", job="other"))  # llm's only pod went in the gap
+        lister.pods = []
+        assert phases(store, lister) == {}
+
+    def test_events_during_the_new_listing_still_win_over_it(self) -> None:
+        store = PodStore()
+        store.observe(None, pod("llm-s0-w0"))
+        phases(store, Lister([pod("llm-s0-w0")]))
+        store.observe(None, pod("llm-s0-w0"))
+        lister = Lister(
+            [pod("llm-s0-w0", phase="Running")],
+            during=lambda: (
+                store.observe("MODIFIED", pod("llm-s0-w0", phase="Failed")),
+                store.observe("ADDED", pod("llm-s0-w9", phase="Pending")),
+            ),
+        )
+        assert phases(store, lister) == {"llm-s0-w0": "Failed", "llm-s0-w9": "Pending"}
+
+    def test_a_pod_the_api_server_no_longer_has_makes_the_next_read_list_the_job_again(self) -> None:
+        """Every pod of the job went in the gap: no listing event shows the re-list. The timer asks
+        the API server about one pod in turn; a pod the store has and the server has not (or has as
+        another pod) is the sign."""
+        store = PodStore()
+        lister = Lister([pod("llm-s0-w0"), pod("llm-s0-w1")])
+        phases(store, lister)
+        asked: list[str] = []
+
+        def server(name: str) -> str | None:
+            asked.append(name)
+            return {"llm-s0-w0": "uid-llm-s0-w0"}.get(name)
+
+        assert store.verify(NAMESPACE, JOB, server)  # llm-s0-w0: as the store says
+        assert phases(store, lister) == {"llm-s0-w0": "Running", "llm-s0-w1": "Running"}
+        assert lister.calls == 1
+        assert not store.verify(NAMESPACE, JOB, server)  # llm-s0-w1: not on the server
+        lister.pods = []
+        assert phases(store, lister) == {} and lister.calls == 2
+        assert asked == ["llm-s0-w0", "llm-s0-w1"]
+
+    def test_a_late_deleted_event_of_an_earlier_pod_does_not_drop_its_successor(self) -> None:
+        store = PodStore()
+        store.observe("ADDED", pod("llm-s0-w0", uid="new"))
+        store.observe("DELETED", pod("llm-s0-w0", uid="old"))
+        assert phases(store, Lister([])) == {"llm-s0-w0": "Running"}
 
 
 class TestNodes:

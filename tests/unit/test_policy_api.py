@@ -153,11 +153,15 @@ def test_an_action_that_cannot_mean_anything_cannot_be_built(make, message):
 def test_world_geometry():
     full = world()
     assert full.hosts == (0, 1, 2, 3) and full.size == 4
-    assert dict(full.mesh) == {"data": 4, "model": 4}
+    assert dict(full.mesh) == {"replica": 2, "fsdp": 2, "model": 4}
     assert [full.slice_of(h) for h in range(4)] == [0, 0, 1, 1]
     assert not full.scaled_down and full.dropped_slices == ()
     shrunk = world(active=(0,), restorable=1, idle=(2,))
-    assert shrunk.hosts == (0, 1) and shrunk.size == 2 and dict(shrunk.mesh) == {"data": 2, "model": 4}
+    assert (
+        shrunk.hosts == (0, 1)
+        and shrunk.size == 2
+        and dict(shrunk.mesh) == {"replica": 1, "fsdp": 2, "model": 4}
+    )
     assert shrunk.scaled_down and shrunk.dropped_slices == (1,)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import kopf
 import kubernetes_validate
 import yaml
 from slicekeeper.operator.render import manifests, render
@@ -57,3 +58,24 @@ def test_the_operator_may_create_and_delete_every_child_it_renders_and_never_tou
     assert allows(rules, "trainingjobs/status", "patch", "slicekeeper.dev")
     assert not allows(rules, "nodes", "patch") and not allows(rules, "nodes", "delete")
     assert not any("secrets" in r["resources"] or "*" in r["resources"] or "*" in r["verbs"] for r in rules)
+
+
+def test_the_operator_may_block_its_jobs_deletion_on_the_children_it_adopts():
+    """kopf.adopt gives every child an owner reference with blockOwnerDeletion; where the API server
+    runs the OwnerReferencesPermissionEnforcement admission plugin (most distributions), creating
+    such a child needs `update` on the owner's `finalizers` subresource."""
+    example = load_training_job(ROOT / "examples" / "trainingjob.yaml")
+    owner = kopf.Body(
+        {
+            "apiVersion": "slicekeeper.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "tiny-lm", "namespace": "research", "uid": "6b8c"},
+        }
+    )
+    rules = rules_of("ClusterRole", "slicekeeper-operator")
+    for child in manifests(render(example)):
+        kopf.adopt(child, owner=owner, strict=False)
+        for reference in child["metadata"]["ownerReferences"]:
+            if reference.get("blockOwnerDeletion"):
+                group = reference["apiVersion"].split("/")[0]
+                assert allows(rules, "trainingjobs/finalizers", "update", group), child["kind"]

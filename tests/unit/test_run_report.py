@@ -293,14 +293,58 @@ def tiered_report() -> dict:
     )
 
 
-def test_the_report_lists_every_restore_without_its_byte_count():
+def test_the_report_lists_every_restore_without_its_byte_count_with_the_step_its_workload_loaded():
     report = tiered_report()
-    assert report["restores"] == [{k: v for k, v in r.items() if k != "bytes"} for r in RESTORES]
+    expected = [{**{k: v for k, v in r.items() if k != "bytes"}, "loaded_step": None} for r in RESTORES]
+    assert report["restores"] == expected
+    loaded = report_of(restores=[{**RESTORES[0], "loaded_step": 10}])["restores"]
+    assert loaded[0]["loaded_step"] == 10
 
 
-def test_persistent_reads_count_the_restores_from_the_persistent_tier():
-    assert tiered_report()["persistent_reads"] == 1
-    assert report_of(restores=RESTORES[2:])["persistent_reads"] == 0
+def test_persistent_reads_are_what_the_machines_persistent_tiers_counted_not_the_restores_labels():
+    machines = swapped_hosts()
+    machines[1]["persistent_reads"] = {"shards": 1, "objects": 3, "bytes": 4096}  # spare-0
+    machines[3]["persistent_reads"] = {"shards": 0, "objects": 2, "bytes": 300}  # the lost host-1
+    report = report_of(hosts=machines, restores=RESTORES)
+    assert (report["persistent_reads"], report["persistent_read_bytes"]) == (1, 4396)
+    # A restore labelled persistent that the store never served counts nothing.
+    report = report_of(hosts=swapped_hosts(), restores=RESTORES)
+    assert (report["persistent_reads"], report["persistent_read_bytes"]) == (0, 0)
+
+
+RECOVERIES = [
+    {
+        "generation": 1,
+        "cause": "host_lost",
+        "host": 1,
+        "stopped_at": STARTED + 40.0,
+        "high_water": 14,
+        "restore_step": 10,
+        "steps_replayed": 4,
+        "world": [0, 1],
+        "held": {},
+    },
+    {
+        "generation": 2,
+        "cause": "crash",
+        "host": 0,
+        "stopped_at": STARTED + 70.0,
+        "high_water": 22,
+        "restore_step": 20,
+        "steps_replayed": 2,
+        "world": [0, 1],
+        "held": {},
+    },
+]
+
+
+def test_each_restart_is_reported_with_its_restore_step_and_the_steps_executed_again():
+    report = report_of(restores=RESTORES, recoveries=RECOVERIES)
+    assert [(r["generation"], r["restore_step"], r["steps_replayed"]) for r in report["recoveries"]] == [
+        (1, 10, 4),
+        (2, 20, 2),
+    ]
+    assert [r["stopped_at"] for r in report["recoveries"]] == [40.0, 70.0]  # seconds since the start
 
 
 def test_hot_swaps_are_counted_with_their_hosts_and_details():
@@ -322,15 +366,21 @@ def test_a_summary_without_tiers_gives_empty_tier_figures():
     assert report["persistent_checkpoints"] == []
 
 
-def test_the_text_report_shows_the_hot_swap_the_last_restores_tiers_and_failed_copies():
-    text = format_report(tiered_report())
+def test_the_text_report_shows_the_hot_swap_each_restarts_restore_and_failed_copies():
+    text = format_report(tiered_report() | {"recoveries": RECOVERIES, "persistent_reads": 1})
     assert "  hot-swaps         1 (host 1 -> spare-0)" in text
-    assert "  last restore      step 20: host 0 local, host 1 peer" in text
-    assert "  restores          4 shard(s), 1 from the persistent tier" in text
+    expected = (
+        "  generation 1      host_lost on host 1 -> step 10 (host 0 local, host 1 persistent), 4 step(s)"
+    )
+    assert expected + " again" in text
+    assert (
+        "  generation 2      crash on host 0 -> step 20 (host 0 local, host 1 peer), 2 step(s) again" in text
+    )
+    assert "  restores          4 shard(s), 1 read from the persistent tier" in text
     assert "  failed copies     local 1, persistent 2" in text
 
 
 def test_the_text_report_says_nothing_of_tiers_when_none_was_used():
     text = format_report(report_of())
-    for absent in ("hot-swaps", "last restore", "restores ", "failed copies"):
+    for absent in ("hot-swaps", "generation ", "restores ", "failed copies"):
         assert absent not in text

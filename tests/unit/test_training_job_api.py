@@ -143,8 +143,7 @@ def test_cluster_layout_follows_the_tpu_table():
 def test_the_example_still_validates_and_round_trips_with_its_tier_settings():
     job = api.load_training_job(EXAMPLE)
     checkpoint = job.spec.checkpoint
-    if checkpoint.persistent is not None:
-        assert checkpoint.persistent.interval % checkpoint.interval == 0
+    assert checkpoint.persistent is not None and checkpoint.peer.replicas > 0  # it shows every tier
     assert api.parse_training_job(api.dump_training_job(job)) == job
 
 

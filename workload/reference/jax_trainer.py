@@ -1,4 +1,4 @@
-"""The reference JAX workload: one process per TPU host, the tiny LM trained data+model parallel.
+"""The reference JAX workload: one process per TPU host, the tiny LM trained like a multislice job.
 
 Run by the supervisor (`spec.workload.command` default). Uses only the public SDK, so it doubles as
 the example of a user's loop: phases reported, every step bracketed and blocked on, each host's
@@ -6,10 +6,16 @@ shards saved to the local tier (the supervisor copies them to the peer and persi
 agreed step restored on restart, a persistent compilation cache so a restarted process does not
 compile from scratch.
 
-Elastic: the JAX world is the hosts of this generation (`num_hosts`, rank `process_id`), which after
-a scale-down is fewer than the job's; the global batch stays sized for the full job (`full_hosts`)
-and each replica accumulates the chunks of the missing ones (model.ChunkPlan). Each step marks
-where this host's own work ends (`record.work_done()`) before the cross-host all-reduce.
+The state is split over the hosts of a slice and replicated over slices (model.py says how), so a
+host's checkpoint holds only its own shard. Elastic: the JAX world is the hosts of this generation
+(`num_hosts`, rank `process_id`), whole slices, which after a scale-down are fewer than the job's;
+the global batch stays sized for the full job (`full_hosts`) and each host accumulates the chunks
+of the missing ones (model.ChunkPlan). Each step marks where this host's own work ends
+(`record.work_done()`) before the cross-host reduction.
+
+At the end every host's own shards are compared with its twins' in the other slices: replicas that
+no longer agree (a wrong shard restored somewhere) turn the fingerprint into `diverged:...`, which
+can never equal a fault-free run's.
 """
 
 from __future__ import annotations
@@ -23,9 +29,13 @@ from typing import Any
 import jax
 import numpy as np
 import slicekeeper.workload as sk
-from jax.sharding import Mesh
-from slicekeeper.workload.jax_checkpoint import JaxCheckpointer, fingerprint_gathered, gather
-from slicekeeper.workload.reference.model import ModelConfig, ShardedModel
+from slicekeeper.workload.jax_checkpoint import (
+    JaxCheckpointer,
+    fingerprint_gathered,
+    gather,
+    replica_agreement,
+)
+from slicekeeper.workload.reference.model import ModelConfig, ShardedModel, host_mesh
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -74,9 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         jax.distributed.initialize(**session.jax_distributed_args())
 
     with session.phase(sk.Phase.TRAINING_PREP):
-        # One data replica per process of this generation; the batch stays the full job's.
-        devices = np.array(jax.devices()).reshape(jax.process_count(), -1)
-        model = ShardedModel(config, Mesh(devices, ("data", "model")), full_hosts=identity.full_hosts)
+        # This generation's slices x the hosts of a slice x a host's devices; the batch stays the
+        # full job's.
+        mesh = host_mesh(jax.devices(), identity.hosts_per_slice)
+        model = ShardedModel(config, mesh, full_hosts=identity.full_hosts)
         checkpointer = JaxCheckpointer(session)
     state = checkpointer.restore(identity.restore_step, model.abstract_state())
     if state is None:
@@ -88,24 +99,35 @@ def main(argv: list[str] | None = None) -> int:
 
     with session.phase(sk.Phase.PROGRAM_STARTUP):
         model.compile()
+        params = model.gather(state["params"])  # what this host computes on: gathered over its slice
 
     # CPU devices (the local stand-in) share the machine's cores with the other hosts: time own work
     # in CPU seconds, which the other hosts' turns on the cores do not stretch (sk.WorkClock).
     clock = sk.WorkClock.CPU if jax.default_backend() == "cpu" else sk.WorkClock.WALL
     for step in range(first, identity.total_steps + 1):
         with session.step(step, clock=clock) as record:
-            local = model.local_grads(state, model.global_batch(args.seed, step))  # blocks
-            record.work_done()  # what follows is the all-reduce: waiting for the slowest host
-            state, record.loss = model.apply(state, local)
+            local = model.local_grads(params, model.global_batch(args.seed, step))  # blocks
+            record.work_done()  # what follows is the reduction: waiting for the slowest host
+            state, params, record.loss = model.apply(state, local)
         checkpointer.maybe_save(step, state)
 
     with session.phase(sk.Phase.TEARDOWN):
         checkpointer.close()  # waits for the last write
-        params: dict[str, Any] = gather(state["params"])  # a gather across hosts
-        params_fingerprint = fingerprint_gathered(params)
+        final: dict[str, Any] = gather(state["params"])  # a gather across hosts
+        params_fingerprint = fingerprint_gathered(final)
+        agreement = replica_agreement(state, identity.hosts_per_slice)  # a collective too
+        if agreement.diverged:
+            slices = ",".join(map(str, agreement.diverged))
+            print(
+                f"slicekeeper reference trainer: the state of slice(s) {slices} differs from slice 0's: "
+                "a wrong shard was restored somewhere",
+                file=sys.stderr,
+                flush=True,
+            )
+            params_fingerprint = f"diverged:{slices}:{agreement.digest}"  # the same on every host
         if args.final_params is not None and jax.process_index() == 0:
             with args.final_params.open("wb") as file:  # a file object: savez adds no suffix
-                np.savez(file, **params)
+                np.savez(file, **final)
     session.done(identity.total_steps, params_fingerprint)
     jax.distributed.shutdown()
     session.close()

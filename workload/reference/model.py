@@ -1,15 +1,24 @@
-"""A tiny decoder-only transformer language model, sharded over a (data, model) mesh.
+"""A tiny decoder-only transformer language model, laid out like a multislice TPU job.
 
 Small enough to train on CPU devices in a fraction of a second per step, real enough to exercise
-what matters for resilience: parameters and optimizer state sharded across hosts, a data-parallel
-all-reduce every step, and a loss that goes down.
+what matters for resilience: the state is laid out on a (replica, fsdp, model) mesh, as production
+jobs lay theirs out (MaxText's DCN data parallelism x ICI FSDP x tensor parallelism):
 
-A step is two programs so that the job can shrink and grow by whole data-parallel replicas without
-changing what it trains on: `local_grads` lets every replica work through its share of a global
-batch sized for the full job (accumulating over micro-steps when replicas are missing) with no
-cross-host communication, and `apply` all-reduces the gradient sums and updates the state. The
-boundary between them is also where a host's own work ends and its wait for the others begins,
-which is what the supervisor's straggler score measures.
+- `replica`: the slices taking part in this generation. Slices are data-parallel replicas, so the
+  state is replicated over them; the job can drop a whole slice and take it back.
+- `fsdp`: the hosts of a slice. Parameters and optimizer state are split over them, so each host's
+  shard is unique within its slice and exists elsewhere only on its twins (the same worker in the
+  other slices): a lost host's shard must come from its own disk, a peer copy or a twin.
+- `model`: the devices of one host (Megatron-style attention heads and MLP columns).
+
+A step is two programs so that the job can shrink and grow by whole slices without changing what it
+trains on, and so that a host's own work is separate from its waiting for the others:
+`local_grads` lets every host work through its share of a global batch sized for the full job
+(accumulating over micro-steps when slices are missing) with no cross-host communication, on
+parameters gathered over `fsdp` ahead of time; `apply` reduces the gradient sums over every host,
+updates each host's own shard of the state, and gathers the new parameters for the next step (the
+FSDP all-gather, prefetched). The boundary between them is where a host's own work ends and its
+wait for the others begins, which is what the supervisor's straggler score measures.
 """
 
 from __future__ import annotations
@@ -23,6 +32,11 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+
+AXES = ("replica", "fsdp", "model")
+"""The mesh's axes: slices of this generation, hosts of a slice, devices of a host."""
+HOSTS = ("replica", "fsdp")
+"""Every host of the generation: a host's rows of the batch and its gradient sums lie along these."""
 
 Params = dict[str, Any]
 
@@ -40,21 +54,28 @@ class ModelConfig:
 
 
 def param_specs(config: ModelConfig) -> Params:
-    """Megatron-style: attention heads and the MLP hidden dimension split over the model axis."""
+    """Where each parameter lives: one dimension split over the hosts of a slice (`fsdp`), the other
+    over a host's devices (`model`: attention heads and the MLP hidden dimension, Megatron-style)."""
     layer = {
-        "qkv": P(None, "model"),
-        "out": P("model", None),
-        "w1": P(None, "model"),
-        "w2": P("model", None),
-        "ln1": P(None),
-        "ln2": P(None),
+        "qkv": P("fsdp", "model"),
+        "out": P("model", "fsdp"),
+        "w1": P("fsdp", "model"),
+        "w2": P("model", "fsdp"),
+        "ln1": P("fsdp"),
+        "ln2": P("fsdp"),
     }
     return {
-        "embed": P(None, "model"),
-        "pos": P(None, None),
+        "embed": P("fsdp", "model"),
+        "pos": P("fsdp", None),
         "layers": [dict(layer) for _ in range(config.layers)],
-        "ln_f": P(None),
+        "ln_f": P("fsdp"),
     }
+
+
+def gathered_spec(spec: P) -> P:
+    """The layout a host computes with: the parameter whole across the slice's hosts, still split
+    over its own devices (what FSDP's all-gather produces)."""
+    return P(*(None if axis == "fsdp" else axis for axis in spec))
 
 
 def init_params(config: ModelConfig, key: jax.Array) -> Params:
@@ -133,52 +154,53 @@ def synthetic_batch(config: ModelConfig, seed: int, step: int, global_batch: int
 
 @dataclass(frozen=True)
 class ChunkPlan:
-    """Where each chunk of the global batch is computed when `replicas` replicas share `chunks`.
+    """Where each chunk of the global batch is computed when `hosts` hosts share `chunks` chunks.
 
     The global batch is sized for the full job: one chunk of `batch_per_host` rows per host of the
-    full job. With fewer replicas each one works through several chunks in turn (micro-steps) and
-    sums their gradients: chunk c goes to replica c % replicas at micro-step c // replicas. Slots
-    past the last chunk are padding with weight 0. With every replica present it is one chunk each.
+    full job. With fewer hosts (slices dropped) each one works through several chunks in turn
+    (micro-steps) and sums their gradients: chunk c goes to host slot c % hosts at micro-step
+    c // hosts. Slots past the last chunk are padding with weight 0. With every host present it is
+    one chunk each. Host slot r is the host of rank r in this generation.
     """
 
     chunks: int
-    replicas: int
+    hosts: int
 
     def __post_init__(self) -> None:
-        if not 1 <= self.replicas <= self.chunks:
-            raise ValueError(f"{self.replicas} replicas cannot share a batch of {self.chunks} chunks")
+        if not 1 <= self.hosts <= self.chunks:
+            raise ValueError(f"{self.hosts} hosts cannot share a batch of {self.chunks} chunks")
 
     @property
     def micro_steps(self) -> int:
-        return -(-self.chunks // self.replicas)
+        return -(-self.chunks // self.hosts)
 
     def slot(self, chunk: int) -> tuple[int, int]:
-        """(micro-step, replica) that computes `chunk`."""
-        return divmod(chunk, self.replicas)
+        """(micro-step, host slot) that computes `chunk`."""
+        return divmod(chunk, self.hosts)
 
-    def chunk_at(self, micro_step: int, replica: int) -> int | None:
+    def chunk_at(self, micro_step: int, host: int) -> int | None:
         """The chunk computed at this slot, or None for padding."""
-        chunk = micro_step * self.replicas + replica
+        chunk = micro_step * self.hosts + host
         return chunk if chunk < self.chunks else None
 
     def weights(self) -> np.ndarray:
-        """[micro_steps, replicas]: 1 for a real chunk, 0 for padding."""
-        slots = np.arange(self.micro_steps * self.replicas).reshape(self.micro_steps, self.replicas)
+        """[micro_steps, hosts]: 1 for a real chunk, 0 for padding."""
+        slots = np.arange(self.micro_steps * self.hosts).reshape(self.micro_steps, self.hosts)
         return (slots < self.chunks).astype(np.float32)
 
     def lay_out(self, rows: np.ndarray) -> np.ndarray:
-        """Global batch rows [chunks * n, ...] as [micro_steps, replicas, n, ...], zero-padded.
+        """Global batch rows [chunks * n, ...] as [micro_steps, hosts, n, ...], zero-padded.
 
-        Slot (m, r) holds chunk m * replicas + r, so a plain reshape of the padded rows does it.
+        Slot (m, r) holds chunk m * hosts + r, so a plain reshape of the padded rows does it.
         """
         per_chunk, remainder = divmod(len(rows), self.chunks)
         if remainder:
             raise ValueError(f"{len(rows)} rows do not split into {self.chunks} chunks")
         padding = np.zeros(
-            ((self.micro_steps * self.replicas - self.chunks) * per_chunk, *rows.shape[1:]), rows.dtype
+            ((self.micro_steps * self.hosts - self.chunks) * per_chunk, *rows.shape[1:]), rows.dtype
         )
         padded = np.concatenate([rows, padding])
-        return padded.reshape(self.micro_steps, self.replicas, per_chunk, *rows.shape[1:])
+        return padded.reshape(self.micro_steps, self.hosts, per_chunk, *rows.shape[1:])
 
 
 Leaf = TypeVar("Leaf")
@@ -186,45 +208,65 @@ Leaf = TypeVar("Leaf")
 
 
 class Batch(NamedTuple, Generic[Leaf]):
-    """One step's global batch laid out by a ChunkPlan, sharded over the replicas."""
+    """One step's global batch laid out by a ChunkPlan, each host slot on its host."""
 
     tokens: Leaf
-    """[micro_steps, replicas, batch_per_host, seq_len + 1]"""
+    """[micro_steps, hosts, batch_per_host, seq_len + 1]"""
     weights: Leaf
-    """[micro_steps, replicas]: 1 for a real chunk, 0 for padding"""
+    """[micro_steps, hosts]: 1 for a real chunk, 0 for padding"""
 
 
 class LocalGrads(NamedTuple, Generic[Leaf]):
-    """Each replica's gradient and loss, summed over its chunks: a leading replica axis."""
+    """Each host's gradient and loss, summed over its chunks: a leading host axis."""
 
     grad_sums: Any
-    """Shaped like the parameters, each leaf with a leading [replicas] axis."""
+    """Shaped like the parameters, each leaf with a leading [hosts] axis."""
     loss_sums: Leaf
-    """[replicas]"""
+    """[hosts]"""
+
+
+def host_mesh(devices: Any, hosts_per_slice: int) -> Mesh:
+    """The (replica, fsdp, model) mesh over this generation's devices.
+
+    Hosts are ranked slice by slice (the supervisor numbers a generation's processes so), and each
+    host's devices are consecutive: [slices, hosts_per_slice, devices_per_host].
+    """
+    ordered = sorted(devices, key=lambda device: (device.process_index, device.id))
+    processes = len({device.process_index for device in ordered})
+    if processes % hosts_per_slice:
+        raise ValueError(f"{processes} hosts do not make whole slices of {hosts_per_slice} hosts")
+    grid = np.array(ordered).reshape(processes // hosts_per_slice, hosts_per_slice, -1)
+    return Mesh(grid, AXES)
 
 
 class ShardedModel:
-    """The model laid out on a mesh: shardings, a jitted init and the two programs of a step.
+    """The model laid out on a (replica, fsdp, model) mesh (`host_mesh`): shardings, a jitted init,
+    the two programs of a step, and the gather that turns each host's shard into what it computes on.
 
-    The mesh's `data` axis is the replicas taking part (the hosts of this generation); the global
-    batch is sized for `full_hosts` hosts whatever that is.
+    The mesh's `replica` axis is the slices taking part (this generation's); the global batch is sized
+    for `full_hosts` hosts whatever that is.
     """
 
     def __init__(self, config: ModelConfig, mesh: Mesh, *, full_hosts: int) -> None:
+        if mesh.axis_names != AXES:
+            raise ValueError(f"the mesh's axes must be {AXES}, not {mesh.axis_names}")
         self.config = config
         self.mesh = mesh
-        self.plan = ChunkPlan(chunks=full_hosts, replicas=mesh.shape["data"])
+        self.plan = ChunkPlan(chunks=full_hosts, hosts=mesh.shape["replica"] * mesh.shape["fsdp"])
         self.tx = optimizer(config)
         specs = param_specs(config)
-        self.param_shardings = _shardings(mesh, specs)
-        # Per-replica sums: a leading replica axis over `data`, the parameter's layout below it.
-        self.grad_sum_shardings = _shardings(
-            mesh, jax.tree_util.tree_map(lambda spec: P("data", *spec), specs, is_leaf=_is_spec)
-        )
-        self.tokens_sharding = NamedSharding(mesh, P(None, "data", None, None))
-        self.weights_sharding = NamedSharding(mesh, P(None, "data"))
-        self.loss_sums_sharding = NamedSharding(mesh, P("data"))
         abstract_params = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+        _check_divisible(abstract_params, specs, mesh)
+        self.param_shardings = _shardings(mesh, specs)
+        gathered = jax.tree_util.tree_map(gathered_spec, specs, is_leaf=_is_spec)
+        self.gathered_shardings = _shardings(mesh, gathered)
+        # Per-host sums: a leading host axis, the gathered parameter's layout below it.
+        self.grad_sum_shardings = _shardings(
+            mesh, jax.tree_util.tree_map(lambda spec: P(HOSTS, *spec), gathered, is_leaf=_is_spec)
+        )
+        self.tokens_sharding = NamedSharding(mesh, P(None, HOSTS, None, None))
+        self.weights_sharding = NamedSharding(mesh, P(None, HOSTS))
+        self.loss_sums_sharding = NamedSharding(mesh, P(HOSTS))
         abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
         replicated = NamedSharding(mesh, P())
         # Optimizer moments follow their parameter's sharding; counters are replicated.
@@ -233,16 +275,19 @@ class ShardedModel:
         )
         self.state_shardings = {"params": self.param_shardings, "opt": self.opt_shardings}
         self._init = jax.jit(self._init_state, static_argnums=0, out_shardings=self.state_shardings)
+        self._gather: Any = jax.jit(
+            lambda params: params, in_shardings=(self.param_shardings,), out_shardings=self.gathered_shardings
+        )
         local_out = LocalGrads(self.grad_sum_shardings, self.loss_sums_sharding)
         self._local_grads: Any = jax.jit(
-            self._replica_gradients,
-            in_shardings=(self.param_shardings, Batch(self.tokens_sharding, self.weights_sharding)),
+            self._host_gradients,
+            in_shardings=(self.gathered_shardings, Batch(self.tokens_sharding, self.weights_sharding)),
             out_shardings=local_out,
         )
         self._apply: Any = jax.jit(
-            self._all_reduce_and_update,
+            self._reduce_update_and_gather,
             in_shardings=(self.state_shardings, local_out),
-            out_shardings=(self.state_shardings, replicated),
+            out_shardings=(self.state_shardings, self.gathered_shardings, replicated),
             donate_argnums=0,
         )
 
@@ -250,11 +295,11 @@ class ShardedModel:
         params = init_params(self.config, jax.random.key(seed))
         return {"params": params, "opt": self.tx.init(params)}
 
-    def _replica_gradients(self, params: Params, batch: Batch[jax.Array]) -> LocalGrads[jax.Array]:
-        """Each replica sums the gradients of its own chunks; params are replicated over `data`,
-        so nothing here crosses hosts (only the `model` axis within a host communicates)."""
+    def _host_gradients(self, params: Params, batch: Batch[jax.Array]) -> LocalGrads[jax.Array]:
+        """Each host sums the gradients of its own chunks on the gathered parameters: nothing here
+        crosses hosts (only the `model` axis within a host communicates)."""
 
-        def one_replica(tokens: jax.Array, weights: jax.Array) -> tuple[Any, jax.Array]:
+        def one_host(tokens: jax.Array, weights: jax.Array) -> tuple[Any, jax.Array]:
             def micro_step(carry: tuple[Any, jax.Array], chunk: tuple[jax.Array, jax.Array]) -> Any:
                 grad_sum, loss_sum = carry
                 rows, weight = chunk
@@ -266,57 +311,66 @@ class ShardedModel:
             sums, _ = jax.lax.scan(micro_step, zeros, (tokens, weights))
             return sums  # type: ignore[no-any-return]
 
-        grad_sums, loss_sums = jax.vmap(one_replica, in_axes=1)(batch.tokens, batch.weights)
+        grad_sums, loss_sums = jax.vmap(one_host, in_axes=1)(batch.tokens, batch.weights)
         return LocalGrads(grad_sums, loss_sums)
 
-    def _all_reduce_and_update(
+    def _reduce_update_and_gather(
         self, state: dict[str, Any], local: LocalGrads[jax.Array]
-    ) -> tuple[dict[str, Any], jax.Array]:
-        """Sum over the replicas (the cross-host all-reduce), average over the real chunks, update.
+    ) -> tuple[dict[str, Any], Params, jax.Array]:
+        """Sum over every host and average over the real chunks, each host keeping the part of the
+        sum its shard needs (a reduce-scatter); update each host's shard of the state; gather the new
+        parameters over the slice for the next step's local work.
 
         The optimizer counts steps, not micro-steps: the learning-rate schedule is the same in
         every world size.
         """
         chunks = self.plan.chunks
         grads = jax.tree_util.tree_map(lambda g: g.sum(axis=0) / chunks, local.grad_sums)
+        grads = jax.lax.with_sharding_constraint(grads, self.param_shardings)
         updates, opt = self.tx.update(grads, state["opt"], state["params"])
         params = optax.apply_updates(state["params"], updates)
-        return {"params": params, "opt": opt}, local.loss_sums.sum() / chunks
+        return {"params": params, "opt": opt}, params, local.loss_sums.sum() / chunks
 
     def compile(self) -> None:
-        """Compile both programs ahead of time (the persistent compilation cache may serve them)."""
-        params = self.abstract_state()["params"]
-        self._local_grads = self._local_grads.lower(params, self.abstract_batch()).compile()
-        local = jax.eval_shape(self._replica_gradients, params, self.abstract_batch())
+        """Compile the programs ahead of time (the persistent compilation cache may serve them)."""
+        state = self.abstract_state()
+        gathered = self.abstract_gathered()
+        self._gather = self._gather.lower(state["params"]).compile()
+        self._local_grads = self._local_grads.lower(gathered, self.abstract_batch()).compile()
+        local = jax.eval_shape(self._host_gradients, gathered, self.abstract_batch())
         local = jax.tree_util.tree_map(
             lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
             local,
             LocalGrads(self.grad_sum_shardings, self.loss_sums_sharding),
         )
-        self._apply = self._apply.lower(self.abstract_state(), local).compile()
+        self._apply = self._apply.lower(state, local).compile()
 
     def init_state(self, seed: int) -> dict[str, Any]:
         return self._init(seed)  # type: ignore[no-any-return]
 
+    def gather(self, params: Params) -> Params:
+        """Each host's shard of the parameters -> the parameters it computes on (blocks)."""
+        gathered: Params = self._gather(params)
+        jax.block_until_ready(gathered)
+        return gathered
+
     def abstract_state(self) -> Any:
         shapes = jax.eval_shape(lambda: self._init_state(0))
-        return jax.tree_util.tree_map(
-            lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-            shapes,
-            self.state_shardings,
-        )
+        return _with_shardings(shapes, self.state_shardings)
+
+    def abstract_gathered(self) -> Any:
+        shapes = jax.eval_shape(lambda: init_params(self.config, jax.random.key(0)))
+        return _with_shardings(shapes, self.gathered_shardings)
 
     def abstract_batch(self) -> Batch[jax.ShapeDtypeStruct]:
         plan, config = self.plan, self.config
         return Batch(
             jax.ShapeDtypeStruct(
-                (plan.micro_steps, plan.replicas, config.batch_per_host, config.seq_len + 1),
+                (plan.micro_steps, plan.hosts, config.batch_per_host, config.seq_len + 1),
                 np.int32,
                 sharding=self.tokens_sharding,
             ),
-            jax.ShapeDtypeStruct(
-                (plan.micro_steps, plan.replicas), np.float32, sharding=self.weights_sharding
-            ),
+            jax.ShapeDtypeStruct((plan.micro_steps, plan.hosts), np.float32, sharding=self.weights_sharding),
         )
 
     def global_batch(self, seed: int, step: int) -> Batch[jax.Array]:
@@ -327,16 +381,21 @@ class ShardedModel:
             _from_host(self.plan.weights(), self.weights_sharding),
         )
 
-    def local_grads(self, state: dict[str, Any], batch: Batch[jax.Array]) -> LocalGrads[jax.Array]:
-        """Phase one of a step: this host's own work, blocked on. No cross-host communication."""
-        local: LocalGrads[jax.Array] = self._local_grads(state["params"], batch)
+    def local_grads(self, params: Params, batch: Batch[jax.Array]) -> LocalGrads[jax.Array]:
+        """Phase one of a step, on the gathered parameters: this host's own work, blocked on. No
+        cross-host communication."""
+        local: LocalGrads[jax.Array] = self._local_grads(params, batch)
         jax.block_until_ready(local)
         return local
 
-    def apply(self, state: dict[str, Any], local: LocalGrads[jax.Array]) -> tuple[dict[str, Any], float]:
-        """Phase two: all-reduce and update; `state` is donated. Returns the step's mean loss."""
-        state, loss = self._apply(state, local)
-        return state, float(loss)  # float() blocks: never queue sharded steps (CPU collectives)
+    def apply(
+        self, state: dict[str, Any], local: LocalGrads[jax.Array]
+    ) -> tuple[dict[str, Any], Params, float]:
+        """Phase two: reduce, update, gather; `state` is donated. Returns the new state, the gathered
+        parameters for the next step and the step's mean loss."""
+        state, gathered, loss = self._apply(state, local)
+        jax.block_until_ready(gathered)
+        return state, gathered, float(loss)  # blocks: never queue sharded steps (CPU collectives)
 
 
 def _is_spec(node: Any) -> bool:
@@ -345,6 +404,27 @@ def _is_spec(node: Any) -> bool:
 
 def _shardings(mesh: Mesh, specs: Any) -> Any:
     return jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=_is_spec)
+
+
+def _with_shardings(shapes: Any, shardings: Any) -> Any:
+    return jax.tree_util.tree_map(
+        lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes, shardings
+    )
+
+
+def _check_divisible(abstract_params: Any, specs: Any, mesh: Mesh) -> None:
+    """Every split dimension must divide evenly over its mesh axis: say which one does not."""
+    flat_specs = jax.tree_util.tree_leaves(specs, is_leaf=_is_spec)
+    flat_params = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
+    for (path, leaf), spec in zip(flat_params, flat_specs, strict=True):
+        for size, axis in zip(leaf.shape, spec, strict=False):
+            if axis is not None and size % mesh.shape[axis]:
+                name = jax.tree_util.keystr(path, simple=True, separator="/")
+                raise ValueError(
+                    f"parameter {name} {leaf.shape}: dimension {size} does not split over the "
+                    f"{mesh.shape[axis]} {'hosts of a slice' if axis == 'fsdp' else 'devices of a host'} "
+                    f"(mesh axis {axis!r}); choose a model size or job shape that divides"
+                )
 
 
 def _from_host(values: np.ndarray, sharding: NamedSharding) -> jax.Array:

@@ -1,0 +1,136 @@
+"""A job that leaves the cluster and comes back continues from its persistent checkpoint, nothing lost.
+
+The real operator, the emulated API server and pods run as local processes (tests/operator/
+kubelet.py); the job is the example two-slice JAX job, checked against the fault-free local run of
+the same job (`clean`, tests/support/example_runs.py: same model, same data, same checkpoints).
+
+- Suspended (`spec.suspend: true`) after its persistent step 50, the job's pods go; resumed, the new
+  pods' leader finds step 50 in the persistent tier and every host restores it: the status says so
+  (`lastRestore`), and the persistent step 100 it then saves is bit for bit the fault-free run's.
+- Deleted and created again under the same name (a new run of the same TrainingJob), the job
+  continues from step 100 to 120 and ends with the fault-free run's parameters.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.helpers import EXAMPLE
+from tests.operator.harness import Kube, emulated_cluster, eventually, operator
+from tests.operator.kubelet import V5P_16_LABELS, FakeTpuCluster
+from tests.support.example_runs import PERSISTENT_INTERVAL, final_params, persistent_step
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+STARTUP = 180.0
+"""Seconds for four JAX processes to start and compile on two shared cores."""
+NS = "research"
+
+
+def resumable_job(where: Path, steps: int) -> dict[str, Any]:
+    """The example job as `clean` runs it (seed, checkpoints, persistent tier every 50 steps), its
+    persistent tier and final parameters in `where`, shared storage for every pod."""
+    job = yaml.safe_load(EXAMPLE.read_text())
+    job["metadata"]["namespace"] = NS
+    spec = job["spec"]
+    spec["workload"]["steps"] = steps
+    spec["workload"]["args"] = ["--seed", "0", "--final-params", str(where / "params.npz")]
+    spec["workload"]["env"] = [
+        {"name": "JAX_PLATFORMS", "value": "cpu"},
+        {"name": "XLA_FLAGS", "value": "--xla_force_host_platform_device_count=2"},
+    ]
+    spec["checkpoint"]["persistent"] = {
+        "uri": str(where / "persistent"),
+        "interval": PERSISTENT_INTERVAL,
+        "maxToKeep": 2,
+    }
+    return job
+
+
+def status(kube: Kube) -> dict[str, Any]:
+    return kube.job(NS, "tiny-lm").get("status") or {}
+
+
+def committed(where: Path) -> list[int]:
+    markers = where.glob("persistent/**/COMMITTED")
+    return sorted(int(marker.parent.name.removeprefix("step-")) for marker in markers)
+
+
+def manifests(step_folder: Path) -> dict[str, Any]:
+    """Each host's manifest of a persistent step (names, sizes and sha256 of its shard files)."""
+    found = {}
+    for manifest in sorted(step_folder.glob("host-*/manifest.json")):
+        found[manifest.parent.name] = json.loads(manifest.read_text())
+    return found
+
+
+async def finished(kube: Kube, cluster: FakeTpuCluster, what: str) -> dict[str, Any]:
+    try:
+        done = await eventually(
+            lambda: status(kube).get("phase") in ("Succeeded", "Failed") and status(kube),
+            timeout=2 * STARTUP,
+            what=what,
+        )
+    except AssertionError:
+        print(cluster.log_of("tiny-lm-s0-w0")[-4000:])
+        raise
+    assert done["phase"] == "Succeeded", (done, cluster.log_of("tiny-lm-s0-w0")[-4000:])
+    return done
+
+
+async def no_pods_left(kube: Kube, cluster: FakeTpuCluster) -> None:
+    await eventually(lambda: not kube.pods(NS), timeout=60, what="the job's pods deleted")
+    await eventually(
+        lambda: all(p.process.poll() is not None for p in cluster.running.values()),
+        timeout=30,
+        what="every pod process ended",
+    )
+
+
+async def test_a_suspended_job_resumes_from_its_persistent_step_and_a_recreated_one_loses_nothing(
+    tmp_path: Path, clean: dict[str, Any]
+):
+    async with (
+        emulated_cluster() as kube,
+        FakeTpuCluster(kube, tmp_path / "cluster", V5P_16_LABELS) as cluster,
+        operator(kube),
+    ):
+        await cluster.add_pools({"pool-a": ["a-0", "a-1"], "pool-b": ["b-0", "b-1"]})
+        await kube.apply(resumable_job(tmp_path, steps=100))
+
+        # Suspended once step 50 is in the persistent tier and training went past it.
+        await eventually(
+            lambda: committed(tmp_path) == [50] and (status(kube).get("step") or 0) > 52,
+            timeout=2 * STARTUP,
+            what="persistent step 50 committed and training past it",
+        )
+        await kube.patch_job(NS, "tiny-lm", {"spec": {"suspend": True}})
+        await no_pods_left(kube, cluster)
+        reached = status(kube)["step"]
+        assert committed(tmp_path) == [50] and 50 < reached < 100
+
+        # Resumed: the new pods' leader restores step 50 from the persistent tier, not step 0.
+        await kube.patch_job(NS, "tiny-lm", {"spec": {"suspend": False}})
+        done = await finished(kube, cluster, "the resumed job finished")
+        assert done["step"] == 100
+        assert done["lastRestore"] == {"generation": 0, "cause": "resume", "step": 50, "stepsReplayed": 0}
+        assert "generation 0 starting from step 50 of an earlier run" in cluster.log_of("tiny-lm-s0-w0")
+        assert manifests(persistent_step(tmp_path, 100)) == manifests(persistent_step(clean["where"], 100))
+
+        # A new run of the same TrainingJob (deleted, created again) continues from step 100.
+        await kube.delete_job(NS, "tiny-lm")
+        await no_pods_left(kube, cluster)
+        await kube.apply(resumable_job(tmp_path, steps=120))
+        done = await finished(kube, cluster, "the re-created job finished")
+        assert done["step"] == 120
+        assert done["lastRestore"] == {"generation": 0, "cause": "resume", "step": 100, "stepsReplayed": 0}
+        params = final_params(tmp_path)
+        assert params.keys() == clean["params"].keys()
+        for name, value in params.items():
+            np.testing.assert_array_equal(value, clean["params"][name], err_msg=name)

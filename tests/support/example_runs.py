@@ -1,0 +1,69 @@
+"""Runs of the example TrainingJob (the reference JAX trainer, two slices of two hosts) that the chaos
+tests and the cluster tests compare with one another, and the fault-free run they are measured
+against (`clean_run`, a session fixture in tests/conftest.py: run once, shared)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.helpers import read_report, run_cli, write_job
+
+STEPS = 120
+"""Steps of every acceptance run: checkpoints every 5 steps, a persistent one every 50."""
+PERSISTENT_INTERVAL = 50
+
+
+def example_job(where: Path, persistent_interval: int = PERSISTENT_INTERVAL, **spec: Any) -> Path:
+    """The example TrainingJob, its persistent tier in `where/persistent` (a step every
+    `persistent_interval`), its final parameters written to `where/params.npz`; `spec` changes merged
+    one level deep."""
+    where.mkdir(parents=True, exist_ok=True)
+    persistent = {"uri": str(where / "persistent"), "interval": persistent_interval, "maxToKeep": 2}
+    changes: dict[str, Any] = {
+        "workload": {"args": ["--seed", "0", "--final-params", str(where / "params.npz")]},
+        "checkpoint": {"persistent": persistent},
+    }
+    for key, value in spec.items():
+        changes[key] = {**changes[key], **value} if isinstance(changes.get(key), dict) else value
+    return write_job(where / "job.yaml", **changes)
+
+
+def run_example(
+    where: Path, *extra: str, steps: int = STEPS, persistent_interval: int = PERSISTENT_INTERVAL, **spec: Any
+) -> dict[str, Any]:
+    """`slicekeeper run` of the example job in `where` with `extra` arguments: its report, with the
+    CLI's exit code, stdout and stderr."""
+    report_path = where / "report.json"
+    job = example_job(where, persistent_interval, **spec)
+    result = run_cli(
+        "run", str(job), "--steps", str(steps), "--report", str(report_path), *extra, timeout=900
+    )
+    assert report_path.exists(), result.stdout[-3000:] + result.stderr[-3000:]
+    report = read_report(report_path)
+    report["exit_code"], report["stdout"], report["stderr"] = result.returncode, result.stdout, result.stderr
+    return report
+
+
+def final_params(where: Path) -> dict[str, np.ndarray]:
+    with np.load(where / "params.npz") as saved:
+        return {name: saved[name] for name in saved.files}
+
+
+def persistent_step(where: Path, step: int) -> Path:
+    """The folder of a committed persistent step of the run in `where` (one run per folder)."""
+    [folder] = (where / "persistent").glob(f"**/step-{step:08d}")
+    assert (folder / "COMMITTED").exists(), folder
+    return folder
+
+
+def clean_run(where: Path) -> dict[str, Any]:
+    """The fault-free run: its report, final parameters and the folder it ran in."""
+    report = run_example(where)
+    assert report["exit_code"] == 0, report["stderr"][-3000:]
+    assert report["restarts"] == {} and report["faults"] == [] and report["recoveries"] == []
+    assert report["stragglers"] == [] and report["decisions"] == []
+    assert report["params_fingerprint"] and not report["params_fingerprint"].startswith("diverged")
+    return {"report": report, "params": final_params(where), "where": where}
