@@ -95,7 +95,9 @@ def test_a_corrupt_local_checkpoint_is_noticed_at_the_restore_and_taken_from_a_p
     result, report = run_job(tmp_path, "--chaos", "corrupt:host=2@step=18,kill:host=0@step=20")
     assert result.returncode == 0, result.stderr
     assert problems(report, fingerprint=clean_fingerprint, steps=STEPS) == []
-    assert recovery_summary(report) == [("crash", 15, 4)]
+    # The loop's hosts never wait for each other: others may finish step 20 before host 0 is killed.
+    [(cause, step, _)] = recovery_summary(report)
+    assert (cause, step) == ("crash", 15)
     restore = last_restore(report)
     assert restore[2]["step"] == 15 and restore[2]["tier"] == "peer"
     assert {restore[h]["tier"] for h in (0, 1, 3)} == {"local"}
