@@ -260,7 +260,8 @@ class Leader:
                 self._watchers.remove(writer)
             for spare in [s for s in self._spares if s.writer is writer]:
                 self._spares.remove(spare)
-                await self._event(f"spare {spare.spare} ({spare.machine}) lost while idle")
+                if self.state not in (JobState.SUCCEEDED, JobState.FAILED):  # else: shut down with the job
+                    await self._event(f"spare {spare.spare} ({spare.machine}) lost while idle")
             for host, member in list(self._members.items()):
                 if member is writer and self.state not in (JobState.SUCCEEDED, JobState.FAILED):
                     await self._host_lost(host)

@@ -795,6 +795,19 @@ def test_at_success_idle_spares_are_told_to_shut_down():
         for connection in [*job.members, *job.spares]:
             assert await connection.receive() == {"type": "shutdown"}
         assert job.leader.summary()["state"] == "succeeded"
+        # The spares end with the job: that is no loss, and the last events do not say otherwise.
+        for spare in job.spares:
+            spare.close()
+        await job.event("training finished on every host")
+        await asyncio.sleep(0.2)
+        while not job.watcher.reader.at_eof():
+            try:
+                message = await asyncio.wait_for(job.watcher.receive(), 0.5)
+            except TimeoutError:
+                break
+            if message["type"] == "event":
+                job.events.append(message["text"])
+        assert not [text for text in job.events if "lost while idle" in text], job.events
         await job.shut()
 
     run(scenario)
