@@ -49,7 +49,8 @@ shows the median, min and max over runs.
 
     .venv/bin/python benchmarks/checkpoint.py [--runs 1] [--steps 80] [--fault-step 50] [--json out.json]
 
-Reuses the run, parse and table helpers of benchmarks/recovery.py (imported from this directory).
+Runs, event logs and the table are read and written with benchmarks/harness.py (imported from this
+directory, as the other benchmarks do).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from recovery import (
+from harness import (
     DEFAULT_JOB,
     Row,
     RunFailed,

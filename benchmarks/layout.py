@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
-from recovery import (
+from harness import (
     DEFAULT_JOB,
     RunFailed,
     checkpoint_save_seconds,

@@ -6,7 +6,7 @@ one, a single-host hot-swap must cost a handful of API writes whatever the job's
 operator must render and submit such a job without holding it in memory. The unit and operator tests
 use 4-host jobs, where none of that shows.
 
-How: the emulated API server of the operator's tests (tests/cluster_emulator.py: kmock's
+How: the emulated API server of the operator's tests (tests/support/cluster_emulator.py: kmock's
 KubernetesEmulator plus what kopf needs) runs in this process; the operator runs in its own process,
 as deployed (`slicekeeper operator --server URL --liveness URL`), so its memory is its own. It
 serves every namespace: with `--namespace`, kopf lists `/api/v1/namespaces`, a path kmock cannot
@@ -47,8 +47,11 @@ largest power of two up to 16 that divides N: 64 = 4 x 16 (v5p-128), 1,000 = 125
 Targets: a single-host hot-swap costs at most 10 API writes, whatever the job size; a 25,000-host job
 is rendered and submitted with the operator's peak memory under 1 GiB.
 
-    .venv/bin/python benchmarks/operator_scale.py [--sizes 64,1000,25000] [--idle 30] [--json FILE]
+    .venv/bin/python -m benchmarks.operator_scale [--sizes 64,1000,25000] [--idle 30] [--json FILE]
         [--no-delete] [--restart-timeout 300] [--keep-logs DIR]
+
+Run it as a module from the repo root (as above): it imports the emulator from the test suite
+(`tests.support`), which the repo root on sys.path makes importable.
 
 The emulator shares this process's event loop with the benchmark's own bookkeeping, which is kept
 cheap (a running count of pods; the request log read only over a phase's window) so that the
@@ -83,12 +86,10 @@ from kmock import resource
 from kmock._internal import enums, rendering
 from kmock._internal.apps import Server
 
+from slicekeeper.api import parse_training_job
+from tests.support.cluster_emulator import TRAININGJOBS, ClusterEmulator
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # tests.cluster_emulator, run as a script from anywhere
-
-from slicekeeper.api import parse_training_job  # noqa: E402
-from tests.cluster_emulator import TRAININGJOBS, ClusterEmulator  # noqa: E402
-
 EXAMPLE = REPO / "examples" / "trainingjob.yaml"
 NAMESPACE = "bench"
 DEFAULT_SIZES = (64, 1000, 25000)

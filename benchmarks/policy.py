@@ -42,7 +42,8 @@ detected or recovered from; a missed target is a figure, not a failure.
 
     .venv/bin/python benchmarks/policy.py [--runs 3] [--quick] [--skip-healthy] [--json out.json]
 
-Reuses the run, parse and table helpers of benchmarks/recovery.py (imported from this directory).
+Runs, event logs and the table are read and written with benchmarks/harness.py (imported from this
+directory, as the other benchmarks do).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recovery import (
+from harness import (
     DEFAULT_JOB,
     Row,
     RunFailed,

@@ -25,45 +25,48 @@ median, min and max over runs. A run fails (exit status 1, after the remaining r
 `slicekeeper run` fails or times out, or a fault was not detected or not recovered from.
 
     .venv/bin/python benchmarks/recovery.py [--runs 3] [--steps 120] [--json figures.json]
+
+Runs, event logs and the table are read and written with benchmarks/harness.py, as the other
+benchmarks do.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_JOB = REPO / "examples" / "trainingjob.yaml"
+from harness import (
+    DEFAULT_JOB,
+    Row,
+    RunFailed,
+    checkpoint_save_seconds,
+    finish,
+    format_table,
+    read_events,
+    read_run_report,
+    run_once,
+    say,
+    slicekeeper_command,
+    step_durations,
+    tail,
+)
+
 DEFAULT_CHAOS = "kill:host=2@step=40,hang:host=0@step=80"
 
 CRASH_TARGET_SECONDS = 1.0
 HANG_TARGET_FACTOR = 3.0
 HANG_TARGET_SLACK_SECONDS = 2.0
 RECOVERY_TARGET_SECONDS = 10.0
-STOP_GRACE_SECONDS = 20.0
-"""After a timeout or Ctrl-C: how long `slicekeeper run` gets to stop its hosts before being killed."""
-
-
-class RunFailed(Exception):
-    """A run that yields no usable figures (the job failed, timed out, or a fault went unhandled)."""
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
 
 
 # --- figures of one run -----------------------------------------------------------------------------
@@ -111,56 +114,6 @@ class RunFigures:
 
 
 # --- reading a run's artifacts ----------------------------------------------------------------------
-def read_events(path: Path) -> list[dict[str, Any]]:
-    """One host's events.jsonl, in time order (a torn last line, from a killed writer, is skipped)."""
-    events = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            events.append(json.loads(line))
-    return sorted(events, key=lambda e: float(e["t"]))
-
-
-def step_intervals(events: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
-    """(step, begin, end) of completed steps (step_begin -> step_end of the same generation), the
-    first step of each start left out (it includes compilation)."""
-    intervals = []
-    begun: dict[tuple[int, int], float] = {}
-    seen_generations: set[int] = set()
-    for event in events:
-        if event.get("source") != "workload":
-            continue
-        key = (int(event.get("generation", -1)), int(event.get("step", -1)))
-        if event["type"] == "step_begin":
-            begun[key] = float(event["t"])
-        elif event["type"] == "step_end" and key in begun:
-            if key[0] in seen_generations:
-                intervals.append((key[1], begun[key], float(event["t"])))
-            seen_generations.add(key[0])
-    return intervals
-
-
-def step_durations(events: list[dict[str, Any]]) -> list[float]:
-    """Completed step durations, first of each start left out (see step_intervals)."""
-    return [end - begin for _, begin, end in step_intervals(events)]
-
-
-def checkpoint_save_seconds(events: list[dict[str, Any]]) -> list[float]:
-    """Each checkpoint_save phase: its phase event to the next phase event of the same workload process.
-
-    A save cut short by a fault (no phase event follows in that generation) is left out.
-    """
-    saves = []
-    open_save: tuple[int, float] | None = None
-    for event in events:
-        if event.get("source") != "workload" or event["type"] != "phase":
-            continue
-        generation, t = int(event.get("generation", -1)), float(event["t"])
-        if open_save is not None and open_save[0] == generation:
-            saves.append(t - open_save[1])
-        open_save = (generation, t) if event["phase"] == "checkpoint_save" else None
-    return saves
-
-
 def completed_steps(events: list[dict[str, Any]]) -> int:
     """Steps this host completed, executed-again ones included (they paid for their saves, too)."""
     return sum(1 for e in events if e.get("source") == "workload" and e["type"] == "step_end")
@@ -225,117 +178,7 @@ def analyse(run: int, report: dict[str, Any]) -> RunFigures:
     )
 
 
-# --- running ----------------------------------------------------------------------------------------
-def slicekeeper_command() -> list[str]:
-    """The `slicekeeper` console script of this interpreter's environment (or the module, failing that)."""
-    script = Path(sys.executable).parent / "slicekeeper"
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-m", "slicekeeper.cli"]
-
-
-def run_once(argv: list[str], log_path: Path, timeout: float, echo_prefix: str) -> tuple[int, float, bool]:
-    """Run one job; its output goes to log_path, leader events (`  [hh:mm:ss] ...`) are echoed.
-
-    Returns (exit status, seconds, timed out). On timeout the run is interrupted like a Ctrl-C (it
-    stops its hosts and writes its report), then, if still alive after a grace period, killed.
-    """
-    started = time.monotonic()
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            argv,
-            cwd=REPO,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # a Ctrl-C here reaches only us; we forward it (see below)
-        )
-
-        timed_out = threading.Event()
-
-        def interrupt() -> None:
-            timed_out.set()
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=STOP_GRACE_SECONDS)
-            kill_group()
-
-        def kill_group() -> None:
-            if process.poll() is None:  # never signal a reaped (possibly reused) process id
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-
-        timer = threading.Timer(timeout, interrupt)
-        timer.start()
-        try:
-            assert process.stdout is not None
-            for line in process.stdout:
-                log.write(line)
-                if line.startswith("  ["):
-                    say(echo_prefix + line.rstrip())
-            status = process.wait()
-        except KeyboardInterrupt:
-            process.send_signal(signal.SIGINT)  # `slicekeeper run` stops its hosts on Ctrl-C
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=STOP_GRACE_SECONDS)
-            kill_group()
-            raise
-        finally:
-            timer.cancel()
-    return status, time.monotonic() - started, timed_out.is_set()
-
-
-def read_run_report(report_path: Path, status: int, timed_out: bool, timeout: float) -> dict[str, Any]:
-    """The report of one `slicekeeper run`; RunFailed when it timed out or wrote none."""
-    if timed_out:
-        raise RunFailed(f"timed out after {timeout:.0f} s (slicekeeper exited with {status})")
-    if not report_path.exists():
-        raise RunFailed(f"no report (slicekeeper exited with {status})")
-    report: dict[str, Any] = json.loads(report_path.read_text())
-    return report
-
-
-def finish(failures: list[str], work: Path, keep: bool) -> int:
-    """The exit code: failed runs listed (their files kept), else the work folder removed unless kept."""
-    if failures:
-        say(f"{len(failures)} run(s) failed; their logs and reports are kept in {work}:")
-        for failure in failures:
-            say(f"  {failure}")
-        return 1
-    if not keep:
-        shutil.rmtree(work, ignore_errors=True)
-    return 0
-
-
-def tail(path: Path, lines: int = 15) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
 # --- the table --------------------------------------------------------------------------------------
-@dataclass
-class Row:
-    metric: str
-    values: list[float]
-    unit: str
-    target: str = "-"
-    met: list[bool] = field(default_factory=list)
-    """Per run; empty: no target."""
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "metric": self.metric,
-            "unit": self.unit,
-            "median": statistics.median(self.values),
-            "min": min(self.values),
-            "max": max(self.values),
-            "target": self.target,
-            "met": None if not self.met else all(self.met),
-            "runs_meeting_target": None if not self.met else sum(self.met),
-        }
-
-
 def build_rows(runs: list[RunFigures]) -> list[Row]:
     typical = [r.typical_step_seconds for r in runs]
     crash = [r.fault("kill").detection_seconds for r in runs]
@@ -393,46 +236,6 @@ def build_rows(runs: list[RunFigures]) -> list[Row]:
         Row("wall time per run", [r.wall_seconds for r in runs], "s"),
     ]
     return rows
-
-
-def format_value(value: float, unit: str) -> str:
-    if unit == "s":
-        return f"{value:.3f} s"
-    if unit == "ms":
-        return f"{value:.1f} ms"
-    if unit == "%":
-        return f"{value:.2f} %"
-    return f"{value:.3f}"
-
-
-def format_table(rows: list[Row], runs: int) -> str:
-    """A Markdown table: metric, median, min, max, target, met? (met: in every run)."""
-    header = ["metric", "median", "min", "max", "target", "met?"]
-    lines = [header]
-    for row in rows:
-        if not row.met:
-            met = "-"
-        elif all(row.met):
-            met = "yes"
-        else:
-            met = f"no ({sum(row.met)}/{runs} runs)"
-        lines.append(
-            [
-                row.metric,
-                format_value(statistics.median(row.values), row.unit),
-                format_value(min(row.values), row.unit),
-                format_value(max(row.values), row.unit),
-                row.target,
-                met,
-            ]
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    out = [
-        "| " + " | ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) + " |"
-        for line in lines
-    ]
-    out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(out)
 
 
 # --- entry ------------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ def _with_checked_policy(job: TrainingJob, *, job_file: Path, policy: Path | Non
     """The job with its policy file (`--policy`, relative to the current directory, else
     `spec.policy.file`, relative to the TrainingJob file) loaded, checked and made absolute, so that
     every supervisor reads the same file; a policy that cannot work stops the run before it starts."""
-    from slicekeeper.policy_engine import PolicyEngine
+    from slicekeeper.policy.engine import PolicyEngine
 
     if policy is not None:
         path: Path | None = policy.resolve()
@@ -91,8 +91,8 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _policy_replay(args: argparse.Namespace) -> int:
-    from slicekeeper.policy_engine import PolicyEngine, load_policy
-    from slicekeeper.policy_replay import format_replay, read_log, replay
+    from slicekeeper.policy.engine import PolicyEngine, load_policy
+    from slicekeeper.policy.replay import format_replay, read_log, replay
 
     engine = PolicyEngine(load_policy(args.policy) if args.policy else None)
     records = read_log(args.events)

@@ -122,6 +122,8 @@ class Event(StrEnum):
     HELLO = "hello"
     PHASE = "phase"
     STEP_BEGIN = "step_begin"
+    WORK_DONE = "work_done"
+    """The step's own work is done; the host now waits for the others (names a hang's culprit)."""
     STEP_END = "step_end"
     CHECKPOINT_SAVED = "checkpoint_saved"
     CHECKPOINT_FAILED = "checkpoint_failed"

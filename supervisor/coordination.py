@@ -46,13 +46,14 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from slicekeeper.supervisor.culprit import Activity, name_culprit
 from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.remediation import Remediation
 from slicekeeper.supervisor.restore_plan import Holdings, RestorePlan, Tier, plan_restore
 from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper import policy, protocol
-from slicekeeper.policy_engine import PolicyEngine
+from slicekeeper.policy.engine import PolicyEngine
 
 STOP_ACK_SECONDS = 30.0
 """How long every member gets to kill its workload and ack a stop before the job fails."""
@@ -61,6 +62,10 @@ PERSISTENT_LISTING_ATTEMPTS = 3
 PERSISTENT_LISTING_BACKOFF = 2.0
 """At the first start, a persistent tier that cannot be listed is tried this many times, this many
 seconds apart times the attempt, before the job fails."""
+
+ACTIVITY_REPLY_SECONDS = 1.0
+"""At a hang report, how long every member gets to say where its workload is (supervisor.culprit);
+one that does not answer in time is taken for the host that stopped."""
 
 WATCHER_BUFFER_LIMIT = 1 << 20
 """Bytes of status lines a watcher may fall behind by before it is dropped."""
@@ -211,6 +216,9 @@ class Leader:
         """One entry per start from a checkpoint: what stopped the job, what every host held, which
         step was restored and how many steps are executed again."""
         self._first_start_under_way = False
+        self._activities: dict[int, Activity] | None = None
+        """While a hang's culprit is being named: the members' answers so far (else None)."""
+        self._activities_in = asyncio.Event()
         self._stop_cause: dict[str, Any] | None = None
         """What stopped the running generation (kind, host, time, the job's high-water mark then)."""
         self.persistent_commits: list[dict[str, Any]] = []
@@ -363,6 +371,11 @@ class Leader:
             await self._event(f"chaos: {message['kind']} host {host} at step {message['step']}", host=host)
         elif kind == "fault":
             await self._fault(host, message)
+        elif kind == "activity":
+            if self._activities is not None and int(message["generation"]) == self.generation:
+                self._activities[host] = Activity.from_message(message)
+                if set(self.world.hosts) & self._members.keys() <= self._activities.keys():
+                    self._activities_in.set()
         elif kind == "stopped":
             if int(message["generation"]) == self.generation and self.state is JobState.STOPPING:
                 if message.get("committed") is not None:
@@ -431,9 +444,45 @@ class Leader:
             # The restored state proved bad (e.g. a non-finite loss right after a restore): no host
             # may restore that step again, from any tier.
             self.job_invalid.add(int(message["invalid_step"]))
+        if message["kind"] == "hang":
+            if self._activities is None:  # else: the same stall, noticed again while being named
+                # Not awaited here: the answers come over the members' connections, the reporter's
+                # included, whose reading must go on.
+                self._activities = {}
+                self._spawn(self._hang_fault(host, message))
+            return
+        await self._fault_of(host, message)
+
+    async def _fault_of(self, host: int, message: dict[str, Any]) -> None:
+        """Stop the job for a fault of `host`, then decide what to do about it."""
+        generation = self.generation
         event = Remediation.fault_event(host, message, self.high_water, generation)
         if await self._stop_job(host, message["kind"], message.get("detail", ""), float(message["t"])):
             await self._decide_and_act(event)
+
+    async def _hang_fault(self, reporter: int, message: dict[str, Any]) -> None:
+        generation = self.generation
+        host, message = await self._hang_culprit(reporter, message)
+        if generation == self.generation and self.state is JobState.RUNNING:  # else: stopped meanwhile
+            await self._fault_of(host, message)
+
+    async def _hang_culprit(self, reporter: int, message: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Ask every member where its workload is and name the host that stopped (supervisor.culprit);
+        returns it with the report's detail saying who noticed and why that host."""
+        self._activities, self._activities_in = {}, asyncio.Event()
+        try:
+            asked = [h for h in self.world.hosts if h in self._members]
+            for member in asked:
+                await send(self._members[member], {"type": "activity_request", "generation": self.generation})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._activities_in.wait(), ACTIVITY_REPLY_SECONDS)
+            answers: dict[int, Activity | None] = {h: self._activities.get(h) for h in asked}
+        finally:
+            self._activities = None
+        culprit = name_culprit(answers, reporter)
+        noticed = f"noticed by host {reporter}" if culprit.host != reporter else "noticed by itself"
+        detail = f"{message.get('detail', '')} ({noticed}; {culprit.reason})"
+        return culprit.host, {**message, "detail": detail}
 
     async def _stop_job(self, host: int, kind: str, detail: str, now: float, planned: bool = False) -> bool:
         """Turn a fault of the running generation into a stop of every host; False if the job failed.
@@ -484,7 +533,13 @@ class Leader:
         for member in self.world.hosts:
             if member in self._members:
                 await send(
-                    self._members[member], {"type": "stop", "generation": self.generation, "kind": kind}
+                    self._members[member],
+                    {
+                        "type": "stop",
+                        "generation": self.generation,
+                        "kind": kind,
+                        "host": None if planned else host,  # whose fault it is (a planned stop: none)
+                    },
                 )
         self._ack_deadline = asyncio.get_running_loop().call_later(
             STOP_ACK_SECONDS, self._acks_overdue, self.generation

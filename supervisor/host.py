@@ -31,6 +31,7 @@ from typing import Any
 
 from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers
 from slicekeeper.supervisor.coordination import Leader, send
+from slicekeeper.supervisor.culprit import ActivityTracker
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.leader_connection import reach_leader
 from slicekeeper.supervisor.metrics import SupervisorMetrics
@@ -42,7 +43,7 @@ from slicekeeper.supervisor.workload_process import WorkloadProcess
 from slicekeeper import protocol
 from slicekeeper.chaos import Fault, FaultKind, parse_chaos
 from slicekeeper.goodput import PHASE_CATEGORY, Category, GoodputAccountant
-from slicekeeper.policy_engine import PolicyEngine
+from slicekeeper.policy.engine import PolicyEngine
 from slicekeeper.protocol import Event, Phase
 
 SDK_DRAIN_SECONDS = 1.0
@@ -90,6 +91,8 @@ class HostSupervisor:
         self.identity = self.layout.host(max(self.host, 0))
         self.accountant = GoodputAccountant(time.time())
         self.detector = HangDetector(self.job.spec.health)
+        self.activity = ActivityTracker()
+        """Where the workload is, for the leader naming a hang's culprit (supervisor.culprit)."""
         self.metrics = SupervisorMetrics(lambda: self.accountant)
         self.faults: list[Fault] = self._faults_of(host, fired=set())
         persistent = self.job.spec.checkpoint.persistent
@@ -123,6 +126,8 @@ class HostSupervisor:
         self._fingerprint: str | None = None
         self._last_checkpoint: int | None = None
         self._restarts: dict[str, int] = {}
+        self._faults: dict[str, int] = {}
+        """Faults the leader attributed to this host, by kind (`slicekeeper_host_faults_total`)."""
         self._world: list[int] = list(range(plan.hosts))
         self._rank = max(self.host, 0)
         self._slow: float | None = None
@@ -370,7 +375,13 @@ class HostSupervisor:
                     message.get("sources", []),
                 )
             elif kind == "stop":
+                if message.get("host") == self.host:  # the fault is this host's, as the leader named it
+                    self._faults[message["kind"]] = self._faults.get(message["kind"], 0) + 1
+                    self.metrics.faults.labels(kind=message["kind"]).inc()
                 await self._stop(int(message["generation"]), message["kind"])
+            elif kind == "activity_request":
+                snapshot = self.activity.snapshot(time.time()).to_message()
+                await self._report({"type": "activity", "generation": self.generation, **snapshot})
             elif kind == "park":
                 self._park(int(message["generation"]), message.get("restore_step"))
             elif kind == "retire":
@@ -475,6 +486,7 @@ class HostSupervisor:
             Category.PROGRAM_STARTUP if generation == 0 else Category.INFRASTRUCTURE_RECOVERY, now
         )
         self.detector.restart(now)
+        self.activity.restart(now, restore_step)
         self._sdk_eof[generation] = asyncio.Event()
         self._log(
             {"source": "leader", "type": "start", "generation": generation, "restore_step": restore_step}
@@ -727,14 +739,21 @@ class HostSupervisor:
         if event is Event.PHASE:
             phase = Phase(message["phase"])
             self.detector.activity(now, phase)
+            self.activity.phase(now, phase.value)
             self.accountant.switch(PHASE_CATEGORY[phase], now)
         elif event is Event.STEP_BEGIN:
             step = int(message["step"])
             self.detector.activity(now, Phase.IDLE)
+            self.activity.step_begun(now, step)
             self.accountant.begin_step(step, now, first_of_start=self._first_step_pending)
             self._inject(step, now)
+        elif event is Event.WORK_DONE:
+            # Not activity for the hang timer: silence is counted from the step's begin on every host,
+            # the one that stopped and the ones waiting for it alike; the leader tells them apart.
+            self.activity.work_done(now, int(message["step"]))
         elif event is Event.STEP_END:
             step = int(message["step"])
+            self.activity.step_ended(now, step)
             duration = self.accountant.end_step(step, now)
             self.detector.step_completed(now, duration)
             if self._first_step_pending:
@@ -792,6 +811,8 @@ class HostSupervisor:
             self._fingerprint = message.get("fingerprint")
         else:
             self.detector.activity(now)
+        if event not in (Event.PHASE, Event.STEP_BEGIN, Event.WORK_DONE, Event.STEP_END):
+            self.activity.other(now)
 
     async def _restored_state_is_bad(self, step: int, loss: Any) -> bool:
         """The first steps after a restore must give a finite loss, or the restored step is bad."""
@@ -873,6 +894,7 @@ class HostSupervisor:
             "high_water": self.accountant.high_water,
             "productive_step_seconds": self.accountant.productive_step_seconds,
             "restarts": self._restarts,
+            "faults": self._faults,
             "fingerprint": self._fingerprint,
             "last_checkpoint_step": self._last_checkpoint,
             "typical_step_seconds": self.detector.typical_step_seconds,

@@ -88,6 +88,13 @@ class SupervisorMetrics:
             ["kind"],
             registry=self.registry,
         )
+        self.faults = Counter(
+            "slicekeeper_host_faults",
+            "Faults the leader attributed to this host, by kind (a hang to the host that stopped, "
+            "not to the one whose timer noticed).",
+            ["kind"],
+            registry=self.registry,
+        )
         self.last_checkpoint_step = Gauge(
             "slicekeeper_last_checkpoint_step",
             "Newest committed local checkpoint step.",

@@ -17,8 +17,8 @@ from slicekeeper.supervisor.straggler import Finding, StragglerDetector
 from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper import policy
-from slicekeeper.policy_engine import PolicyEngine
-from slicekeeper.policy_replay import append_to_log
+from slicekeeper.policy.engine import PolicyEngine
+from slicekeeper.policy.replay import append_to_log
 
 
 class Remediation:

@@ -4,8 +4,8 @@ Every run directory and temporary file of the session, ours and the subprocesses
 pytest's own temporary tree (TMPDIR), which pytest prunes to the last few sessions: `slicekeeper run`
 keeps its run directory for the user to read, and hundreds of test runs must not pile up in /tmp.
 
-Each test's pytest timeout is handed to tests.helpers, which fits every CLI run inside it, and a test
-whose CLI runs left processes alive fails (they are killed): see tests/helpers.py.
+Each test's pytest timeout is handed to tests.support.cli_runs, which fits every CLI run inside it,
+and a test whose CLI runs left processes alive fails (they are killed): see tests/support/cli_runs.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests import helpers
+from tests.support import cli_runs
 from tests.support.example_runs import clean_run
 
 
@@ -38,7 +38,7 @@ def _session_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _cli_runs_end_with_their_test() -> Iterator[None]:
     yield
-    leaks = helpers.leftover_processes()
+    leaks = cli_runs.leftover_processes()
     if leaks:
         pytest.fail(f"CLI runs of this test left processes alive (now killed): {leaks}", pytrace=False)
 
@@ -46,12 +46,12 @@ def _cli_runs_end_with_their_test() -> Iterator[None]:
 @pytest.hookimpl(optionalhook=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
     # Returns None, so pytest-timeout's own implementation still sets the timer.
-    helpers.start_test_clock(float(settings.timeout))
+    cli_runs.start_test_clock(float(settings.timeout))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_timeout_cancel_timer(item: pytest.Item) -> None:
-    helpers.stop_test_clock()
+    cli_runs.stop_test_clock()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -130,6 +130,8 @@ class StepRecord:
     """Chaos `slow`: `work_done()` stretches the step's own work this many times."""
     core: OwnWorkCore | None = None
     """Local mode: own work runs on this core until `work_done()`."""
+    on_work_done: Callable[[], None] | None = None
+    """Tells the supervisor this host's own work is done (where a hang stopped, supervisor.culprit)."""
 
     def __post_init__(self) -> None:
         if self.began is None:
@@ -159,6 +161,8 @@ class StepRecord:
         self.work = self._elapsed()
         if self.core is not None:
             self.core.release()  # the collective and the update run on every core
+        if self.on_work_done is not None:
+            self.on_work_done()
 
 
 class Session:
@@ -221,7 +225,14 @@ class Session:
         self._send(Event.STEP_BEGIN, step=step)
         if self._core is not None:
             self._core.confine()
-        record = StepRecord(step, clock=clock, began=clock.now(), slow_factor=factor, core=self._core)
+        record = StepRecord(
+            step,
+            clock=clock,
+            began=clock.now(),
+            slow_factor=factor,
+            core=self._core,
+            on_work_done=lambda: self._send(Event.WORK_DONE, step=step),
+        )
         try:
             yield record
         finally:

@@ -5,8 +5,8 @@ default escalation ladder's: the catch-all hook `on_event` receives every event 
 hook of its own here, and hands it to the ladder.
 """
 
-from slicekeeper.default_policy import EscalationLadder
 from slicekeeper.policy import FAULT_KINDS, HOOK_NAMES, Action, Context, Event, Fail
+from slicekeeper.policy.default import EscalationLadder
 
 MAX_FAULTS = 3
 WINDOW_SECONDS = 600

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT
+from tests.support.cli_runs import ROOT
 from tests.support.example_runs import final_params, run_example
 from tests.support.recovery_checks import problems, recovery_summary, tiers
 

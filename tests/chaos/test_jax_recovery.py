@@ -24,7 +24,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, processes_mentioning
+from tests.support.cli_runs import ROOT, processes_mentioning
 from tests.support.example_runs import run_example
 from tests.support.recovery_checks import detected_on, problems, recovery_summary, tiers
 

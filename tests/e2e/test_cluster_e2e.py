@@ -6,7 +6,7 @@ and the operator's remediations against real node and pod life cycles: a hot-swa
 a scale-down when a replacement cannot be scheduled and the scale-up when capacity returns, suspend.
 
 Needs the operator installed (CRD, RBAC, Deployment: docs/kind.md) and, on kind, the nodes made to
-look like TPU nodes (tests/e2e/fake_tpu_nodes.py: two pools of 2 hosts + 1 spare). Each test creates
+look like TPU nodes (tests/support/fake_tpu_nodes.py: two pools of 2 hosts + 1 spare). Each test creates
 its own namespace and deletes it at the end; nodes it cordons are uncordoned whatever happens.
 `SLICEKEEPER_E2E_IMAGE` names the image (default ghcr.io/slicekeeper/slicekeeper:latest; on kind use
 a non-`latest` tag loaded with `kind load docker-image`).
@@ -21,8 +21,8 @@ import pytest
 from slicekeeper.operator.hot_swap import AVOID_ANNOTATION
 from slicekeeper.operator.render import ACCELERATOR_LABEL, NODE_POOL_LABEL, TOPOLOGY_LABEL, TPU_RESOURCE
 
-from tests.e2e import cluster
-from tests.e2e.cluster import Api, Cordons, describe, get_job, pods, reasons, wait_for
+from tests.support import e2e_cluster as cluster
+from tests.support.e2e_cluster import Api, Cordons, describe, get_job, pods, reasons, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
@@ -176,7 +176,7 @@ def test_a_lost_node_is_hot_swapped_and_training_finishes(api: Api, cordons: Cor
         ]
         assert spares, (
             f"no free node in {VICTIM}'s pool {pool} for its replacement (the slice affinity keeps it in "
-            f"that pool): give every pool a spare node (tests/e2e/fake_tpu_nodes.py, docs/kind.md)"
+            f"that pool): give every pool a spare node (tests/support/fake_tpu_nodes.py, docs/kind.md)"
         )
 
         # A node loss as the operator sees it: the node is gone for scheduling, the pod disappears.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, processes_mentioning, run_job
+from tests.support.cli_runs import ROOT, processes_mentioning, run_job
 from tests.support.recovery_checks import problems, recovery_summary
 
 STEPS = 40  # run_job's default

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import EXAMPLE, run_cli, write_job
+from tests.support.cli_runs import EXAMPLE, run_cli, write_job
 
 
 def started_runs(runs: Path) -> list[Path]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
+from tests.support.cli_runs import (
     KILL_MARGIN_SECONDS,
     ROOT,
     SDK_LOOP,
@@ -95,7 +95,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_cli, sdk_loop_job
+from tests.support.cli_runs import run_cli, sdk_loop_job
 
 WHERE = Path({where!r})
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
+from tests.support.cli_runs import (
     processes_mentioning,
     read_report,
     run_job,

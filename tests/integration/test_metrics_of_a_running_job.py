@@ -24,7 +24,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import documented_metrics, read_report, sdk_loop_fingerprint, sdk_loop_job, started_cli
+from tests.support.cli_runs import (
+    documented_metrics,
+    read_report,
+    sdk_loop_fingerprint,
+    sdk_loop_job,
+    started_cli,
+)
 
 Labels = frozenset[tuple[str, str]]
 

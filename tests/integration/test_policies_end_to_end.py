@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import ROOT, run_cli, run_job, sdk_loop_fingerprint
+from tests.support.cli_runs import ROOT, run_cli, run_job, sdk_loop_fingerprint
 
 STEPS = 120
 NO_HOT_SWAP = str(ROOT / "examples" / "policies" / "no_hot_swap.py")

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.operator.harness import JOBS_PATH, MERGE_PATCH, ApiError, Kube, emulated_cluster
-from tests.operator.test_operator_reconcile import EXAMPLE, NS
+from tests.support.operator_example import EXAMPLE, NS
+from tests.support.operator_harness import JOBS_PATH, MERGE_PATCH, ApiError, Kube, emulated_cluster
 
 pytestmark = pytest.mark.asyncio
 

@@ -1,4 +1,4 @@
-"""The fake kubelet (tests/operator/kubelet.py) fails the test that meets a bug in it, at once and
+"""The fake kubelet (tests/support/fake_kubelet.py) fails the test that meets a bug in it, at once and
 with the bug's traceback, and rides out what a restarting API server does to it, as a kubelet does.
 """
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.operator.harness import emulated_cluster, eventually
-from tests.operator.kubelet import FakeTpuCluster
-from tests.operator.test_operator_reconcile import NS
+from tests.support.fake_kubelet import FakeTpuCluster
+from tests.support.operator_example import NS
+from tests.support.operator_harness import emulated_cluster, eventually
 
 pytestmark = pytest.mark.asyncio
 

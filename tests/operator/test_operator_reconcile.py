@@ -5,31 +5,18 @@ its supervisors stays failed; delete cleans up; an operator restart resumes."""
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import subprocess
 import sys
 from typing import Any
 
 import pytest
-import yaml
 from slicekeeper.supervisor.plan import free_port
 
-from tests.helpers import ROOT
-from tests.operator.harness import Kube, emulated_cluster, eventually, operator
-
-NS = "research"
-EXAMPLE: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "trainingjob.yaml").read_text())
-NAMES = ["tiny-lm-s0-w0", "tiny-lm-s0-w1", "tiny-lm-s1-w0", "tiny-lm-s1-w1"]
+from tests.support.operator_example import NAMES, NS, example
+from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
 
 pytestmark = pytest.mark.asyncio
-
-
-def example(**spec: Any) -> dict[str, Any]:
-    job = copy.deepcopy(EXAMPLE)
-    job["metadata"]["namespace"] = NS
-    job["spec"].update(spec)
-    return job
 
 
 async def test_a_training_job_becomes_its_service_config_map_and_one_pod_per_host():

@@ -1,7 +1,7 @@
 """A job that leaves the cluster and comes back continues from its persistent checkpoint, nothing lost.
 
-The real operator, the emulated API server and pods run as local processes (tests/operator/
-kubelet.py); the job is the example two-slice JAX job, checked against the fault-free local run of
+The real operator, the emulated API server and pods run as local processes (tests/support/
+fake_kubelet.py); the job is the example two-slice JAX job, checked against the fault-free local run of
 the same job (`clean`, tests/support/example_runs.py: same model, same data, same checkpoints).
 
 - Suspended (`spec.suspend: true`) after its persistent step 50, the job's pods go; resumed, the new
@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.helpers import EXAMPLE
-from tests.operator.harness import Kube, emulated_cluster, eventually, operator
-from tests.operator.kubelet import V5P_16_LABELS, FakeTpuCluster
+from tests.support.cli_runs import EXAMPLE
 from tests.support.example_runs import PERSISTENT_INTERVAL, final_params, persistent_step
+from tests.support.fake_kubelet import V5P_16_LABELS, FakeTpuCluster
+from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.timeout(1800)]
 

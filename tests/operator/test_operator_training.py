@@ -1,5 +1,5 @@
 """The whole cluster path on one machine: the real operator, the emulated API server, and pods run as
-local processes by the fake scheduler and kubelet (tests/operator/kubelet.py).
+local processes by the fake scheduler and kubelet (tests/support/fake_kubelet.py).
 
 A TrainingJob is applied and trains (JAX on CPU, one process per TPU host pod); a node is taken away
 and the host is hot-swapped onto a spare node of its slice's pool; the next node loss leaves no
@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.operator.harness import Kube, emulated_cluster, eventually, operator
-from tests.operator.kubelet import V5P_16_LABELS, FakeTpuCluster
-from tests.operator.test_operator_reconcile import EXAMPLE, NS
+from tests.support.fake_kubelet import V5P_16_LABELS, FakeTpuCluster
+from tests.support.operator_example import EXAMPLE, NS
+from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 

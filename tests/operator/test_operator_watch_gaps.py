@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.operator.harness import Kube, emulated_cluster, eventually, operator
-from tests.operator.test_operator_reconcile import NAMES, NS, example
+from tests.support.operator_example import NAMES, NS, example
+from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
 
 pytestmark = pytest.mark.asyncio
 

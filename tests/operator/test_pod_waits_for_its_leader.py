@@ -4,7 +4,7 @@ after that it asks for a new pod (exit 4) and never fails the job. The operator 
 without blaming its node.
 
 - `connect` and `reach_leader` (supervisor/leader_connection.py) with a fake clock;
-- one pod run by the fake kubelet (tests/operator/kubelet.py) whose leader never comes;
+- one pod run by the fake kubelet (tests/support/fake_kubelet.py) whose leader never comes;
 - the whole chain: the real operator, a job whose leader pod cannot be scheduled for a while.
 """
 
@@ -28,9 +28,9 @@ from slicekeeper.supervisor.leader_connection import (
 from slicekeeper.supervisor.plan import free_port
 
 from slicekeeper.api import parse_training_job
-from tests.operator.harness import Kube, emulated_cluster, eventually, operator
-from tests.operator.kubelet import V5P_16_LABELS, FakeTpuCluster
-from tests.operator.test_operator_reconcile import EXAMPLE, NS
+from tests.support.fake_kubelet import V5P_16_LABELS, FakeTpuCluster
+from tests.support.operator_example import EXAMPLE, NS
+from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
 
 pytestmark = pytest.mark.asyncio
 

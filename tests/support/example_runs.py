@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.helpers import read_report, run_cli, write_job
+from tests.support.cli_runs import read_report, run_cli, write_job
 
 STEPS = 120
 """Steps of every acceptance run: checkpoints every 5 steps, a persistent one every 50."""

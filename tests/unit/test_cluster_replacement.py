@@ -10,7 +10,7 @@ import asyncio
 
 from slicekeeper.supervisor.coordination import JobState, Leader
 
-from tests.unit.test_leader_coordination import Member, coordinator, eventually, join, run
+from tests.support.fake_members import Member, coordinator, eventually, join, run
 
 TIMEOUT = 0.5
 

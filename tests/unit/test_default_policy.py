@@ -4,7 +4,6 @@ import itertools
 
 import pytest
 
-from slicekeeper.default_policy import EscalationLadder
 from slicekeeper.policy import (
     HOOK_NAMES,
     Budget,
@@ -28,6 +27,7 @@ from slicekeeper.policy import (
     World,
     check_action,
 )
+from slicekeeper.policy.default import EscalationLadder
 
 NOW = 10_000.0
 LADDER = EscalationLadder()

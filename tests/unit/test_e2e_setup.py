@@ -14,9 +14,9 @@ import pytest
 from slicekeeper.operator.render import NODE_POOL_LABEL, TPU_RESOURCE, render
 
 from slicekeeper.api import load_training_job, parse_training_job
-from tests.e2e import cluster
-from tests.e2e.fake_tpu_nodes import FakeTpuNode, plan
-from tests.helpers import EXAMPLE
+from tests.support import e2e_cluster as cluster
+from tests.support.cli_runs import EXAMPLE
+from tests.support.fake_tpu_nodes import FakeTpuNode, plan
 
 KIND_WORKERS = ["kind-worker", *(f"kind-worker{i}" for i in range(2, 8))]
 

@@ -1,6 +1,6 @@
 """The leader carries out the policy: scale down by whole slices, back up, replace stragglers.
 
-A real Leader over TCP with fake members (tests.unit.test_leader_coordination's harness): two slices
+A real Leader over TCP with fake members (tests/support/fake_members.py): two slices
 of two hosts, the default escalation ladder unless a test loads a user policy file.
 """
 
@@ -11,8 +11,8 @@ from typing import Any
 
 from slicekeeper.supervisor.coordination import JobState, Leader
 
-from slicekeeper.policy_engine import PolicyEngine, load_policy
-from tests.unit.test_leader_coordination import Member, coordinator, eventually, join, run
+from slicekeeper.policy.engine import PolicyEngine, load_policy
+from tests.support.fake_members import Member, coordinator, eventually, join, run
 
 
 class Job:

@@ -1,69 +1,15 @@
 """The leader turns the first fault of a generation into one restart of every host, within a budget.
 
-Every test drives a real Leader over TCP on 127.0.0.1 with fake members speaking JSON lines.
+Every test drives a real Leader over TCP on 127.0.0.1 with fake members speaking JSON lines
+(tests/support/fake_members.py).
 """
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 from slicekeeper.supervisor.coordination import JobState, Leader
 
-from slicekeeper import protocol
-
-WAIT = 5.0
-"""Seconds any single wait may take before the test fails instead of hanging."""
-
-
-def run(scenario: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(scenario(), 3 * WAIT))
-
-
-def coordinator(generation: int, rank0: int = 0) -> str:
-    return f"10.0.0.1:{8476 + generation}"
-
-
-class Member:
-    """One fake host supervisor connected to the leader."""
-
-    def __init__(self, host: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.host = host
-        self.reader = reader
-        self.writer = writer
-
-    async def send(self, message_type: str, **fields: Any) -> None:
-        self.writer.write(protocol.encode({"type": message_type, "host": self.host, **fields}))
-        await self.writer.drain()
-
-    async def receive(self) -> dict[str, Any]:
-        line = await asyncio.wait_for(self.reader.readline(), WAIT)
-        assert line, f"host {self.host}: the leader closed the connection"
-        return protocol.decode(line)
-
-    async def fault(self, generation: int, kind: str = "crash", t: float = 100.0) -> None:
-        await self.send("fault", generation=generation, kind=kind, detail="workload exited with 1", t=t)
-
-    async def progress(self, generation: int, step: int, t: float) -> None:
-        await self.send("progress", generation=generation, step=step, loss=1.0, t=t)
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-async def eventually(predicate: Callable[[], bool]) -> None:
-    """Wait until the leader (in this event loop) has processed what the test sent."""
-    async with asyncio.timeout(WAIT):
-        while not predicate():
-            await asyncio.sleep(0.005)
-
-
-async def join(port: int, hosts: int) -> list[Member]:
-    members = []
-    for host in range(hosts):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        members.append(Member(host, reader, writer))
-    return members
+from tests.support.fake_members import Member, coordinator, eventually, join, run
 
 
 async def running_job(
@@ -167,11 +113,59 @@ def test_a_watcher_gets_the_job_status():
 def test_a_fault_on_one_host_stops_every_member():
     async def scenario():
         leader, members = await running_job(hosts=3)
-        await members[1].fault(0, kind="hang")
+        await members[1].fault(0, kind="crash")
         for member in members:
-            assert await member.receive() == {"type": "stop", "generation": 0, "kind": "hang"}
+            assert await member.receive() == {"type": "stop", "generation": 0, "kind": "crash", "host": 1}
         assert leader.state is JobState.STOPPING
-        assert leader.restarts == {"hang": 1}
+        assert leader.restarts == {"crash": 1}
+        await shut(leader, members)
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("stopped", [0, 1, 2])
+def test_a_hang_is_stopped_and_decided_as_the_host_that_stopped_not_the_one_that_noticed(stopped):
+    async def scenario():
+        leader, members = await running_job(hosts=3)
+        reporter = (stopped + 1) % 3
+        await members[reporter].fault(0, kind="hang")
+        await members[(stopped + 2) % 3].fault(0, kind="hang")  # the same stall, noticed again
+        for member in members:  # the leader asks every host where its workload is, once
+            assert await member.receive() == {"type": "activity_request", "generation": 0}
+            stage = "begun" if member.host == stopped else "work_done"
+            await member.send(
+                "activity", generation=0, step=12, stage=stage, phase="idle", silent_seconds=2.0
+            )
+        for member in members:
+            assert await member.receive() == {
+                "type": "stop",
+                "generation": 0,
+                "kind": "hang",
+                "host": stopped,
+            }
+        [detection] = leader.detections
+        assert detection.host == stopped
+        assert f"noticed by host {reporter}; host {stopped} is in its own work of step 12" in detection.detail
+        await eventually(lambda: len(leader.remediation.decisions) == 1)
+        assert leader.remediation.decisions[0]["event"]["host"] == stopped
+        await shut(leader, members)
+
+    run(scenario)
+
+
+def test_a_hang_is_named_after_a_host_that_does_not_say_where_it_is():
+    async def scenario():
+        leader, members = await running_job(hosts=3)
+        await members[0].fault(0, kind="hang")
+        for member in members:
+            assert await member.receive() == {"type": "activity_request", "generation": 0}
+            if member.host != 2:  # host 2's supervisor is as stuck as its workload
+                await member.send(
+                    "activity", generation=0, step=5, stage="work_done", phase="idle", silent_seconds=2
+                )
+        for member in members:
+            assert await member.receive() == {"type": "stop", "generation": 0, "kind": "hang", "host": 2}
+        assert "the supervisor of host 2 did not answer" in leader.detections[0].detail
         await shut(leader, members)
 
     run(scenario)
@@ -260,6 +254,7 @@ def test_a_second_fault_of_the_same_generation_is_ignored():
     async def scenario():
         leader, members = await running_job(hosts=2)
         await members[0].fault(0, kind="crash")
+        await eventually(lambda: leader.state is JobState.STOPPING)
         await members[1].fault(0, kind="hang")  # the same stall seen from the other host
         for member in members:
             assert (await member.receive())["type"] == "stop"
@@ -319,7 +314,7 @@ def test_once_the_restart_budget_is_spent_the_next_fault_fails_the_job_on_every_
     async def scenario():
         leader, members = await running_job(hosts=2, max_restarts=1)
         await restart(members, generation=0)
-        await members[1].fault(1, kind="hang")
+        await members[1].fault(1, kind="crash")
         for member in members:
             message = await member.receive()
             assert message["type"] == "fail"

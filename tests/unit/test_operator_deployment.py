@@ -18,7 +18,7 @@ from slicekeeper.operator.main import LIVENESS
 from slicekeeper.operator.render import render
 
 from slicekeeper.api import load_training_job
-from tests.helpers import EXAMPLE, ROOT
+from tests.support.cli_runs import EXAMPLE, ROOT
 
 OPERATOR = ROOT / "operator" / "manifests" / "operator.yaml"
 RBAC = ROOT / "operator" / "manifests" / "rbac.yaml"

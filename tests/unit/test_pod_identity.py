@@ -15,7 +15,7 @@ from slicekeeper.supervisor.pod_plan import pod_plan
 from slicekeeper import protocol
 from slicekeeper.api import load_training_job, parse_training_job
 from slicekeeper.errors import UserError
-from tests.helpers import ROOT
+from tests.support.cli_runs import ROOT
 
 EXAMPLE = ROOT / "examples" / "trainingjob.yaml"
 POLICY = "from slicekeeper.policy import Ignore\n\n\ndef on_straggler(event, context):\n    return Ignore()\n"

@@ -18,7 +18,7 @@ from slicekeeper.operator.render import (
 )
 
 from slicekeeper.api import load_training_job, parse_training_job
-from tests.helpers import ROOT, run_cli
+from tests.support.cli_runs import ROOT, run_cli
 
 EXAMPLE = ROOT / "examples" / "trainingjob.yaml"
 KUBERNETES_VERSION = "1.31"

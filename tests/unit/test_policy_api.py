@@ -421,8 +421,63 @@ def test_the_feasible_versions_pass_the_check():
 
 def test_the_policy_api_imports_nothing_outside_the_standard_library():
     code = (
-        "import sys, slicekeeper.policy, slicekeeper.default_policy\n"
+        "import sys, slicekeeper.policy, slicekeeper.policy.default\n"
         "print(sorted(m for m in ('pydantic', 'yaml', 'jax', 'numpy') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+PUBLIC_NAMES = (
+    "ACTION_TYPES",
+    "ALLOWED_ACTIONS",
+    "EVENT_TYPES",
+    "FAULT_KINDS",
+    "HOOK_NAMES",
+    "Action",
+    "ActionName",
+    "Budget",
+    "CapacityReturned",
+    "CheckpointInvalid",
+    "Context",
+    "Crash",
+    "Decision",
+    "DecisionSource",
+    "Event",
+    "EventKind",
+    "Fail",
+    "Hang",
+    "HostEvent",
+    "HostLost",
+    "Ignore",
+    "Level",
+    "Policy",
+    "ReplaceHost",
+    "RestartInJob",
+    "ScaleDown",
+    "ScaleUp",
+    "Straggler",
+    "Wait",
+    "World",
+    "check_action",
+)
+"""Every public name of the single module slicekeeper/policy.py, before it became a package."""
+
+
+def test_a_policy_files_imports_come_from_the_package_which_loads_no_engine():
+    # A user's policy file imports these by name (or with *, or as `policy.X`); the package must offer
+    # them all without loading the engine, replay or the default ladder, which import the package.
+    code = (
+        "import json, sys\n"
+        f"from slicekeeper.policy import {', '.join(PUBLIC_NAMES)}\n"
+        "from slicekeeper import policy\n"
+        f"missing = [n for n in {PUBLIC_NAMES!r} if not hasattr(policy, n)]\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('slicekeeper'))\n"
+        "print(json.dumps({'missing': missing, 'all': sorted(policy.__all__), 'loaded': loaded}))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    found = json.loads(result.stdout)
+    assert found["missing"] == []
+    assert found["all"] == sorted(PUBLIC_NAMES)
+    for heavy in ("engine", "replay", "default"):
+        assert f"slicekeeper.policy.{heavy}" not in found["loaded"]

@@ -7,8 +7,8 @@ import pytest
 from slicekeeper import api, cli
 from slicekeeper.errors import UserError
 from slicekeeper.policy import HostLost, World
-from slicekeeper.policy_engine import PolicyEngine
-from slicekeeper.policy_replay import append_to_log
+from slicekeeper.policy.engine import PolicyEngine
+from slicekeeper.policy.replay import append_to_log
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE_JOB = ROOT / "examples" / "trainingjob.yaml"

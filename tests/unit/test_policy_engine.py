@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from slicekeeper import api
-from slicekeeper.default_policy import EscalationLadder
 from slicekeeper.errors import UserError
 from slicekeeper.policy import (
     CapacityReturned,
@@ -25,7 +24,8 @@ from slicekeeper.policy import (
     Wait,
     World,
 )
-from slicekeeper.policy_engine import KNOWN_HOOKS, BudgetLedger, PolicyEngine, load_policy
+from slicekeeper.policy.default import EscalationLadder
+from slicekeeper.policy.engine import KNOWN_HOOKS, BudgetLedger, PolicyEngine, load_policy
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples" / "policies").glob("*.py"))
 HEADER = "from slicekeeper.policy import *\n"
@@ -128,7 +128,7 @@ def test_hooks_may_have_extra_optional_parameters_or_be_borrowed_from_the_ladder
         policy_file(
             tmp_path,
             """
-            from slicekeeper.default_policy import EscalationLadder
+            from slicekeeper.policy.default import EscalationLadder
             on_host_lost = EscalationLadder().on_host_lost
             on_straggler = lambda event, context: Ignore()
             def on_crash(event, context, verbose=False):

@@ -19,8 +19,8 @@ from slicekeeper.policy import (
     Straggler,
     World,
 )
-from slicekeeper.policy_engine import PolicyEngine, load_policy
-from slicekeeper.policy_replay import append_to_log, format_replay, log_record, read_log, replay
+from slicekeeper.policy.engine import PolicyEngine, load_policy
+from slicekeeper.policy.replay import append_to_log, format_replay, log_record, read_log, replay
 
 NO_HOT_SWAP = Path(__file__).parents[2] / "examples" / "policies" / "no_hot_swap.py"
 FULL = World(active_slices=(0, 1), full_slices=2, min_slices=1, hosts_per_slice=2, devices_per_host=2)

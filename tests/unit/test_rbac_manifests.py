@@ -10,7 +10,7 @@ import yaml
 from slicekeeper.operator.render import manifests, render
 
 from slicekeeper.api import load_training_job
-from tests.helpers import ROOT
+from tests.support.cli_runs import ROOT
 
 RBAC = ROOT / "operator" / "manifests" / "rbac.yaml"
 PLURALS = {"Service": "services", "ConfigMap": "configmaps", "Pod": "pods"}

@@ -17,7 +17,7 @@ from slicekeeper.supervisor.metrics import SupervisorMetrics
 from slicekeeper.supervisor.persistent_tier import StoreReads
 
 from slicekeeper.goodput import BADPUT, Category, GoodputAccountant
-from tests.helpers import documented_metrics
+from tests.support.cli_runs import documented_metrics
 
 
 def accountant_with_history() -> GoodputAccountant:

@@ -3,6 +3,8 @@
 The policy objects (slicekeeper.policy) travel as JSON in the leader's event log and in the report;
 replay reads them back from files a person may have edited, so every field is checked against its
 declared type (int, float, str, `X | None`, `tuple[int, ...]`) with a message naming it. Stdlib only.
+Named codec, not json, so that no one mistakes it for the standard library's `json` (which replay
+imports next to it).
 """
 
 from __future__ import annotations

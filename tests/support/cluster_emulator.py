@@ -15,7 +15,7 @@ Writes (create, patch, delete) are committed here, not by kmock, one at a time:
   merge patch naming another `resourceVersion` with 409; a strategic merge patch of a custom resource
   with 415 (the API server has no patch strategy for it);
 - TrainingJobs are pruned, defaulted and validated by the CRD's schema (`crds/trainingjob.yaml`,
-  tests/operator/structural_schema.py); an invalid one is refused with 422;
+  tests/support/structural_schema.py); an invalid one is refused with 422;
 - deletion: an object with finalizers gets a `deletionTimestamp` and goes when the last finalizer
   does; the garbage collector then deletes its dependents (owner references, background
   propagation), and an object created for owners that are all gone is collected at once;
@@ -63,11 +63,11 @@ from kmock import KubernetesEmulator, KubernetesError, resource
 from kmock._internal import dsl, enums, k8s_dicts, rendering
 from kmock._internal.apps import RawHandler
 
-from tests.operator.structural_schema import StructuralSchema, crd_schema
+from tests.support.structural_schema import StructuralSchema, crd_schema
 
 TRAININGJOBS = "slicekeeper.dev/v1alpha1/trainingjobs"
 PODS, NODES = resource("v1/pods"), resource("v1/nodes")
-CRD_FILE = Path(__file__).resolve().parents[1] / "crds" / "trainingjob.yaml"
+CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "trainingjob.yaml"
 HISTORY_SIZE = 1000
 """Watch events kept per resource, to replay to a watch that resumes from a resourceVersion."""
 

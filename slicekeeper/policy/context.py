@@ -1,17 +1,15 @@
-"""The policy API: what a user's policy file imports to decide what happens on each fault.
+"""What a hook sees and how its answer is checked: the context, budgets, decisions, `check_action`.
 
-A policy is a set of hooks, `on_crash(event, context) -> Action` and so on, one per event kind. This
-module is what a policy file imports: everything a hook sees and returns, as frozen data. The events
-(a fault or a change of capacity, slicekeeper.policy_events) and the actions with the table of which
-actions each event allows (slicekeeper.policy_actions) are re-exported here; the read-only context
-(history, budgets, spares, scores, the current world) and the check of an answer live here. The
-engine (slicekeeper.policy_engine) calls the hooks, checks their answers with `check_action` and
-falls back to the default policy (slicekeeper.default_policy) when a hook fails; the leader applies
-the action.
+A hook is called as `on_crash(event, context)`; this module defines that read-only `Context` (the
+job's history of decisions, each ladder level's `Budget`, spares, straggler scores and the current
+`World`), the `Decision` the engine records, the `Policy` protocol a complete policy satisfies, and
+`check_action`, the one check of whether an answer is allowed for its event and feasible now. The
+engine (slicekeeper.policy.engine) refuses any answer `check_action` finds a problem with and falls
+back to the default policy (slicekeeper.policy.default).
 
-Stdlib only: a policy file must import this module in any process, without jax or the supervisor.
-Every object converts to JSON and back (`to_json` / `from_json`): the leader logs each decision with
-its context, and `slicekeeper policy replay` re-reads that log.
+Part of the policy API; users import these names from slicekeeper.policy. Stdlib only, like the rest
+of that package's API; every object converts to JSON and back (`to_json` / `from_json`) for the
+leader's event log and `slicekeeper policy replay`.
 """
 
 from __future__ import annotations
@@ -23,22 +21,18 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from slicekeeper.policy_actions import (
+from slicekeeper.policy.actions import (
     ACTION_TYPES,
     ALLOWED_ACTIONS,
     Action,
-    ActionName,
-    Fail,
-    Ignore,
     Level,
     ReplaceHost,
-    RestartInJob,
     ScaleDown,
     ScaleUp,
     Wait,
 )
-from slicekeeper.policy_events import (
-    EVENT_TYPES,
+from slicekeeper.policy.codec import fields_from_json, fields_to_json, mapping, typed
+from slicekeeper.policy.events import (
     FAULT_KINDS,
     CapacityReturned,
     CheckpointInvalid,
@@ -50,7 +44,6 @@ from slicekeeper.policy_events import (
     HostLost,
     Straggler,
 )
-from slicekeeper.policy_json import fields_from_json, fields_to_json, mapping, typed
 
 # --- what a hook sees -------------------------------------------------------------------------------
 
@@ -397,38 +390,3 @@ def _level(value: Any, what: str) -> Level:
     if value not in Level.__members__.values():
         raise ValueError(f"{what}: unknown level {value!r} (known: {', '.join(Level)})")
     return Level(value)
-
-
-__all__ = [
-    "ACTION_TYPES",
-    "ALLOWED_ACTIONS",
-    "EVENT_TYPES",
-    "FAULT_KINDS",
-    "HOOK_NAMES",
-    "Action",
-    "ActionName",
-    "Budget",
-    "CapacityReturned",
-    "CheckpointInvalid",
-    "Context",
-    "Crash",
-    "Decision",
-    "DecisionSource",
-    "Event",
-    "EventKind",
-    "Fail",
-    "Hang",
-    "HostEvent",
-    "HostLost",
-    "Ignore",
-    "Level",
-    "Policy",
-    "ReplaceHost",
-    "RestartInJob",
-    "ScaleDown",
-    "ScaleUp",
-    "Straggler",
-    "Wait",
-    "World",
-    "check_action",
-]

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "examples" / "trainingjob.yaml"
 SDK_LOOP = ROOT / "examples" / "sdk_loop.py"
 

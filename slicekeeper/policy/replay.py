@@ -17,7 +17,7 @@ from typing import Any
 
 from slicekeeper.errors import UserError
 from slicekeeper.policy import Context, Decision, DecisionSource, Event, Fail
-from slicekeeper.policy_engine import PolicyEngine
+from slicekeeper.policy.engine import PolicyEngine
 
 EVENT_LOG_NAME = "policy-events.jsonl"
 """The file the leader writes next to the report."""

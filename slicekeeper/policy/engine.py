@@ -27,7 +27,6 @@ from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, Any
 
-from slicekeeper.default_policy import EscalationLadder
 from slicekeeper.errors import UserError
 from slicekeeper.policy import (
     HOOK_NAMES,
@@ -44,6 +43,7 @@ from slicekeeper.policy import (
     World,
     check_action,
 )
+from slicekeeper.policy.default import EscalationLadder
 
 if TYPE_CHECKING:
     from slicekeeper.api import PolicyRef

@@ -1,5 +1,5 @@
 """What a Kubernetes API server does with a CustomResourceDefinition's structural schema on every
-write of a custom resource: prune, default, validate (for tests/cluster_emulator.py).
+write of a custom resource: prune, default, validate (for tests/support/cluster_emulator.py).
 
 The operator's tests run against an emulated API server; without this, a TrainingJob there keeps
 fields a real API server drops (so code that reads them works only in the tests), misses the

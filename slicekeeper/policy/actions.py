@@ -12,8 +12,8 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from slicekeeper.policy_events import EventKind
-from slicekeeper.policy_json import fields_from_json, fields_to_json, is_int, mapping, require
+from slicekeeper.policy.codec import fields_from_json, fields_to_json, is_int, mapping, require
+from slicekeeper.policy.events import EventKind
 
 
 class ActionName(StrEnum):

@@ -15,8 +15,8 @@ pool (the slice affinity) and off the node it failed on, and each node has room 
 One more worker must stay plain (no taint): the operator's Deployment runs there, since kind's
 control-plane node is tainted too. Workers are taken in name order; running it again is harmless.
 
-    python tests/e2e/fake_tpu_nodes.py                     # for examples/trainingjob.yaml
-    python tests/e2e/fake_tpu_nodes.py my-job.yaml --dry-run
+    python tests/support/fake_tpu_nodes.py                 # for examples/trainingjob.yaml
+    python tests/support/fake_tpu_nodes.py my-job.yaml --dry-run
 
 Uses the current kubeconfig context (KUBECONFIG or ~/.kube/config; `--context` to choose). See
 docs/kind.md.

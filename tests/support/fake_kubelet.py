@@ -29,9 +29,9 @@ control plane and kubelets would, through the same API the operator watches:
 Pods reach the API server with a kubeconfig (KUBECONFIG) instead of a service-account token.
 
 The loop tolerates what a restarting or busy API server causes (connection errors, 429 and 5xx, a
-pod deleted or changed meanwhile: the statuses in harness.TRANSIENT_STATUSES) and retries the round;
+pod deleted or changed meanwhile: the statuses in operator_harness.TRANSIENT_STATUSES) and retries the round;
 any other error is a bug in this fake: it is recorded with `Kube.fail`, which fails the test at once
-with its traceback (tests/operator/harness.py), and the loop stops.
+with its traceback (tests/support/operator_harness.py), and the loop stops.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import aiohttp
 import yaml
 from slicekeeper.supervisor.pod_plan import RUN_DIR
 
-from tests.operator.harness import TRANSIENT_STATUSES, ApiError, Kube
+from tests.support.operator_harness import TRANSIENT_STATUSES, ApiError, Kube
 
 V5P_16_LABELS = {
     "cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
@@ -492,7 +492,7 @@ class FakeTpuCluster:
 
 def transient(error: Exception) -> bool:
     """An error a controller retries: the API server unreachable, busy or restarting, or the object
-    changed or gone meanwhile (see harness.TRANSIENT_STATUSES)."""
+    changed or gone meanwhile (see operator_harness.TRANSIENT_STATUSES)."""
     if isinstance(error, ApiError):
         return error.status in TRANSIENT_STATUSES
     return isinstance(error, aiohttp.ClientConnectionError | asyncio.TimeoutError)

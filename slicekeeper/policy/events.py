@@ -11,7 +11,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from slicekeeper.policy_json import fields_from_json, fields_to_json, mapping
+from slicekeeper.policy.codec import fields_from_json, fields_to_json, mapping
 
 
 class EventKind(StrEnum):

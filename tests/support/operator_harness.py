@@ -1,12 +1,12 @@
 """The operator under test: the real kopf operator, in this process, against the emulated API server.
 
-`emulated_cluster()` starts the emulator (tests/cluster_emulator.py) and yields a `Kube` to act as a
+`emulated_cluster()` starts the emulator (tests/support/cluster_emulator.py) and yields a `Kube` to act as a
 user (apply, delete), as the scheduler, kubelet and node controller (bind a pod, set a pod's or
 node's status, through the status subresource as they do), and to read the state; `operator()` runs
 the operator against it until its block ends.
 
 A failure in the test's own machinery fails the test at once, with its traceback: the emulator's
-internal errors and the fake kubelet's (tests/operator/kubelet.py) are recorded with `Kube.fail` and
+internal errors and the fake kubelet's (tests/support/fake_kubelet.py) are recorded with `Kube.fail` and
 raised by the next `eventually` and when `emulated_cluster()` ends, instead of surfacing as a
 timeout minutes later. Errors a restarting or busy API server causes are the kubelet's to tolerate
 (`TRANSIENT_STATUSES`, connection errors); they are not failures.
@@ -27,7 +27,7 @@ from kmock._internal.apps import Server
 from slicekeeper.operator.cluster import Cluster, client_configuration
 from slicekeeper.operator.handlers import register
 
-from tests.cluster_emulator import TRAININGJOBS, ClusterEmulator
+from tests.support.cluster_emulator import TRAININGJOBS, ClusterEmulator
 
 JOBS_PATH = "/apis/slicekeeper.dev/v1alpha1/namespaces/{namespace}/trainingjobs"
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}

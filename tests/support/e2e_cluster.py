@@ -1,9 +1,10 @@
-"""Helpers of the opt-in end-to-end tests (test_cluster_e2e.py): a real cluster, the official client.
+"""Helpers of the opt-in end-to-end tests (tests/e2e/): a real cluster, the official client.
 
 Each test gets its own namespace (with the supervisors' service account and Role from
 operator/manifests/rbac.yaml, which the pods run as), waits on the TrainingJob's status, pods and
 events by polling, and says on timeout what it saw last. Nodes it cordons are uncordoned when the
-test ends, whatever happened.
+test ends, whatever happened. The jobs they create are checked offline, without a cluster, by
+tests/unit/test_e2e_setup.py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 import urllib3
 import yaml
 
-from tests.helpers import EXAMPLE, ROOT
+from tests.support.cli_runs import EXAMPLE, ROOT
 
 GROUP, VERSION, PLURAL = "slicekeeper.dev", "v1alpha1", "trainingjobs"
 JOB = "tiny-lm"

@@ -1,0 +1,152 @@
+"""Which host stopped: naming the culprit of a hang from where every host's workload was.
+
+A hang stalls every host of a job: the host that stopped holds up the step's collective, and every
+other host waits in it. Each supervisor's hang timer sees silence, and whichever fires first reports
+it; that is rarely the host that stopped. So at a hang report the leader asks every host where its
+workload is (`Activity`, from the workload's SDK events) and names the host that is furthest behind:
+
+    stage of a host = (step, how far into it): begun < own work done < ended
+
+The host that stopped inside its own work of step S is at (S, begun) while the others finished their
+own work and wait at (S, work done); a host that stopped between steps (a checkpoint save after S) is
+at (S, ended) while the others began S+1. A host whose supervisor does not answer at all (its whole
+machine hung) is further behind than any. Among hosts equally far behind, the one silent longest is
+named. When every host is at the same stage there is no evidence (a collective hung as a whole, or a
+loop that never calls `work_done()`): the reporter is named and the reason says so.
+
+Silence is measured by each supervisor on its own clock (seconds since the workload's last event), so
+hosts' clocks need not agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from slicekeeper.protocol import Phase
+
+
+class Stage(IntEnum):
+    """How far a host got into its latest step."""
+
+    BEGUN = 0
+    WORK_DONE = 1
+    """Its own work is done: it waits for the others in the step's collective."""
+    ENDED = 2
+
+
+@dataclass(frozen=True)
+class Activity:
+    """Where one host's workload was when asked (from its SDK events)."""
+
+    step: int
+    """The latest step begun or ended (0 before the first step of a start from scratch)."""
+    stage: Stage
+    phase: str
+    """The phase it reported last (`idle` in or between steps)."""
+    silent_seconds: float
+    """Seconds since its last event, on the answering supervisor's clock."""
+
+    def to_message(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "stage": self.stage.name.lower(),
+            "phase": self.phase,
+            "silent_seconds": round(self.silent_seconds, 3),
+        }
+
+    @classmethod
+    def from_message(cls, message: Mapping[str, Any]) -> Activity:
+        return cls(
+            int(message["step"]),
+            Stage[str(message["stage"]).upper()],
+            str(message["phase"]),
+            float(message["silent_seconds"]),
+        )
+
+    def where(self) -> str:
+        where = {
+            Stage.BEGUN: f"in its own work of step {self.step}",
+            Stage.WORK_DONE: f"waiting for the other hosts in step {self.step}",
+            Stage.ENDED: f"after step {self.step}",
+        }[self.stage]
+        return where if self.phase == Phase.IDLE else f"{where} ({self.phase})"
+
+    def describe(self) -> str:
+        return f"{self.where()}, silent {self.silent_seconds:.1f} s"
+
+
+class ActivityTracker:
+    """A supervisor's view of its workload's progress, fed with the SDK's events."""
+
+    def __init__(self) -> None:
+        self._step = 0
+        self._stage = Stage.ENDED
+        self._phase = Phase.IDLE.value
+        self._last = 0.0
+
+    def restart(self, now: float, restore_step: int | None) -> None:
+        """A new workload process: it resumes after `restore_step`."""
+        self._step, self._stage, self._phase, self._last = (
+            restore_step or 0,
+            Stage.ENDED,
+            Phase.IDLE.value,
+            now,
+        )
+
+    def phase(self, now: float, phase: str) -> None:
+        self._phase, self._last = phase, now
+
+    def step_begun(self, now: float, step: int) -> None:
+        self._step, self._stage, self._phase, self._last = step, Stage.BEGUN, Phase.IDLE.value, now
+
+    def work_done(self, now: float, step: int) -> None:
+        if step == self._step and self._stage is Stage.BEGUN:
+            self._stage, self._last = Stage.WORK_DONE, now
+
+    def step_ended(self, now: float, step: int) -> None:
+        self._step, self._stage, self._last = step, Stage.ENDED, now
+
+    def other(self, now: float) -> None:
+        """Any other event (a checkpoint saved, ...): the workload is alive, its stage unchanged."""
+        self._last = now
+
+    def snapshot(self, now: float) -> Activity:
+        return Activity(self._step, self._stage, self._phase, max(0.0, now - self._last))
+
+
+@dataclass(frozen=True)
+class Culprit:
+    host: int
+    reason: str
+    certain: bool
+    """False when no host stood out (the reporter is named for want of evidence)."""
+
+
+def name_culprit(activities: Mapping[int, Activity | None], reporter: int) -> Culprit:
+    """The host a hang is attributed to. `activities` holds every host of the running world; None
+    for a host whose supervisor did not answer."""
+    silent = sorted(host for host, activity in activities.items() if activity is None)
+    if silent:
+        host = reporter if reporter in silent else silent[0]
+        return Culprit(host, f"the supervisor of host {host} did not answer", certain=True)
+    answered = {host: activity for host, activity in activities.items() if activity is not None}
+    if not answered:
+        return Culprit(reporter, "no host answered", certain=False)
+
+    def behind(host: int) -> tuple[int, int, float]:
+        activity = answered[host]
+        return (activity.step, int(activity.stage), -activity.silent_seconds)
+
+    if len({(a.step, a.stage) for a in answered.values()}) == 1:
+        where = answered.get(reporter) or next(iter(answered.values()))
+        return Culprit(reporter, f"no host stands out: every host is {where.where()}", certain=False)
+    host = min(answered, key=lambda h: (*behind(h), h))
+    others = sorted({answered[h].where() for h in answered if h != host})
+    return Culprit(
+        host,
+        f"host {host} is {answered[host].describe()}; the others are {' or '.join(others)}",
+        certain=True,
+    )
