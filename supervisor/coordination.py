@@ -26,9 +26,12 @@ next generation's start applies it:
 
 A member whose connection drops is a lost host (its machine is gone). Straggler findings (from the
 per-host own-work times in `progress`) and spares registering while the job is scaled down are events
-too, decided while the job runs. The leader also commits persistent checkpoints once every active
-host's shard of a step is uploaded. Watchers (the local runtime's progress display) receive status
-and events.
+too, decided while the job runs. A hang is decided as the host that stopped (supervisor.culprit). The
+leader also commits persistent checkpoints once every active host's shard of a step is uploaded.
+Watchers (the local runtime's progress display) receive status and events.
+
+What the job has been through (`self.memory`, supervisor.job_memory) is kept apart from the leader's
+connections and timers, as a value a leader taking over can carry on.
 """
 
 from __future__ import annotations
@@ -39,14 +42,13 @@ import dataclasses
 import json
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor.culprit import Activity, name_culprit
+from slicekeeper.supervisor.job_memory import Detection, FaultRecord, JobMemory, JobState
 from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.remediation import Remediation
 from slicekeeper.supervisor.restore_plan import Holdings, RestorePlan, Tier, plan_restore
@@ -69,14 +71,6 @@ one that does not answer in time is taken for the host that stopped."""
 
 WATCHER_BUFFER_LIMIT = 1 << 20
 """Bytes of status lines a watcher may fall behind by before it is dropped."""
-
-
-class JobState(StrEnum):
-    REGISTERING = "registering"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
 
 
 @dataclass
@@ -107,41 +101,6 @@ class Spare:
     metrics_port: int | None
 
 
-@dataclass
-class FaultRecord:
-    """An injected fault and what the job made of it (times are Unix seconds)."""
-
-    kind: str
-    host: int
-    step: int
-    fired_at: float
-    generation: int
-    """The generation the fault fired in; only a detection in that generation is its detection."""
-    detected_at: float | None = None
-    detected_as: str | None = None
-    resumed_at: float | None = None
-    """First step completed after the restart it caused."""
-    productive_at: float | None = None
-    """First step completed beyond the job's high-water mark after that restart."""
-    high_water_at_detection: int = 0
-    detected_in_generation: int = -1
-    spec: str = ""
-    """The fault as written in --chaos, so that a spare never fires a fault its host already fired."""
-    disruptive: bool = True
-    """False for faults that stop nothing by themselves (corrupt): no detection is theirs."""
-    detail: str = ""
-
-
-@dataclass
-class Detection:
-    kind: str
-    host: int
-    generation: int
-    detected_at: float
-    detail: str
-    restore_step: int | None = None
-
-
 async def send(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
     writer.write(protocol.encode(message))
     with contextlib.suppress(ConnectionError):
@@ -168,6 +127,8 @@ class Leader:
         log_events: bool = False,
     ) -> None:
         self.hosts = hosts
+        self.memory = JobMemory(started_at=time.time())
+        """The job's memory (supervisor.job_memory): what a leader that takes over carries on."""
         self.log_events = log_events
         """Print every event on stderr: in a pod, where no runtime watches, the leader pod's log
         (`kubectl logs <job>-s0-w0`) tells the job's story."""
@@ -192,51 +153,23 @@ class Leader:
         self.max_restarts = max_restarts
         self.max_restarts_without_progress = max_restarts_without_progress
         self._progress_this_generation = False
-        self._restarts_without_progress = 0
         self._coordinator_address = coordinator_address
         self._summary_path = summary_path
-        self.state = JobState.REGISTERING
-        self.generation = 0
         self.status = {h: HostStatus() for h in range(hosts)}
         self._members: dict[int, asyncio.StreamWriter] = {}
         self._spares: list[Spare] = []
         self.persistent = persistent
         self._persistent_keep = persistent_keep
-        self._persisted: dict[int, set[int]] = {}
-        """step -> hosts whose shard of it is uploaded to the persistent tier."""
-        self.persistent_committed: set[int] = set()
-        self._persistent_owners: dict[int, set[int]] = {}
-        """Committed persistent step -> hosts whose shard it holds (the world of that step)."""
         self._tasks: set[asyncio.Future[None]] = set()
-        self.job_invalid: set[int] = set()
-        """Steps no host may restore (a restore of them gave a non-finite loss)."""
-        self.restores: list[dict[str, Any]] = []
-        """One entry per host and restore: the step and tier staged, and the step its workload loaded."""
-        self.recoveries: list[dict[str, Any]] = []
-        """One entry per start from a checkpoint: what stopped the job, what every host held, which
-        step was restored and how many steps are executed again."""
         self._first_start_under_way = False
         self._activities: dict[int, Activity] | None = None
         """While a hang's culprit is being named: the members' answers so far (else None)."""
         self._activities_in = asyncio.Event()
-        self._stop_cause: dict[str, Any] | None = None
-        """What stopped the running generation (kind, host, time, the job's high-water mark then)."""
-        self.persistent_commits: list[dict[str, Any]] = []
-        """Each persistent step committed by this leader, with its time."""
-        self.hot_swaps: list[dict[str, Any]] = []
-        self.failed_saves: Counter[str] = Counter()
         self._watchers: list[asyncio.StreamWriter] = []
         self._stopped: set[int] = set()
         self._finished: dict[int, dict[str, Any]] = {}
-        self.restarts: Counter[str] = Counter()
-        self.faults: list[FaultRecord] = []
-        self.detections: list[Detection] = []
-        self.high_water = 0
-        self._awaiting_resume: list[FaultRecord] = []
-        self.failure_reason: str | None = None
         self._ack_deadline: asyncio.TimerHandle | None = None
         self._overdue: asyncio.Future[None] | None = None
-        self.started_at = time.time()
         self._server: asyncio.Server | None = None
         self.done = asyncio.Event()
 
@@ -268,10 +201,13 @@ class Leader:
                 self._watchers.remove(writer)
             for spare in [s for s in self._spares if s.writer is writer]:
                 self._spares.remove(spare)
-                if self.state not in (JobState.SUCCEEDED, JobState.FAILED):  # else: shut down with the job
+                if self.memory.state not in (
+                    JobState.SUCCEEDED,
+                    JobState.FAILED,
+                ):  # else: shut down with the job
                     await self._event(f"spare {spare.spare} ({spare.machine}) lost while idle")
             for host, member in list(self._members.items()):
-                if member is writer and self.state not in (JobState.SUCCEEDED, JobState.FAILED):
+                if member is writer and self.memory.state not in (JobState.SUCCEEDED, JobState.FAILED):
                     await self._host_lost(host)
 
     async def _broadcast(self, message: dict[str, Any]) -> None:
@@ -312,13 +248,13 @@ class Leader:
             self._spares.append(spare)
             await self._event(f"spare {spare.spare} ({spare.machine}) registered")
             if message.get("chaos"):
-                self.faults.append(
+                self.memory.faults.append(
                     FaultRecord(
                         "spare",
                         -1,
-                        self.high_water,
+                        self.memory.high_water,
                         time.time(),
-                        self.generation,
+                        self.memory.generation,
                         spec=str(message["chaos"]),
                         disruptive=False,
                         detail=f"{spare.machine} joined",
@@ -331,7 +267,7 @@ class Leader:
         host = int(message["host"])
         status = self.status[host]
         cluster = self.replacement_timeout is not None
-        if kind == "register" and cluster and self.state is not JobState.REGISTERING:
+        if kind == "register" and cluster and self.memory.state is not JobState.REGISTERING:
             await self._replacement_joined(host, message, writer)
         elif kind == "register":
             self._members[host] = writer
@@ -340,7 +276,7 @@ class Leader:
             status.machine = str(message.get("machine", f"host-{host}"))
             status.state = "registered"
             await self._event(f"host {host} registered", host=host, metrics_port=status.metrics_port)
-            if len(self._members) == self.hosts and self.state is JobState.REGISTERING:
+            if len(self._members) == self.hosts and self.memory.state is JobState.REGISTERING:
                 await self._start()
         elif kind == "state":
             status.state = message["state"]
@@ -367,17 +303,20 @@ class Leader:
                 disruptive=bool(message.get("disruptive", True)),
                 detail=str(message.get("detail", "")),
             )
-            self.faults.append(record)
+            self.memory.faults.append(record)
             await self._event(f"chaos: {message['kind']} host {host} at step {message['step']}", host=host)
         elif kind == "fault":
             await self._fault(host, message)
         elif kind == "activity":
-            if self._activities is not None and int(message["generation"]) == self.generation:
+            if self._activities is not None and int(message["generation"]) == self.memory.generation:
                 self._activities[host] = Activity.from_message(message)
                 if set(self.world.hosts) & self._members.keys() <= self._activities.keys():
                     self._activities_in.set()
         elif kind == "stopped":
-            if int(message["generation"]) == self.generation and self.state is JobState.STOPPING:
+            if (
+                int(message["generation"]) == self.memory.generation
+                and self.memory.state is JobState.STOPPING
+            ):
                 if message.get("committed") is not None:
                     # Read from disk once the workload was dead: what the host really holds now.
                     status.committed = {int(s) for s in message["committed"]} - status.invalid
@@ -388,8 +327,8 @@ class Leader:
                 await self._start_when_all_stopped()
         elif (
             kind == "finished"
-            and int(message["generation"]) == self.generation
-            and self.state is JobState.RUNNING
+            and int(message["generation"]) == self.memory.generation
+            and self.memory.state is JobState.RUNNING
         ):
             self._finished[host] = message
             status.state = "finished"
@@ -397,7 +336,7 @@ class Leader:
                 await self._succeed()
 
     async def _progress(self, host: int, message: dict[str, Any]) -> None:
-        if int(message["generation"]) != self.generation or self.state is not JobState.RUNNING:
+        if int(message["generation"]) != self.memory.generation or self.memory.state is not JobState.RUNNING:
             return  # a step of a generation being torn down will be executed again
         status = self.status[host]
         step, now = int(message["step"]), float(message["t"])
@@ -413,37 +352,36 @@ class Leader:
                 f"straggler: host {finding.host} score {finding.score:.2f} at step {finding.step}",
                 host=finding.host,
             )
-            for record in self.faults:  # a `slow` fault is detected when its host is found straggling
+            for record in self.memory.faults:  # a `slow` fault is detected when its host is found straggling
                 if record.kind == "slow" and record.host == finding.host and record.detected_at is None:
                     record.detected_at, record.detected_as = now, "straggler"
             event = policy.Straggler(
                 t=now,
-                step=self.high_water,
-                generation=self.generation,
+                step=self.memory.high_water,
+                generation=self.memory.generation,
                 host=finding.host,
                 score=finding.score,
             )
             self._spawn(self._decide_and_act(event))
         if self._capacity_offer:
             await self._offer_capacity()
-        for record in list(self._awaiting_resume):
-            if self.generation <= record.detected_in_generation:
+        for record in self.memory.awaiting_resume():
+            if self.memory.generation <= record.detected_in_generation:
                 continue  # a step of the generation being torn down
             if record.resumed_at is None:
                 record.resumed_at = now
             if record.productive_at is None and step > record.high_water_at_detection:
                 record.productive_at = now
-                self._awaiting_resume.remove(record)
-        self.high_water = max(self.high_water, step)
+        self.memory.high_water = max(self.memory.high_water, step)
 
     async def _fault(self, host: int, message: dict[str, Any]) -> None:
         generation = int(message["generation"])
-        if generation != self.generation or self.state is not JobState.RUNNING:
+        if generation != self.memory.generation or self.memory.state is not JobState.RUNNING:
             return  # already being handled: one restart per generation
         if message.get("invalid_step") is not None:
             # The restored state proved bad (e.g. a non-finite loss right after a restore): no host
             # may restore that step again, from any tier.
-            self.job_invalid.add(int(message["invalid_step"]))
+            self.memory.job_invalid.add(int(message["invalid_step"]))
         if message["kind"] == "hang":
             if self._activities is None:  # else: the same stall, noticed again while being named
                 # Not awaited here: the answers come over the members' connections, the reporter's
@@ -455,15 +393,17 @@ class Leader:
 
     async def _fault_of(self, host: int, message: dict[str, Any]) -> None:
         """Stop the job for a fault of `host`, then decide what to do about it."""
-        generation = self.generation
-        event = Remediation.fault_event(host, message, self.high_water, generation)
+        generation = self.memory.generation
+        event = Remediation.fault_event(host, message, self.memory.high_water, generation)
         if await self._stop_job(host, message["kind"], message.get("detail", ""), float(message["t"])):
             await self._decide_and_act(event)
 
     async def _hang_fault(self, reporter: int, message: dict[str, Any]) -> None:
-        generation = self.generation
+        generation = self.memory.generation
         host, message = await self._hang_culprit(reporter, message)
-        if generation == self.generation and self.state is JobState.RUNNING:  # else: stopped meanwhile
+        if (
+            generation == self.memory.generation and self.memory.state is JobState.RUNNING
+        ):  # else: stopped meanwhile
             await self._fault_of(host, message)
 
     async def _hang_culprit(self, reporter: int, message: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -473,7 +413,9 @@ class Leader:
         try:
             asked = [h for h in self.world.hosts if h in self._members]
             for member in asked:
-                await send(self._members[member], {"type": "activity_request", "generation": self.generation})
+                await send(
+                    self._members[member], {"type": "activity_request", "generation": self.memory.generation}
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._activities_in.wait(), ACTIVITY_REPLY_SECONDS)
             answers: dict[int, Activity | None] = {h: self._activities.get(h) for h in asked}
@@ -488,44 +430,49 @@ class Leader:
         """Turn a fault of the running generation into a stop of every host; False if the job failed.
 
         `planned`: a stop the policy chose with nothing broken (a scale-up): no restart budget applies."""
-        generation = self.generation
+        generation = self.memory.generation
         # Decide before the first await: a concurrent report of the same stall must see STOPPING.
-        self._restarts_without_progress = (
-            0 if self._progress_this_generation or planned else self._restarts_without_progress + 1
+        self.memory.restarts_without_progress = (
+            0 if self._progress_this_generation or planned else self.memory.restarts_without_progress + 1
         )
-        cause = {"kind": kind, "host": host, "t": now, "high_water": self.high_water, "planned": planned}
+        cause = {
+            "kind": kind,
+            "host": host,
+            "t": now,
+            "high_water": self.memory.high_water,
+            "planned": planned,
+        }
         if planned:
             reason = None
-            self.restarts[kind] += 1
-            self.state = JobState.STOPPING
+            self.memory.restarts[kind] += 1
+            self.memory.state = JobState.STOPPING
             self._stopped.clear()
-            self._stop_cause = cause
-        elif self._restarts_without_progress >= self.max_restarts_without_progress:
+            self.memory.stop_cause = cause
+        elif self.memory.restarts_without_progress >= self.max_restarts_without_progress:
             reason = (
-                f"no progress across {self._restarts_without_progress} consecutive starts "
+                f"no progress across {self.memory.restarts_without_progress} consecutive starts "
                 f"(spec.health.maxRestartsWithoutProgress); last fault: {kind} on host {host} ({detail})"
             )
-        elif sum(self.restarts.values()) >= self.max_restarts:
+        elif sum(self.memory.restarts.values()) >= self.max_restarts:
             reason = (
                 f"restart budget spent: {self.max_restarts} in-job restarts (spec.health.maxRestarts); "
                 f"last fault: {kind} on host {host} ({detail})"
             )
         else:
             reason = None
-            self.restarts[kind] += 1
-            self.state = JobState.STOPPING
+            self.memory.restarts[kind] += 1
+            self.memory.state = JobState.STOPPING
             self._stopped.clear()
-            self._stop_cause = cause
-        for record in self.faults if not planned else []:
+            self.memory.stop_cause = cause
+        for record in self.memory.faults if not planned else []:
             if record.detected_at is None and record.generation == generation and record.disruptive:
                 record.detected_at, record.detected_as = now, kind
-                record.high_water_at_detection = self.high_water
+                record.high_water_at_detection = self.memory.high_water
                 record.detected_in_generation = generation
-                self._awaiting_resume.append(record)
         if planned:
             await self._event(f"stopping every host: {detail} ({kind})", kind=kind)
         else:
-            self.detections.append(Detection(kind, host, generation, now, detail))
+            self.memory.detections.append(Detection(kind, host, generation, now, detail))
             await self._event(f"{kind} detected on host {host}: {detail}", host=host, kind=kind)
         if reason is not None:
             await self._fail(reason)
@@ -536,13 +483,13 @@ class Leader:
                     self._members[member],
                     {
                         "type": "stop",
-                        "generation": self.generation,
+                        "generation": self.memory.generation,
                         "kind": kind,
                         "host": None if planned else host,  # whose fault it is (a planned stop: none)
                     },
                 )
         self._ack_deadline = asyncio.get_running_loop().call_later(
-            STOP_ACK_SECONDS, self._acks_overdue, self.generation
+            STOP_ACK_SECONDS, self._acks_overdue, self.memory.generation
         )
         return True
 
@@ -557,12 +504,12 @@ class Leader:
             # An idle host of a dropped slice: nothing stops; a scale-up will need a spare for it.
             await self._event(f"idle host {host} of a dropped slice lost: {detail}", host=host)
             return
-        if self.state is JobState.RUNNING:
+        if self.memory.state is JobState.RUNNING:
             if not await self._stop_job(host, "host_lost", detail, time.time()):
                 return
         else:
             await self._event(f"host_lost detected on host {host}: {detail}", host=host, kind="host_lost")
-        if self.state is JobState.REGISTERING:
+        if self.memory.state is JobState.REGISTERING:
             if self.replacement_timeout is not None:
                 return  # in a cluster the operator re-creates the pod, which registers as any other
             # Before the first start nothing trained yet: a spare stands in, or the job cannot start.
@@ -574,7 +521,11 @@ class Leader:
                 await self._start()
             return
         event = policy.HostLost(
-            t=time.time(), step=self.high_water, generation=self.generation, host=host, machine=lost.machine
+            t=time.time(),
+            step=self.memory.high_water,
+            generation=self.memory.generation,
+            host=host,
+            machine=lost.machine,
         )
         await self._decide_and_act(event)
 
@@ -592,15 +543,15 @@ class Leader:
         try:
             # One at a time: each decision is taken on the world the previous one left.
             async with self._decision_turn:
-                if self.state in (JobState.SUCCEEDED, JobState.FAILED):
+                if self.memory.state in (JobState.SUCCEEDED, JobState.FAILED):
                     return
                 decision = await asyncio.to_thread(
                     self.remediation.decide,
                     event,
                     spares=self._spare_count(),
                     idle=self._idle_hosts(),
-                    step=self.high_water,
-                    generation=self.generation,
+                    step=self.memory.high_water,
+                    generation=self.memory.generation,
                 )
                 action = decision.action
                 reason = f" ({decision.reason})" if decision.reason else ""
@@ -613,17 +564,17 @@ class Leader:
         await self._start_when_all_stopped()
 
     async def _act(self, event: policy.Event, action: policy.Action) -> None:
-        if self.state in (JobState.SUCCEEDED, JobState.FAILED):
+        if self.memory.state in (JobState.SUCCEEDED, JobState.FAILED):
             return
         if isinstance(action, policy.Fail):
             await self._fail(action.reason)
         elif isinstance(action, policy.Wait):
-            holds = self.state is JobState.STOPPING  # the job stays stopped until reconsidered
+            holds = self.memory.state is JobState.STOPPING  # the job stays stopped until reconsidered
             self._waiting += holds
             loop = asyncio.get_running_loop()
             loop.call_later(action.seconds, lambda: self._spawn(self._reconsider(event, holds)))
         elif isinstance(action, (policy.ReplaceHost, policy.ScaleDown, policy.ScaleUp)):
-            if self.state is JobState.RUNNING:
+            if self.memory.state is JobState.RUNNING:
                 host = getattr(event, "host", 0)
                 planned = isinstance(action, policy.ScaleUp)
                 if not await self._stop_job(host, str(event.kind), action.name, time.time(), planned):
@@ -636,16 +587,21 @@ class Leader:
         self._waiting -= held
         if isinstance(event, policy.CapacityReturned) and not self.world.scaled_down:
             return
-        fresh = dataclasses.replace(event, t=time.time(), step=self.high_water, generation=self.generation)
+        fresh = dataclasses.replace(
+            event, t=time.time(), step=self.memory.high_water, generation=self.memory.generation
+        )
         await self._decide_and_act(fresh)
 
     async def _offer_capacity(self) -> None:
         """Spares joined while the job runs scaled down: the policy may scale back up."""
-        if self.state is not JobState.RUNNING or not self._progress_this_generation or self._deciding:
+        if self.memory.state is not JobState.RUNNING or not self._progress_this_generation or self._deciding:
             return  # offered once the job trains again
         self._capacity_offer = False
         event = policy.CapacityReturned(
-            t=time.time(), step=self.high_water, generation=self.generation, spares=len(self._spares)
+            t=time.time(),
+            step=self.memory.high_water,
+            generation=self.memory.generation,
+            spares=len(self._spares),
         )
         await self._decide_and_act(event)
 
@@ -672,7 +628,9 @@ class Leader:
                     await self._fail(str(error))
                     return
                 self._joined -= {h for s in slices for h in self.world.hosts_of(s)}
-                self.remediation.scaled("down", before, self.high_water, self.generation, str(event.kind))
+                self.remediation.scaled(
+                    "down", before, self.memory.high_water, self.memory.generation, str(event.kind)
+                )
                 await self._event(
                     f"scale-down: slice(s) {slices} dropped, {len(self.world.hosts)} hosts go on"
                 )
@@ -686,7 +644,9 @@ class Leader:
                     self._joined.add(host)
             if back:
                 self.world.restore(back)
-                self.remediation.scaled("up", before, self.high_water, self.generation, str(event.kind))
+                self.remediation.scaled(
+                    "up", before, self.memory.high_water, self.memory.generation, str(event.kind)
+                )
                 await self._event(f"scale-up: slice(s) {back} back, {len(self.world.hosts)} hosts")
 
     # --- in a cluster: replacements are new pods ----------------------------------------------
@@ -728,7 +688,11 @@ class Leader:
             host=host,
         )
         event = policy.HostLost(
-            t=time.time(), step=self.high_water, generation=self.generation, host=host, machine="none"
+            t=time.time(),
+            step=self.memory.high_water,
+            generation=self.memory.generation,
+            host=host,
+            machine="none",
         )
         await self._decide_and_act(event)
 
@@ -736,18 +700,18 @@ class Leader:
         self, host: int, message: dict[str, Any], writer: asyncio.StreamWriter
     ) -> None:
         """A pod with `host`'s identity registered after the job started: the operator's replacement."""
-        if self.state is JobState.SUCCEEDED:
+        if self.memory.state is JobState.SUCCEEDED:
             await send(writer, {"type": "shutdown"})  # too late: the job is over
             return
-        if self.state is JobState.FAILED:
-            await send(writer, {"type": "fail", "reason": self.failure_reason or "the job failed"})
+        if self.memory.state is JobState.FAILED:
+            await send(writer, {"type": "fail", "reason": self.memory.failure_reason or "the job failed"})
             return
         old = self._members.get(host)
         if old is not None and old is not writer:
             old.close()  # a stale connection of the pod this one replaces
         machine = str(message.get("machine", f"host-{host}"))
         self.status[host] = HostStatus(
-            state="stopped" if self.state is JobState.STOPPING else "registered",
+            state="stopped" if self.memory.state is JobState.STOPPING else "registered",
             metrics_port=message.get("metrics_port"),
             replica_address=message.get("replica_address"),
             machine=machine,
@@ -759,20 +723,20 @@ class Leader:
         if handle is not None:
             handle.cancel()
             self._waiting -= 1
-            self.hot_swaps.append(
-                {"host": host, "spare": None, "machine": machine, "generation": self.generation}
+            self.memory.hot_swaps.append(
+                {"host": host, "spare": None, "machine": machine, "generation": self.memory.generation}
             )
             await self._event(f"hot-swap: a new pod on {machine} takes over host {host}", host=host)
         else:
             await self._event(f"host {host} re-registered from {machine}", host=host)
-        if self.state is JobState.STOPPING:
+        if self.memory.state is JobState.STOPPING:
             self._stopped.add(host)  # a newcomer has no workload to stop
             await self._start_when_all_stopped()
         elif host not in self.world.hosts:
             # A host of a dropped slice is back (capacity returned): the policy may scale back up.
             self._capacity_offer = True
             await self._offer_capacity()
-        elif self.state is JobState.RUNNING:
+        elif self.memory.state is JobState.RUNNING:
             # A new pod while the old one's connection was still open (a node lost without a word):
             await self._stop_job(host, "host_lost", f"host {host} re-registered while running", time.time())
             self._stopped.add(host)
@@ -781,7 +745,7 @@ class Leader:
     async def _retire(self, host: int, reason: str) -> None:
         """A live machine leaves the job (replaced, e.g. a straggler): its supervisor ends."""
         writer = self._members.pop(host)
-        await send(writer, {"type": "retire", "generation": self.generation, "reason": reason})
+        await send(writer, {"type": "retire", "generation": self.memory.generation, "reason": reason})
         await self._event(f"host {host} ({self.status[host].machine}) retired: {reason}", host=host)
 
     async def _assign_spare(self, host: int, scale_up: bool = False) -> None:
@@ -796,23 +760,29 @@ class Leader:
         )
         self.status[host] = status
         self._members[host] = spare.writer
-        if self.state is JobState.STOPPING:
+        if self.memory.state is JobState.STOPPING:
             self._stopped.add(host)  # a newcomer has no workload to stop and holds nothing yet
         self.remediation.detector.reset(self.world.hosts)  # the old machine's timings are not the new one's
         if not scale_up:
-            self.hot_swaps.append(
-                {"host": host, "spare": spare.spare, "machine": spare.machine, "generation": self.generation}
+            self.memory.hot_swaps.append(
+                {
+                    "host": host,
+                    "spare": spare.spare,
+                    "machine": spare.machine,
+                    "generation": self.memory.generation,
+                }
             )
-        fired = [record.spec for record in self.faults if record.host == host]
+        fired = [record.spec for record in self.memory.faults if record.host == host]
         await send(
-            spare.writer, {"type": "assign", "host": host, "generation": self.generation, "fired": fired}
+            spare.writer,
+            {"type": "assign", "host": host, "generation": self.memory.generation, "fired": fired},
         )
         what = "scale-up" if scale_up else "hot-swap"
         await self._event(f"{what}: spare {spare.spare} ({spare.machine}) takes over host {host}", host=host)
 
     async def _start_when_all_stopped(self) -> None:
         """Start once every live active member acked its stop and no decision is still being taken."""
-        if self.state is not JobState.STOPPING or self._deciding or self._waiting:
+        if self.memory.state is not JobState.STOPPING or self._deciding or self._waiting:
             return
         live = {h for h in self.world.hosts if h in self._members}
         if live <= self._stopped:
@@ -828,12 +798,12 @@ class Leader:
                 status.invalid.add(step)  # a failed save: no tier will ever hold it
             # a corrupt local copy is quarantined; a peer or the persistent tier may hold a good one
         elif tier == Tier.PERSISTENT:
-            self._persisted.get(step, set()).discard(host)
+            self.memory.persisted.get(step, set()).discard(host)
         elif tier == "any":
             status.invalid.add(step)  # every source of this host's shard failed at restore
         # peer: the holder simply lacks that copy, and its inventory at the next stop says so
         if message.get("reason") in ("save failed", "upload failed", "replication failed"):
-            self.failed_saves[tier] += 1
+            self.memory.failed_saves[tier] += 1
         await self._event(
             f"checkpoint of step {step} on host {host} invalid ({tier}): {message.get('detail', '')}",
             host=host,
@@ -841,37 +811,39 @@ class Leader:
 
     async def _persisted_shard(self, host: int, step: int) -> None:
         """Commit a persistent step once every host's shard of it is uploaded, then apply retention."""
-        uploaded = self._persisted.setdefault(step, set())
+        uploaded = self.memory.persisted.setdefault(step, set())
         uploaded.add(host)
         if (
             not set(self.world.hosts) <= uploaded
             or self.persistent is None
-            or step in self.persistent_committed
+            or step in self.memory.persistent_committed
         ):
             return
         try:
             await asyncio.to_thread(self.persistent.commit, step)
             await asyncio.to_thread(self.persistent.retain, self._persistent_keep)
         except (OSError, PersistentTierError) as error:
-            self.failed_saves[Tier.PERSISTENT] += 1
+            self.memory.failed_saves[Tier.PERSISTENT] += 1
             await self._event(f"persistent checkpoint of step {step} not committed: {error}")
             return
-        self.persistent_committed = set(sorted({*self.persistent_committed, step})[-self._persistent_keep :])
-        self._persistent_owners[step] = set(uploaded)
-        self.persistent_commits.append({"step": step, "t": time.time()})
-        for old in [s for s in self._persisted if s <= step]:
-            del self._persisted[old]
+        self.memory.persistent_committed = set(
+            sorted({*self.memory.persistent_committed, step})[-self._persistent_keep :]
+        )
+        self.memory.persistent_owners[step] = set(uploaded)
+        self.memory.persistent_commits.append({"step": step, "t": time.time()})
+        for old in [s for s in self.memory.persisted if s <= step]:
+            del self.memory.persisted[old]
         await self._event(f"persistent checkpoint of step {step} committed")
 
     def _restored(self, host: int, message: dict[str, Any]) -> None:
         """A supervisor staged its host's shard of the agreed step into its local tier."""
-        self.restores.append(
+        self.memory.restores.append(
             {
                 "host": host,
                 "step": int(message["step"]),
                 "tier": message["tier"],
                 "holder": message.get("holder"),
-                "generation": self.generation,
+                "generation": self.memory.generation,
                 "seconds": message.get("seconds"),
                 "bytes": message.get("bytes"),
                 "loaded_step": None,
@@ -881,12 +853,12 @@ class Leader:
     def _loaded(self, host: int, message: dict[str, Any]) -> None:
         """A workload says which step it restored: checked against the step its supervisor staged."""
         generation, step = int(message["generation"]), int(message["step"])
-        for restore in reversed(self.restores):
+        for restore in reversed(self.memory.restores):
             if restore["host"] == host and restore["generation"] == generation:
                 restore["loaded_step"] = step
                 return
         # A workload that restored a step nobody staged for it (a loop restoring on its own).
-        self.restores.append(
+        self.memory.restores.append(
             {
                 "host": host,
                 "step": None,
@@ -901,10 +873,10 @@ class Leader:
         return Holdings(
             local={h: set(s.committed) for h, s in self.status.items()},
             replicas={h: {o: set(v) for o, v in s.replicas.items()} for h, s in self.status.items()},
-            persistent=set(self.persistent_committed),
+            persistent=set(self.memory.persistent_committed),
             invalid={h: set(s.invalid) for h, s in self.status.items()},
-            job_invalid=set(self.job_invalid),
-            persistent_owners={s: set(o) for s, o in self._persistent_owners.items()},
+            job_invalid=set(self.memory.job_invalid),
+            persistent_owners={s: set(o) for s, o in self.memory.persistent_owners.items()},
         )
 
     def restore_plan(self) -> RestorePlan:
@@ -928,8 +900,8 @@ class Leader:
                     return False
                 await asyncio.sleep(PERSISTENT_LISTING_BACKOFF * attempt)
         kept = sorted(owners)[-self._persistent_keep :]
-        self.persistent_committed = set(kept)
-        self._persistent_owners = {step: owners[step] for step in kept}
+        self.memory.persistent_committed = set(kept)
+        self.memory.persistent_owners = {step: owners[step] for step in kept}
         if kept:
             newest = kept[-1]
             # Hosts whose shard the newest step lacks (it was saved by a scaled-down world) take a twin's.
@@ -959,12 +931,12 @@ class Leader:
         }
 
     def _record_recovery(self, restore_step: int | None, held: dict[str, Any], *, resumed: bool) -> None:
-        cause = self._stop_cause or {}
+        cause = self.memory.stop_cause or {}
         restored = restore_step or 0
-        high_water = restored if resumed else int(cause.get("high_water", self.high_water))
-        self.recoveries.append(
+        high_water = restored if resumed else int(cause.get("high_water", self.memory.high_water))
+        self.memory.recoveries.append(
             {
-                "generation": self.generation,
+                "generation": self.memory.generation,
                 "cause": "resume" if resumed else cause.get("kind"),
                 "host": None if resumed else cause.get("host"),
                 "stopped_at": None if resumed else cause.get("t"),
@@ -977,7 +949,7 @@ class Leader:
         )
 
     def _acks_overdue(self, generation: int) -> None:
-        if self.state is JobState.STOPPING and self.generation == generation:
+        if self.memory.state is JobState.STOPPING and self.memory.generation == generation:
             missing = sorted(set(self.world.hosts) & self._members.keys() - self._stopped)
             if not missing:
                 return  # all stopped; the start waits for a decision (a policy's Wait), not for acks
@@ -987,14 +959,14 @@ class Leader:
     async def _start(self) -> None:
         if self._ack_deadline is not None:
             self._ack_deadline.cancel()
-        first = self.state is JobState.REGISTERING
+        first = self.memory.state is JobState.REGISTERING
         if first:
             if self._first_start_under_way:
                 return  # a second call while the first one reads the persistent tier
             self._first_start_under_way = True
             found = await self._find_persistent_checkpoints()
             self._first_start_under_way = False
-            if not found or self.state is not JobState.REGISTERING:
+            if not found or self.memory.state is not JobState.REGISTERING:
                 return
         missing = [h for h in self.world.hosts if h not in self._members]
         if missing:
@@ -1008,12 +980,12 @@ class Leader:
         plan = self.restore_plan()
         held = self._held()
         if not first:
-            self.generation += 1
+            self.memory.generation += 1
         restore_step = plan.step
         if not first or restore_step is not None:
             self._record_recovery(restore_step, held, resumed=first)
         if first and restore_step is not None:
-            self.high_water = restore_step  # the steps an earlier run completed
+            self.memory.high_water = restore_step  # the steps an earlier run completed
         self._joined.clear()
 
         def keep(step: int) -> bool:
@@ -1024,24 +996,25 @@ class Leader:
             status.committed = {s for s in status.committed if keep(s)}
             status.replicas = {o: {s for s in v if keep(s)} for o, v in status.replicas.items()}
             status.invalid = {s for s in status.invalid if keep(s)}  # a re-saved step is a new one
-        self.job_invalid = {s for s in self.job_invalid if keep(s)}
-        self._persisted = {s: h for s, h in self._persisted.items() if keep(s)}
-        self.persistent_committed = {s for s in self.persistent_committed if keep(s)}
-        if self.detections:
-            self.detections[-1].restore_step = restore_step
-        self.state = JobState.RUNNING
+        self.memory.job_invalid = {s for s in self.memory.job_invalid if keep(s)}
+        self.memory.persisted = {s: h for s, h in self.memory.persisted.items() if keep(s)}
+        self.memory.persistent_committed = {s for s in self.memory.persistent_committed if keep(s)}
+        if self.memory.detections:
+            self.memory.detections[-1].restore_step = restore_step
+        self.memory.state = JobState.RUNNING
         self._progress_this_generation = False
         self._finished.clear()
-        self.world.record(self.high_water, self.generation)
+        self.world.record(self.memory.high_water, self.memory.generation)
         self.remediation.new_world()
         world = self.world.hosts
-        address = self._coordinator_address(self.generation, world[0])
+        address = self._coordinator_address(self.memory.generation, world[0])
         addresses = {h: s.replica_address for h, s in self.status.items() if s.replica_address}
         for host, writer in list(self._members.items()):
             if host not in world:
                 self.status[host].state = "parked"
                 await send(
-                    writer, {"type": "park", "generation": self.generation, "restore_step": restore_step}
+                    writer,
+                    {"type": "park", "generation": self.memory.generation, "restore_step": restore_step},
                 )
                 continue
             self.status[host].state = "starting"
@@ -1049,7 +1022,7 @@ class Leader:
                 writer,
                 {
                     "type": "start",
-                    "generation": self.generation,
+                    "generation": self.memory.generation,
                     "coordinator": address,
                     "restore_step": restore_step,
                     "sources": [src.to_message(addresses) for src in plan.sources.get(host, ())],
@@ -1065,10 +1038,12 @@ class Leader:
         else:
             where = f"from step {restore_step}" if restore_step is not None else "from scratch"
         size = f" on {len(world)} of {self.hosts} hosts" if len(world) < self.hosts else ""
-        await self._event(f"generation {self.generation} starting {where}{size}", generation=self.generation)
+        await self._event(
+            f"generation {self.memory.generation} starting {where}{size}", generation=self.memory.generation
+        )
 
     async def _succeed(self) -> None:
-        self.state = JobState.SUCCEEDED
+        self.memory.state = JobState.SUCCEEDED
         self.write_summary()
         await self._event("training finished on every host")
         await self._broadcast({"type": "shutdown"})
@@ -1077,10 +1052,10 @@ class Leader:
         self.done.set()
 
     async def _fail(self, reason: str) -> None:
-        if self.state in (JobState.SUCCEEDED, JobState.FAILED):
+        if self.memory.state in (JobState.SUCCEEDED, JobState.FAILED):
             return
-        self.state = JobState.FAILED
-        self.failure_reason = reason
+        self.memory.state = JobState.FAILED
+        self.memory.failure_reason = reason
         self.write_summary()
         await self._event(f"job failed: {reason}")
         await self._broadcast({"type": "fail", "reason": reason})
@@ -1111,31 +1086,31 @@ class Leader:
         return {
             "type": "status",
             "t": time.time(),
-            "state": self.state.value,
-            "generation": self.generation,
-            "restarts": dict(self.restarts),
+            "state": self.memory.state.value,
+            "generation": self.memory.generation,
+            "restarts": dict(self.memory.restarts),
             "hosts": hosts,
         }
 
     def cluster_status(self) -> dict[str, Any]:
         """The job as the TrainingJob's status shows it (published on the leader's pod in a cluster)."""
         return {
-            "state": self.state.value,
-            "generation": self.generation,
-            "step": self.high_water,
+            "state": self.memory.state.value,
+            "generation": self.memory.generation,
+            "step": self.memory.high_water,
             "slicesActive": len(self.world.active),
-            "restarts": dict(self.restarts),
-            "hotSwaps": len(self.hot_swaps),
+            "restarts": dict(self.memory.restarts),
+            "hotSwaps": len(self.memory.hot_swaps),
             "lastCheckpointStep": self.restore_plan().step,  # the newest step every shard restores from
             "lastRestore": self._last_restore(),
             "awaitingReplacement": sorted(self._awaited),
-            "failureReason": self.failure_reason,
+            "failureReason": self.memory.failure_reason,
         }
 
     def _last_restore(self) -> dict[str, Any] | None:
-        if not self.recoveries:
+        if not self.memory.recoveries:
             return None
-        last = self.recoveries[-1]
+        last = self.memory.recoveries[-1]
         return {
             "generation": last["generation"],
             "cause": last["cause"],
@@ -1146,21 +1121,21 @@ class Leader:
     def summary(self) -> dict[str, Any]:
         fingerprints = {h: m.get("fingerprint") for h, m in self._finished.items()}
         return {
-            "state": self.state.value,
-            "failure_reason": self.failure_reason,
-            "generations": self.generation + 1,
-            "restarts": dict(self.restarts),
-            "faults": [vars(f) for f in self.faults],
-            "detections": [vars(d) for d in self.detections],
+            "state": self.memory.state.value,
+            "failure_reason": self.memory.failure_reason,
+            "generations": self.memory.generation + 1,
+            "restarts": dict(self.memory.restarts),
+            "faults": [vars(f) for f in self.memory.faults],
+            "detections": [vars(d) for d in self.memory.detections],
             "fingerprints": fingerprints,
-            "steps_completed": self.high_water,
+            "steps_completed": self.memory.high_water,
             "metrics_ports": {h: s.metrics_port for h, s in self.status.items()},
-            "restores": self.restores,
-            "recoveries": self.recoveries,
-            "hot_swaps": self.hot_swaps,
-            "persistent_committed": sorted(self.persistent_committed),
-            "persistent_commits": self.persistent_commits,
-            "failed_saves": dict(self.failed_saves),
+            "restores": self.memory.restores,
+            "recoveries": self.memory.recoveries,
+            "hot_swaps": self.memory.hot_swaps,
+            "persistent_committed": sorted(self.memory.persistent_committed),
+            "persistent_commits": self.memory.persistent_commits,
+            "failed_saves": dict(self.memory.failed_saves),
             "machines": {h: s.machine for h, s in self.status.items()},
             "decisions": self.remediation.decisions,
             "stragglers": self.remediation.stragglers,

@@ -8,7 +8,8 @@ back (scale-up). A real Leader over TCP with fake members, two slices of two hos
 
 import asyncio
 
-from slicekeeper.supervisor.coordination import JobState, Leader
+from slicekeeper.supervisor.coordination import Leader
+from slicekeeper.supervisor.job_memory import JobState
 
 from tests.support.fake_members import Member, coordinator, eventually, join, run
 
@@ -59,7 +60,7 @@ def test_a_lost_pod_is_awaited_and_its_replacement_takes_over_the_host():
         leader, members, port = await cluster_job(replacement_timeout=30)
         await lose_host_3(members)
         await eventually(lambda: leader.status[3].state == "awaiting replacement")
-        assert leader.state is JobState.STOPPING  # held: no start without host 3
+        assert leader.memory.state is JobState.STOPPING  # held: no start without host 3
         replacement = await new_pod(port, 3, "node-9")
         everyone = [*members[:3], replacement]
         starts = [await m.receive() for m in everyone]
@@ -69,7 +70,7 @@ def test_a_lost_pod_is_awaited_and_its_replacement_takes_over_the_host():
         assert starts[0]["replica_addresses"]["3"] == "new-pod-3:1"
         # Host 3's shard comes from its peer replica on host 1 (the new pod holds nothing yet).
         assert next((s["tier"], s.get("holder")) for s in starts[3]["sources"]) == ("peer", 1)
-        assert leader.hot_swaps == [{"host": 3, "spare": None, "machine": "node-9", "generation": 0}]
+        assert leader.memory.hot_swaps == [{"host": 3, "spare": None, "machine": "node-9", "generation": 0}]
         status = leader.cluster_status()
         assert (status["slicesActive"], status["hotSwaps"], status["awaitingReplacement"]) == (2, 1, [])
         assert status["restarts"] == {"host_lost": 1} and status["lastCheckpointStep"] == 10
@@ -129,7 +130,7 @@ def test_a_pod_lost_before_the_job_started_is_awaited_not_failed():
         again = await new_pod(port, 1, "node-7")
         assert (await members[0].receive())["type"] == "start"
         assert (await again.receive())["type"] == "start"
-        assert leader.state is JobState.RUNNING and leader.hot_swaps == []
+        assert leader.memory.state is JobState.RUNNING and leader.memory.hot_swaps == []
         for member in (members[0], again):
             member.close()
         await leader.close()
@@ -146,7 +147,7 @@ def test_a_pod_that_joins_after_the_job_finished_is_told_to_shut_down():
             assert (await member.receive())["type"] == "shutdown"
         late = await new_pod(port, 3, "node-9")
         assert await late.receive() == {"type": "shutdown"}
-        assert leader.hot_swaps == []
+        assert leader.memory.hot_swaps == []
         for member in [*members, late]:
             member.close()
         await leader.close()

@@ -9,7 +9,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from slicekeeper.supervisor.coordination import JobState, Leader
+from slicekeeper.supervisor.coordination import Leader
+from slicekeeper.supervisor.job_memory import JobState
 
 from slicekeeper.policy.engine import PolicyEngine, load_policy
 from tests.support.fake_members import Member, coordinator, eventually, join, run
@@ -113,7 +114,7 @@ def test_a_scaled_down_job_finishes_when_the_hosts_still_taking_part_finish():
             await member.send("finished", generation=1, step=40, fingerprint="f")
         for member in job.members[:3]:  # the parked host is told to shut down too
             assert (await member.receive())["type"] == "shutdown"
-        assert job.leader.state is JobState.SUCCEEDED
+        assert job.leader.memory.state is JobState.SUCCEEDED
         await job.shut()
 
     run(scenario)
@@ -224,7 +225,7 @@ def test_a_straggler_with_no_spare_is_reported_and_the_job_runs_on():
         summary = job.leader.summary()
         assert [s["host"] for s in summary["stragglers"]] == [1]
         assert summary["decisions"][0]["action"]["name"] == "ignore"
-        assert job.leader.state is JobState.RUNNING
+        assert job.leader.memory.state is JobState.RUNNING
         await job.shut()
 
     run(scenario)

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slicekeeper.supervisor import coordination
-from slicekeeper.supervisor.coordination import JobState, Leader
+from slicekeeper.supervisor.coordination import Leader
+from slicekeeper.supervisor.job_memory import JobState
 from slicekeeper.supervisor.persistent_tier import PersistentTierError
 
 from tests.support.fake_members import Member, coordinator, eventually, join, run
@@ -170,8 +171,10 @@ async def lose(job: Job, host: int) -> None:
     """`host` fires the chaos fault `lose` and its supervisor's connection drops."""
     member = job.members[host]
     spec = f"lose:host={host}@step=5"
-    await member.send("chaos", kind="lose", step=5, t=100.0, generation=job.leader.generation, fault=spec)
-    await eventually(lambda: any(f.spec == spec for f in job.leader.faults))
+    await member.send(
+        "chaos", kind="lose", step=5, t=100.0, generation=job.leader.memory.generation, fault=spec
+    )
+    await eventually(lambda: any(f.spec == spec for f in job.leader.memory.faults))
     member.close()
 
 
@@ -193,7 +196,7 @@ async def assigned(spare: Member, host: int, generation: int, fired: list[str]) 
 def test_a_registered_spare_is_not_needed_for_the_job_to_start():
     async def scenario():
         job = await job_with_spares(hosts=2, spares=1)  # started once the two hosts registered
-        assert job.leader.state is JobState.RUNNING
+        assert job.leader.memory.state is JobState.RUNNING
         assert await nothing_arrives(job.spares[0])  # the spare stays idle: no assign, no start
         assert job.leader.summary()["hot_swaps"] == []
         assert job.leader.summary()["machines"] == {0: "host-0", 1: "host-1"}
@@ -207,7 +210,7 @@ def test_a_spare_does_not_count_as_one_of_the_hosts_the_job_waits_for():
         job = await leader_with_spares(hosts=2, spares=1)
         await register(job.members[0])
         await eventually(lambda: job.leader.status[0].state == "registered")
-        assert job.leader.state is JobState.REGISTERING
+        assert job.leader.memory.state is JobState.REGISTERING
         assert await nothing_arrives(job.members[0])
         assert await nothing_arrives(job.spares[0])
         await job.shut()
@@ -224,7 +227,7 @@ def test_a_member_lost_before_every_host_registered_is_replaced_and_the_job_star
         await eventually(lambda: job.leader.status[1].state == "registered")
         members[1].close()
         await assigned(spare, host=1, generation=0, fired=[])
-        assert job.leader.state is JobState.REGISTERING  # host 2 has not registered yet
+        assert job.leader.memory.state is JobState.REGISTERING  # host 2 has not registered yet
         await register(members[2])
         for member in (members[0], spare, members[2]):
             start = await member.receive()
@@ -234,7 +237,7 @@ def test_a_member_lost_before_every_host_registered_is_replaced_and_the_job_star
                 "1": spare_address(0),
                 "2": replica_address(2),
             }
-        assert job.leader.restarts == {}
+        assert job.leader.memory.restarts == {}
         assert job.leader.summary()["machines"] == {0: "host-0", 1: "spare-0", 2: "host-2"}
         await job.shut()
 
@@ -288,7 +291,7 @@ def test_after_the_survivors_stop_each_host_restores_locally_and_the_swapped_hos
         await assigned(
             job.spares[0], host=2, generation=0, fired=["corrupt:host=2@step=4", "lose:host=2@step=5"]
         )
-        assert job.leader.state is JobState.STOPPING  # the survivors have not acked yet
+        assert job.leader.memory.state is JobState.STOPPING  # the survivors have not acked yet
         await job.members[0].send("stopped", generation=0, committed=[10, 20], replicas={"2": [10, 20]})
         await job.members[1].send("stopped", generation=0, committed=[10, 20], replicas={"0": [20]})
         starts = [await m.receive() for m in (job.members[0], job.members[1], job.spares[0])]
@@ -302,7 +305,7 @@ def test_after_the_survivors_stop_each_host_restores_locally_and_the_swapped_hos
             [local()],
             [peer(0)],  # the swapped host: host 0 holds its shard
         ]
-        assert job.leader.state is JobState.RUNNING
+        assert job.leader.memory.state is JobState.RUNNING
         await job.shut()
 
     run(scenario)
@@ -324,7 +327,7 @@ def test_a_host_lost_while_the_job_is_stopping_is_replaced_without_its_ack():
         starts = [await m.receive() for m in (job.members[0], job.members[1], job.spares[0])]
         assert [(s["generation"], s["restore_step"]) for s in starts] == [(1, 10)] * 3
         assert starts[2]["sources"] == [peer(0)]
-        assert job.leader.restarts == {"crash": 1}  # the loss during the stop is no second restart
+        assert job.leader.memory.restarts == {"crash": 1}  # the loss during the stop is no second restart
         await job.shut()
 
     run(scenario)
@@ -400,7 +403,7 @@ def test_a_spare_lost_during_its_own_restore_is_replaced_by_the_next_spare():
             (1, 0, "spare-0"),
             (1, 1, "spare-1"),
         ]
-        assert job.leader.restarts == {"host_lost": 2}
+        assert job.leader.memory.restarts == {"host_lost": 2}
         await job.shut()
 
     run(scenario)
@@ -429,7 +432,7 @@ def test_an_idle_spare_whose_connection_drops_leaves_the_pool():
         job = await job_with_spares(hosts=2, spares=1)
         job.spares[0].close()
         await job.event("spare 0 (spare-0) lost while idle")
-        assert job.leader.state is JobState.RUNNING  # an idle spare is no host: nothing stops
+        assert job.leader.memory.state is JobState.RUNNING  # an idle spare is no host: nothing stops
         job.members[1].close()  # now a host is lost: no spare is left to take over
         await all_stop(job.members[:1], generation=0, kind="host_lost")
         message = await job.members[0].receive()
@@ -629,7 +632,7 @@ def test_each_restart_records_the_holdings_the_restore_step_and_the_steps_execut
         job = await job_with_spares(hosts=2, spares=0)
         for member in job.members:
             await member.progress(0, 13, t=10.0)
-        await eventually(lambda: job.leader.high_water == 13)
+        await eventually(lambda: job.leader.memory.high_water == 13)
         await job.members[1].fault(0)
         await all_stop(job.members, generation=0, kind="crash")
         await job.members[0].send("stopped", generation=0, committed=[5, 10], replicas={"1": [10]})
@@ -651,11 +654,11 @@ def test_a_persistent_commit_that_fails_with_an_os_error_counts_as_a_failed_save
         job = await job_with_spares(hosts=2, spares=0, persistent=store)
         for member in job.members:
             await member.send("persisted", step=10)
-        await eventually(lambda: bool(job.leader.failed_saves))
+        await eventually(lambda: bool(job.leader.memory.failed_saves))
         summary = job.leader.summary()
         assert summary["failed_saves"] == {"persistent": 1}
         assert summary["persistent_committed"] == []
-        assert job.leader.state is JobState.RUNNING
+        assert job.leader.memory.state is JobState.RUNNING
         assert "not committed: bucket unavailable" in await job.event("persistent checkpoint of step 10")
         await job.shut()
 
@@ -668,8 +671,10 @@ def test_a_persistent_commit_that_fails_in_the_persistent_tier_counts_as_a_faile
         job = await job_with_spares(hosts=2, spares=0, persistent=store)
         for member in job.members:
             await member.send("persisted", step=10)
-        await eventually(lambda: bool(job.leader.failed_saves) or job.leader.state is not JobState.RUNNING)
-        assert job.leader.state is JobState.RUNNING
+        await eventually(
+            lambda: bool(job.leader.memory.failed_saves) or job.leader.memory.state is not JobState.RUNNING
+        )
+        assert job.leader.memory.state is JobState.RUNNING
         assert job.leader.summary()["failed_saves"] == {"persistent": 1}
         await job.shut()
 
@@ -720,7 +725,7 @@ def test_an_invalid_step_reported_with_a_stale_generation_is_not_excluded():
         )
         await job.members[1].send("checkpoint", step=10)  # a marker processed after it
         await eventually(lambda: 10 in job.leader.status[1].committed)
-        assert job.leader.job_invalid == set()
+        assert job.leader.memory.job_invalid == set()
         await job.shut()
 
     run(scenario)

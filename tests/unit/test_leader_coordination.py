@@ -7,7 +7,8 @@ Every test drives a real Leader over TCP on 127.0.0.1 with fake members speaking
 from typing import Any
 
 import pytest
-from slicekeeper.supervisor.coordination import JobState, Leader
+from slicekeeper.supervisor.coordination import Leader
+from slicekeeper.supervisor.job_memory import JobState
 
 from tests.support.fake_members import Member, coordinator, eventually, join, run
 
@@ -48,7 +49,7 @@ async def killed_after_five_steps() -> tuple[Leader, list[Member]]:
     for step in (1, 2, 3, 4, 5):
         await members[0].progress(0, step=step, t=90.0 + step)
     await members[1].send("chaos", kind="kill", step=5, t=96.0, generation=0)
-    await eventually(lambda: leader.high_water == 5 and len(leader.faults) == 1)
+    await eventually(lambda: leader.memory.high_water == 5 and len(leader.memory.faults) == 1)
     await members[1].fault(0, kind="crash", t=97.5)
     for member in members:
         assert (await member.receive())["type"] == "stop"
@@ -73,7 +74,7 @@ def test_once_every_member_registered_each_gets_start_of_generation_0_from_scrat
         for member in members[:2]:
             await member.send("register", metrics_port=9100 + member.host)
         await eventually(lambda: leader.status[1].state == "registered")
-        assert leader.state is JobState.REGISTERING
+        assert leader.memory.state is JobState.REGISTERING
         await members[2].send("register", metrics_port=9102)
         for member in members:
             assert await member.receive() == {
@@ -86,7 +87,7 @@ def test_once_every_member_registered_each_gets_start_of_generation_0_from_scrat
                 "world": [0, 1, 2],
                 "rank": member.host,
             }
-        assert leader.state is JobState.RUNNING
+        assert leader.memory.state is JobState.RUNNING
         assert leader.summary()["metrics_ports"] == {0: 9100, 1: 9101, 2: 9102}
         await shut(leader, members)
 
@@ -116,8 +117,8 @@ def test_a_fault_on_one_host_stops_every_member():
         await members[1].fault(0, kind="crash")
         for member in members:
             assert await member.receive() == {"type": "stop", "generation": 0, "kind": "crash", "host": 1}
-        assert leader.state is JobState.STOPPING
-        assert leader.restarts == {"crash": 1}
+        assert leader.memory.state is JobState.STOPPING
+        assert leader.memory.restarts == {"crash": 1}
         await shut(leader, members)
 
     run(scenario)
@@ -143,7 +144,7 @@ def test_a_hang_is_stopped_and_decided_as_the_host_that_stopped_not_the_one_that
                 "kind": "hang",
                 "host": stopped,
             }
-        [detection] = leader.detections
+        [detection] = leader.memory.detections
         assert detection.host == stopped
         assert f"noticed by host {reporter}; host {stopped} is in its own work of step 12" in detection.detail
         await eventually(lambda: len(leader.remediation.decisions) == 1)
@@ -165,7 +166,7 @@ def test_a_hang_is_named_after_a_host_that_does_not_say_where_it_is():
                 )
         for member in members:
             assert await member.receive() == {"type": "stop", "generation": 0, "kind": "hang", "host": 2}
-        assert "the supervisor of host 2 did not answer" in leader.detections[0].detail
+        assert "the supervisor of host 2 did not answer" in leader.memory.detections[0].detail
         await shut(leader, members)
 
     run(scenario)
@@ -185,7 +186,7 @@ def test_after_every_stop_is_acked_the_job_starts_again_from_the_newest_common_c
             assert (await member.receive())["type"] == "stop"
         await members[0].send("stopped", generation=0)
         await eventually(lambda: leader.status[0].state == "stopped")
-        assert leader.state is JobState.STOPPING  # host 1 has not acked yet
+        assert leader.memory.state is JobState.STOPPING  # host 1 has not acked yet
         await members[1].send("stopped", generation=0)
         for member in members:
             assert await member.receive() == {
@@ -198,8 +199,8 @@ def test_after_every_stop_is_acked_the_job_starts_again_from_the_newest_common_c
                 "world": [0, 1],
                 "rank": member.host,
             }
-        assert leader.generation == 1
-        assert leader.detections[-1].restore_step == 10
+        assert leader.memory.generation == 1
+        assert leader.memory.detections[-1].restore_step == 10
         await shut(leader, members)
 
     run(scenario)
@@ -254,7 +255,7 @@ def test_a_second_fault_of_the_same_generation_is_ignored():
     async def scenario():
         leader, members = await running_job(hosts=2)
         await members[0].fault(0, kind="crash")
-        await eventually(lambda: leader.state is JobState.STOPPING)
+        await eventually(lambda: leader.memory.state is JobState.STOPPING)
         await members[1].fault(0, kind="hang")  # the same stall seen from the other host
         for member in members:
             assert (await member.receive())["type"] == "stop"
@@ -263,8 +264,8 @@ def test_a_second_fault_of_the_same_generation_is_ignored():
         for member in members:
             message = await member.receive()
             assert (message["type"], message["generation"]) == ("start", 1)
-        assert sum(leader.restarts.values()) == 1  # whichever of the two arrived first
-        assert len(leader.detections) == 1
+        assert sum(leader.memory.restarts.values()) == 1  # whichever of the two arrived first
+        assert len(leader.memory.detections) == 1
         await shut(leader, members)
 
     run(scenario)
@@ -277,9 +278,9 @@ def test_a_fault_from_an_older_generation_is_ignored():
         await members[1].fault(0)  # a late report about the generation already torn down
         await members[1].progress(1, step=3, t=200.0)  # processed after the fault, same connection
         await eventually(lambda: leader.status[1].step == 3)
-        assert leader.state is JobState.RUNNING
-        assert leader.generation == 1
-        assert sum(leader.restarts.values()) == 1
+        assert leader.memory.state is JobState.RUNNING
+        assert leader.memory.generation == 1
+        assert sum(leader.memory.restarts.values()) == 1
         await shut(leader, members)
 
     run(scenario)
@@ -296,7 +297,7 @@ def test_a_stop_ack_for_another_generation_does_not_count():
         await members[1].send("stopped", generation=0)  # stale ack
         await members[1].send("checkpoint", step=99)  # a marker processed after it, same connection
         await eventually(lambda: leader.status[0].state == "stopped" and 99 in leader.status[1].committed)
-        assert leader.state is JobState.STOPPING
+        assert leader.memory.state is JobState.STOPPING
         assert leader.status[1].state != "stopped"
         await members[1].send("stopped", generation=1)
         for member in members:
@@ -320,7 +321,7 @@ def test_once_the_restart_budget_is_spent_the_next_fault_fails_the_job_on_every_
             assert message["type"] == "fail"
             assert "restart budget spent" in message["reason"]
             assert "1 in-job restarts" in message["reason"]
-        assert leader.state is JobState.FAILED
+        assert leader.memory.state is JobState.FAILED
         assert leader.done.is_set()
         summary = leader.summary()
         assert summary["state"] == "failed"
@@ -353,7 +354,7 @@ def test_a_job_that_never_completes_a_step_fails_before_the_budget_is_spent():
             message = await member.receive()
             assert message["type"] == "fail"
             assert "no progress across 2 consecutive starts" in message["reason"]
-        assert sum(leader.restarts.values()) == 1
+        assert sum(leader.memory.restarts.values()) == 1
         await shut(leader, members)
 
     run(scenario)
@@ -367,7 +368,7 @@ def test_a_completed_step_resets_the_count_of_starts_without_progress():
         starts = await restart(members, generation=1)
         assert [s["generation"] for s in starts] == [2, 2]
         await restart(members, generation=2)  # one strike again, not two
-        assert leader.state is JobState.RUNNING
+        assert leader.memory.state is JobState.RUNNING
         await shut(leader, members)
 
     run(scenario)
@@ -381,7 +382,7 @@ def test_losing_a_member_with_no_spare_left_fails_the_job_with_that_reason():
         message = await members[0].receive()
         assert message["type"] == "fail"
         assert "host 1 lost: cannot replace it (no spare is available)" in message["reason"]
-        assert leader.state is JobState.FAILED
+        assert leader.memory.state is JobState.FAILED
         await shut(leader, members[:1])
 
     run(scenario)
@@ -404,7 +405,7 @@ def test_when_every_host_finished_each_gets_shutdown_and_the_job_succeeded(tmp_p
             await member.progress(0, step=50, t=10.0)
         await members[0].send("finished", generation=0, step=50, fingerprint="abc")
         await eventually(lambda: leader.status[0].state == "finished")
-        assert leader.state is JobState.RUNNING  # host 1 is still training
+        assert leader.memory.state is JobState.RUNNING  # host 1 is still training
         await members[1].send("finished", generation=0, step=50, fingerprint="abc")
         for member in members:
             assert await member.receive() == {"type": "shutdown"}
@@ -428,7 +429,7 @@ def test_a_finished_report_from_a_stale_generation_is_ignored():
             await member.send("finished", generation=0, step=50, fingerprint="old")
             await member.progress(1, step=7, t=50.0)
         await eventually(lambda: all(s.step == 7 for s in leader.status.values()))
-        assert leader.state is JobState.RUNNING
+        assert leader.memory.state is JobState.RUNNING
         assert leader.summary()["fingerprints"] == {}
         await shut(leader, members)
 
@@ -489,7 +490,7 @@ def test_a_step_completed_while_the_job_is_stopping_does_not_raise_the_high_wate
         await members[0].progress(0, step=6, t=98.0)  # finished just before its process was killed
         await members[0].send("checkpoint", step=1)  # processed after it, same connection
         await eventually(lambda: 1 in leader.status[0].committed)
-        assert leader.high_water == 5
+        assert leader.memory.high_water == 5
         for member in members:
             await member.send("stopped", generation=0)
         for member in members:
@@ -546,11 +547,11 @@ def test_a_fault_fired_in_an_older_generation_is_not_credited_to_a_later_detecti
         leader, members = await running_job(hosts=2)
         await members[0].send("chaos", kind="hang", step=3, t=50.0, generation=0)
         await restart(members, generation=0)  # generation 0 ended by a crash elsewhere: not the hang
-        await eventually(lambda: leader.generation == 1)
+        await eventually(lambda: leader.memory.generation == 1)
         [fault] = leader.summary()["faults"]
         assert fault["detected_as"] == "crash"  # detected in its own generation 0
         await members[1].send("chaos", kind="kill", step=9, t=60.0, generation=0)  # a late report
-        await eventually(lambda: len(leader.faults) == 2)
+        await eventually(lambda: len(leader.memory.faults) == 2)
         await members[1].fault(1, t=61.0)
         for member in members:
             assert (await member.receive())["type"] == "stop"

@@ -1,0 +1,135 @@
+"""The job's memory: what a job has been through and what it holds, as one value.
+
+A leader keeps two kinds of state. Connections, timers and tasks belong to its process and die with
+it. Everything else is the job's memory: its state and restart generation, the restarts and the
+budget they used, the faults fired and what became of them, every detection and recovery, the
+persistent checkpoints committed. The report is made of it, and a leader that takes over must carry
+it on unchanged (a leader loss must never reset a budget, or a crash loop escapes its limit by
+killing the leader). So it lives here, apart from the leader's machinery, as plain data that converts
+to JSON and back (`to_json`, `from_json`): a value that can be written down, sent and restored.
+
+The policy's own memory (decisions, budgets used), the job's world (active slices, its history) and
+the straggler scores are kept by their own modules; the leader writes them down next to this one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class JobState(StrEnum):
+    REGISTERING = "registering"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclass
+class FaultRecord:
+    """An injected fault and what the job made of it (times are Unix seconds)."""
+
+    kind: str
+    host: int
+    step: int
+    fired_at: float
+    generation: int
+    """The generation the fault fired in; only a detection in that generation is its detection."""
+    detected_at: float | None = None
+    detected_as: str | None = None
+    resumed_at: float | None = None
+    """First step completed after the restart it caused."""
+    productive_at: float | None = None
+    """First step completed beyond the job's high-water mark after that restart."""
+    high_water_at_detection: int = 0
+    detected_in_generation: int = -1
+    spec: str = ""
+    """The fault as written in --chaos, so that a spare never fires a fault its host already fired."""
+    disruptive: bool = True
+    """False for faults that stop nothing by themselves (corrupt): no detection is theirs."""
+    detail: str = ""
+
+    @property
+    def awaiting_resume(self) -> bool:
+        """Detected, and the job has not yet trained beyond where it stood then."""
+        return self.detected_in_generation >= 0 and self.productive_at is None
+
+
+@dataclass
+class Detection:
+    kind: str
+    host: int
+    generation: int
+    detected_at: float
+    detail: str
+    restore_step: int | None = None
+
+
+@dataclass
+class JobMemory:
+    """See the module docstring. Sets are of steps or hosts; lists are in the order things happened."""
+
+    started_at: float
+    state: JobState = JobState.REGISTERING
+    generation: int = 0
+    high_water: int = 0
+    """The furthest step any generation completed."""
+    failure_reason: str | None = None
+    restarts: Counter[str] = field(default_factory=Counter)
+    """Stops of the job, by the kind of fault (or planned change) that caused them."""
+    restarts_without_progress: int = 0
+    stop_cause: dict[str, Any] | None = None
+    """What stopped the running generation (kind, host, time, the job's high-water mark then)."""
+    faults: list[FaultRecord] = field(default_factory=list)
+    detections: list[Detection] = field(default_factory=list)
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per start from a checkpoint: what stopped the job, what every host held, which step
+    was restored and how many steps are executed again."""
+    restores: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per host and restore: the step and tier staged, and the step its workload loaded."""
+    hot_swaps: list[dict[str, Any]] = field(default_factory=list)
+    failed_saves: Counter[str] = field(default_factory=Counter)
+    job_invalid: set[int] = field(default_factory=set)
+    """Steps no host may restore (a restore of them gave a non-finite loss)."""
+    persisted: dict[int, set[int]] = field(default_factory=dict)
+    """step -> hosts whose shard of it is uploaded to the persistent tier (not yet committed)."""
+    persistent_committed: set[int] = field(default_factory=set)
+    persistent_owners: dict[int, set[int]] = field(default_factory=dict)
+    """Committed persistent step -> hosts whose shard it holds (the world of that step)."""
+    persistent_commits: list[dict[str, Any]] = field(default_factory=list)
+    """Each persistent step committed, with its time."""
+
+    def awaiting_resume(self) -> list[FaultRecord]:
+        return [record for record in self.faults if record.awaiting_resume]
+
+    # --- as data ------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["state"] = self.state.value
+        data["restarts"], data["failed_saves"] = dict(self.restarts), dict(self.failed_saves)
+        data["job_invalid"] = sorted(self.job_invalid)
+        data["persistent_committed"] = sorted(self.persistent_committed)
+        for name in ("persisted", "persistent_owners"):
+            data[name] = {str(step): sorted(hosts) for step, hosts in getattr(self, name).items()}
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobMemory:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"job memory: unknown field(s) {', '.join(unknown)}")
+        values = dict(data)
+        values["state"] = JobState(data["state"])
+        values["restarts"], values["failed_saves"] = Counter(data["restarts"]), Counter(data["failed_saves"])
+        values["faults"] = [FaultRecord(**record) for record in data["faults"]]
+        values["detections"] = [Detection(**detection) for detection in data["detections"]]
+        values["job_invalid"] = set(data["job_invalid"])
+        values["persistent_committed"] = set(data["persistent_committed"])
+        for name in ("persisted", "persistent_owners"):
+            values[name] = {int(step): set(hosts) for step, hosts in data[name].items()}
+        return cls(**values)
