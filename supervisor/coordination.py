@@ -173,6 +173,20 @@ class Leader:
         self._server: asyncio.Server | None = None
         self.done = asyncio.Event()
 
+    def journal(self) -> dict[str, Any]:
+        """All the job's memory as JSON: what a leader taking over needs to carry on (`carry_on`)."""
+        return {
+            "memory": self.memory.to_json(),
+            "world": self.world.state(),
+            "remediation": self.remediation.state(),
+        }
+
+    def carry_on(self, journal: dict[str, Any]) -> None:
+        """Take over the memory another leader of this job wrote down (`journal`)."""
+        self.memory = JobMemory.from_json(journal["memory"])
+        self.world.carry_on(journal["world"])
+        self.remediation.carry_on(journal["remediation"])
+
     async def serve(self, address: str, port: int) -> int:
         self._server = await asyncio.start_server(self._connection, address, port)
         return int(self._server.sockets[0].getsockname()[1])

@@ -38,6 +38,26 @@ class Remediation:
         self.stragglers: list[dict[str, Any]] = []
         self.scale_events: list[dict[str, Any]] = []
 
+    # --- as data ------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Everything this decision-maker remembers, as JSON (see `carry_on`)."""
+        return {
+            "engine": self.engine.state(),
+            "detector": self.detector.state(),
+            "decisions": [dict(d) for d in self.decisions],
+            "stragglers": [dict(s) for s in self.stragglers],
+            "scale_events": [dict(e) for e in self.scale_events],
+        }
+
+    def carry_on(self, state: dict[str, Any]) -> None:
+        """Continue where another leader's Remediation left off: the policy's history and budgets,
+        the straggler windows, the records the report lists."""
+        self.engine.carry_on(state["engine"])
+        self.detector.carry_on(state["detector"])
+        self.decisions = [dict(d) for d in state["decisions"]]
+        self.stragglers = [dict(s) for s in state["stragglers"]]
+        self.scale_events = [dict(e) for e in state["scale_events"]]
+
     # --- raw messages to typed events ---------------------------------------------------------
     @staticmethod
     def fault_event(host: int, message: dict[str, Any], step: int, generation: int) -> policy.Event:

@@ -52,6 +52,7 @@ import statistics
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 _MAX_PENDING_STEPS = 64
 """Steps waiting for their last report; older ones are dropped (a host that stopped reporting)."""
@@ -115,6 +116,33 @@ class StragglerDetector:
         self._scores = {}
         self._baselines = {}
         self._flagged = set()
+
+    def state(self) -> dict[str, Any]:
+        """What the detector has seen since its last reset, as JSON: a leader taking over carries on
+        with the same windows, streaks, baselines and findings (restore with `carry_on`)."""
+        return {
+            "hosts": sorted(self._hosts),
+            "pending": {str(s): {str(h): w for h, w in r.items()} for s, r in self._pending.items()},
+            "last_evaluated": self._last_evaluated,
+            "steps_seen": self._steps_seen,
+            "works": {str(h): list(w) for h, w in self._works.items()},
+            "streaks": {str(h): n for h, n in self._streaks.items()},
+            "scores": {str(h): v for h, v in self._scores.items()},
+            "baselines": {str(h): v for h, v in self._baselines.items()},
+            "flagged": sorted(self._flagged),
+        }
+
+    def carry_on(self, state: dict[str, Any]) -> None:
+        """Continue from `state()` of another detector with the same settings."""
+        self.reset(state["hosts"])
+        self._pending = {int(s): {int(h): w for h, w in r.items()} for s, r in state["pending"].items()}
+        self._last_evaluated = state["last_evaluated"]
+        self._steps_seen = state["steps_seen"]
+        self._works = {int(h): deque(w, maxlen=self.window) for h, w in state["works"].items()}
+        self._streaks = {int(h): n for h, n in state["streaks"].items()}
+        self._scores = {int(h): v for h, v in state["scores"].items()}
+        self._baselines = {int(h): v for h, v in state["baselines"].items()}
+        self._flagged = set(state["flagged"])
 
     def observe(self, host: int, step: int, work: float | None) -> list[Finding]:
         """Record `host`'s own work in `step`; return the findings once every host reported the step.

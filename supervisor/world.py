@@ -76,6 +76,14 @@ class JobWorld:
     def restore(self, slices: list[int]) -> None:
         self.active = sorted({*self.active, *slices})
 
+    def state(self) -> dict[str, Any]:
+        """What changes as the job runs (the slices taking part, the history), as JSON."""
+        return {"active": list(self.active), "history": [dict(entry) for entry in self.history]}
+
+    def carry_on(self, state: dict[str, Any]) -> None:
+        self.active = [int(s) for s in state["active"]]
+        self.history = [dict(entry) for entry in state["history"]]
+
     def record(self, step: int, generation: int) -> None:
         """Note the world of a generation that starts (only when it changed)."""
         if self.history and self.history[-1]["slices"] == self.active:

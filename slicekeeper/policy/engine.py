@@ -169,6 +169,13 @@ class BudgetLedger:
     def use(self, level: Level, t: float) -> None:
         self._uses[level].append(t)
 
+    def uses(self) -> dict[str, list[float]]:
+        """Every use so far (level -> times), as JSON: budgets carry on across a leader change."""
+        return {str(level): list(times) for level, times in self._uses.items()}
+
+    def carry_on(self, uses: Mapping[str, list[float]]) -> None:
+        self._uses = {level: [float(t) for t in uses.get(str(level), [])] for level in Level}
+
     def budgets(self, now: float) -> dict[Level, Budget]:
         budgets = {}
         for level, (limit, window) in self.limits.items():
@@ -319,6 +326,16 @@ class PolicyEngine:
     def _failed(event: Event, context: Context, source: DecisionSource, why: str) -> Decision:
         reason = f"no valid remedy for {event.summary}: {why}"
         return Decision(event=event, action=Fail(reason=reason), source=source, reason=reason, t=context.now)
+
+    def state(self) -> dict[str, Any]:
+        """This engine's memory (its decisions, the budgets they used) as JSON: a leader that takes
+        over carries it on (`carry_on`), so the policy's history and budgets never start again."""
+        return {"history": [d.to_json() for d in self._history], "uses": self.ledger.uses()}
+
+    def carry_on(self, state: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._history = [Decision.from_json(d) for d in state["history"]]
+            self.ledger.carry_on(state["uses"])
 
     def record(self, decision: Decision) -> None:
         """Add a decision to the history and charge its level's budget (if it has one)."""

@@ -5,7 +5,9 @@ of two hosts, the default escalation ladder unless a test loads a user policy fi
 """
 
 import asyncio
+import json
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -243,3 +245,48 @@ def test_a_healthy_job_with_even_hosts_reports_no_straggler():
         await job.shut()
 
     run(scenario)
+
+
+# --- a leader taking over -------------------------------------------------------------------------
+
+
+def test_a_leader_taking_over_from_the_journal_carries_on_the_policys_history_budgets_and_scores():
+    async def scenario():
+        job = await two_slices()
+        await host_3_lost_and_slice_1_dropped(job)
+        await eventually(
+            lambda: job.leader.memory.generation == 1 and job.leader.memory.state is JobState.RUNNING
+        )
+        await host_1_straggles_again(job)
+        await eventually(lambda: len(job.leader.summary()["decisions"]) == 2)
+        written = json.loads(json.dumps(job.leader.journal()))  # what a successor would receive
+        successor = Leader(
+            hosts=4, max_restarts=10, coordinator_address=coordinator, hosts_per_slice=2, devices_per_host=2
+        )
+        successor.carry_on(written)
+        assert successor.journal() == written
+        engine, before = successor.remediation.engine, job.leader.remediation.engine
+        assert engine.history == before.history and [d.action.name for d in engine.history] == [
+            "scale_down",
+            "ignore",
+        ]
+        now = time.time()
+        assert engine.ledger.budgets(now) == before.ledger.budgets(now)
+        assert successor.remediation.detector.scores() == job.leader.remediation.detector.scores()
+        assert successor.remediation.detector.flagged == {1}
+        assert successor.world.active == [0]
+        for key in ("state", "generations", "restarts", "faults", "detections", "recoveries", "world"):
+            assert successor.summary()[key] == job.leader.summary()[key], key
+        for key in ("decisions", "stragglers", "scale_events"):
+            assert successor.summary()[key] == job.leader.summary()[key], key
+        await job.shut()
+
+    run(scenario)
+
+
+async def host_1_straggles_again(job: Job) -> None:
+    """Generation 1 on hosts 0 and 1: even until step 30, then host 1's own work triples."""
+    for step in range(11, 55):
+        for member in job.members[:2]:
+            work = 0.3 if member.host == 1 and step > 30 else 0.1
+            await member.send("progress", generation=1, step=step, loss=1.0, t=200.0 + step, work=work)
