@@ -2,9 +2,8 @@
 
 The job is a loop in lockstep (tests/fixtures/lockstep_loop.py): when one host stops, the other three
 stop with it, waiting at the step's barrier, and every supervisor's hang timer runs. Each host index
-is hung in turn; the detection, the policy's event and the report must all name that host. Before
-the leader asked the hosts where their workloads were, the first timer to fire won: in `make demo`
-a hang on host 0 was reported and decided as a hang on host 3.
+is hung in turn; the detection, the policy's event, the report and the culprit's fault counter must
+all name that host, whichever supervisor's timer fired first.
 """
 
 from __future__ import annotations

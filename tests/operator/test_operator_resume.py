@@ -42,8 +42,8 @@ def on_straggler(event, context):
 """The job's policy: the default ladder, but a straggler is only reported. On a loaded two-core
 machine a host's share of the cores is uneven enough to be scored a straggler now and then; replacing
 it finds no free node here, and after replacementTimeoutSeconds the default ladder scales the job
-down, whose parameters equal the fault-free run's only up to float summation order (a CI run failed
-that way), while this test checks resuming bit for bit."""
+down, whose parameters equal the fault-free run's only up to float summation order, while this test
+checks resuming bit for bit."""
 
 
 def resumable_job(where: Path, steps: int) -> dict[str, Any]:
