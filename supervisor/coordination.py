@@ -65,7 +65,7 @@ PERSISTENT_LISTING_BACKOFF = 2.0
 """At the first start, a persistent tier that cannot be listed is tried this many times, this many
 seconds apart times the attempt, before the job fails."""
 
-ACTIVITY_REPLY_SECONDS = 1.0
+ACTIVITY_REPLY_SECONDS = 2.0
 """At a hang report, how long every member gets to say where its workload is (supervisor.culprit);
 one that does not answer in time is taken for the host that stopped."""
 
