@@ -141,6 +141,11 @@ ENV_RESTORE_STEP) instead of starting a process from scratch.
 """
 
 
+CONTROL_LINE_LIMIT = 1 << 24
+"""Bytes one leader <-> member line may take (asyncio's default is 64 KiB): the leader's journal,
+which grows with the job's history, travels as one line."""
+
+
 def encode(message: dict[str, Any]) -> bytes:
     return (json.dumps(message, separators=(",", ":")) + "\n").encode()
 

@@ -129,6 +129,8 @@ class Leader:
         self.hosts = hosts
         self.memory = JobMemory(started_at=time.time())
         """The job's memory (supervisor.job_memory): what a leader that takes over carries on."""
+        self._journal_seq = 0
+        """Journals sent so far (`_replicate`): a member keeps the one with the highest number."""
         self.log_events = log_events
         """Print every event on stderr: in a pod, where no runtime watches, the leader pod's log
         (`kubectl logs <job>-s0-w0`) tells the job's story."""
@@ -188,7 +190,9 @@ class Leader:
         self.remediation.carry_on(journal["remediation"])
 
     async def serve(self, address: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._connection, address, port)
+        self._server = await asyncio.start_server(
+            self._connection, address, port, limit=protocol.CONTROL_LINE_LIMIT
+        )
         return int(self._server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
@@ -223,6 +227,14 @@ class Leader:
             for host, member in list(self._members.items()):
                 if member is writer and self.memory.state not in (JobState.SUCCEEDED, JobState.FAILED):
                     await self._host_lost(host)
+
+    async def _replicate(self) -> None:
+        """Write the journal down on every member, before the command it leads to (write-ahead): a
+        member that received a command also holds the journal that ordered it, so a leader that takes
+        over from any member carries on from there, never from before a decision already acted on."""
+        self._journal_seq += 1
+        message = {"type": "journal", "seq": self._journal_seq, "journal": self.journal()}
+        await self._broadcast(message)
 
     async def _broadcast(self, message: dict[str, Any]) -> None:
         for writer in list(self._members.values()):
@@ -319,6 +331,7 @@ class Leader:
             )
             self.memory.faults.append(record)
             await self._event(f"chaos: {message['kind']} host {host} at step {message['step']}", host=host)
+            await self._replicate()  # a fault fired never fires again, whoever leads
         elif kind == "fault":
             await self._fault(host, message)
         elif kind == "activity":
@@ -386,6 +399,7 @@ class Leader:
                 record.resumed_at = now
             if record.productive_at is None and step > record.high_water_at_detection:
                 record.productive_at = now
+                await self._replicate()
         self.memory.high_water = max(self.memory.high_water, step)
 
     async def _fault(self, host: int, message: dict[str, Any]) -> None:
@@ -491,6 +505,7 @@ class Leader:
         if reason is not None:
             await self._fail(reason)
             return False
+        await self._replicate()
         for member in self.world.hosts:
             if member in self._members:
                 await send(
@@ -572,6 +587,7 @@ class Leader:
                 await self._event(
                     f"decision ({decision.source.value}): {action.name} for {event.summary}{reason}"
                 )
+                await self._replicate()  # the decision, before anything is done about it
                 await self._act(event, action)
         finally:
             self._deciding -= 1
@@ -848,6 +864,7 @@ class Leader:
         for old in [s for s in self.memory.persisted if s <= step]:
             del self.memory.persisted[old]
         await self._event(f"persistent checkpoint of step {step} committed")
+        await self._replicate()
 
     def _restored(self, host: int, message: dict[str, Any]) -> None:
         """A supervisor staged its host's shard of the agreed step into its local tier."""
@@ -1020,6 +1037,7 @@ class Leader:
         self._finished.clear()
         self.world.record(self.memory.high_water, self.memory.generation)
         self.remediation.new_world()
+        await self._replicate()
         world = self.world.hosts
         address = self._coordinator_address(self.memory.generation, world[0])
         addresses = {h: s.replica_address for h, s in self.status.items() if s.replica_address}
@@ -1060,6 +1078,7 @@ class Leader:
         self.memory.state = JobState.SUCCEEDED
         self.write_summary()
         await self._event("training finished on every host")
+        await self._replicate()
         await self._broadcast({"type": "shutdown"})
         for spare in self._spares:
             await send(spare.writer, {"type": "shutdown"})
@@ -1072,6 +1091,7 @@ class Leader:
         self.memory.failure_reason = reason
         self.write_summary()
         await self._event(f"job failed: {reason}")
+        await self._replicate()
         await self._broadcast({"type": "fail", "reason": reason})
         for spare in self._spares:
             await send(spare.writer, {"type": "shutdown"})

@@ -92,6 +92,8 @@ class HostSupervisor:
         self.accountant = GoodputAccountant(time.time())
         self.detector = HangDetector(self.job.spec.health)
         self.activity = ActivityTracker()
+        self.journal: dict[str, Any] | None = None
+        """The newest journal the leader sent (`{"type": "journal", "seq", "journal"}`)."""
         """Where the workload is, for the leader naming a hang's culprit (supervisor.culprit)."""
         self.metrics = SupervisorMetrics(lambda: self.accountant)
         self.faults: list[Fault] = self._faults_of(host, fired=set())
@@ -379,6 +381,8 @@ class HostSupervisor:
                     self._faults[message["kind"]] = self._faults.get(message["kind"], 0) + 1
                     self.metrics.faults.labels(kind=message["kind"]).inc()
                 await self._stop(int(message["generation"]), message["kind"])
+            elif kind == "journal":
+                self.journal = message  # the leader's newest: what a leader taking over carries on
             elif kind == "activity_request":
                 snapshot = self.activity.snapshot(time.time()).to_message()
                 await self._report({"type": "activity", "generation": self.generation, **snapshot})
@@ -895,6 +899,7 @@ class HostSupervisor:
             "productive_step_seconds": self.accountant.productive_step_seconds,
             "restarts": self._restarts,
             "faults": self._faults,
+            "journal_seq": self.journal["seq"] if self.journal else None,
             "fingerprint": self._fingerprint,
             "last_checkpoint_step": self._last_checkpoint,
             "typical_step_seconds": self.detector.typical_step_seconds,

@@ -51,6 +51,11 @@ class Connect(Protocol):
     def __call__(self, host: str, port: int) -> Awaitable[Streams]: ...
 
 
+async def open_control_connection(host: str, port: int) -> Streams:
+    """A connection whose lines may be as long as the leader's journal (protocol.CONTROL_LINE_LIMIT)."""
+    return await asyncio.open_connection(host, port, limit=protocol.CONTROL_LINE_LIMIT)
+
+
 class LeaderUnreachable(OSError):
     """The leader did not answer within the wait; the last attempt's error is the cause."""
 
@@ -69,7 +74,7 @@ async def connect(
     *,
     wait: float,
     clock: Clock = Clock(),
-    open_connection: Connect = asyncio.open_connection,
+    open_connection: Connect = open_control_connection,
     say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> Streams:
     """Connect to the leader at `host:port`, trying again (the name resolved anew each time) until

@@ -265,7 +265,9 @@ class LocalRuntime:
         deadline = time.time() + 60
         while True:
             try:
-                reader, writer = await asyncio.open_connection(host, int(port))
+                reader, writer = await asyncio.open_connection(
+                    host, int(port), limit=protocol.CONTROL_LINE_LIMIT
+                )
                 break
             except OSError:
                 if time.time() > deadline:

@@ -46,3 +46,5 @@ def test_a_hang_is_named_after_the_host_that_stopped(tmp_path, hung):
     assert {h: m["faults"] for h, m in machines.items()} == {
         h: {"hang": 1} if h == hung else {} for h in range(4)
     }
+    # Every member holds the leader's last journal, written down before the final shutdown.
+    assert len({m["journal_seq"] for m in machines.values()}) == 1 and machines[0]["journal_seq"] > 0

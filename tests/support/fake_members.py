@@ -34,15 +34,23 @@ class Member:
         self.host = host
         self.reader = reader
         self.writer = writer
+        self.journals: list[dict[str, Any]] = []
+        """Journals the leader wrote down on this member, in order."""
 
     async def send(self, message_type: str, **fields: Any) -> None:
         self.writer.write(protocol.encode({"type": message_type, "host": self.host, **fields}))
         await self.writer.drain()
 
     async def receive(self) -> dict[str, Any]:
-        line = await asyncio.wait_for(self.reader.readline(), WAIT)
-        assert line, f"host {self.host}: the leader closed the connection"
-        return protocol.decode(line)
+        """The next command from the leader. The journals it writes down on members before its commands
+        are kept in `journals`, not returned: most tests are about the commands."""
+        while True:
+            line = await asyncio.wait_for(self.reader.readline(), WAIT)
+            assert line, f"host {self.host}: the leader closed the connection"
+            message = protocol.decode(line)
+            if message["type"] != "journal":
+                return message
+            self.journals.append(message)
 
     async def fault(self, generation: int, kind: str = "crash", t: float = 100.0) -> None:
         await self.send("fault", generation=generation, kind=kind, detail="workload exited with 1", t=t)
@@ -64,6 +72,6 @@ async def eventually(predicate: Callable[[], bool]) -> None:
 async def join(port: int, hosts: int) -> list[Member]:
     members = []
     for host in range(hosts):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=protocol.CONTROL_LINE_LIMIT)
         members.append(Member(host, reader, writer))
     return members

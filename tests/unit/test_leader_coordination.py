@@ -4,12 +4,16 @@ Every test drives a real Leader over TCP on 127.0.0.1 with fake members speaking
 (tests/support/fake_members.py).
 """
 
+import asyncio
+import json
 from typing import Any
 
 import pytest
 from slicekeeper.supervisor.coordination import Leader
 from slicekeeper.supervisor.job_memory import JobState
+from slicekeeper.supervisor.leader_connection import open_control_connection
 
+from slicekeeper import protocol
 from tests.support.fake_members import Member, coordinator, eventually, join, run
 
 
@@ -576,5 +580,55 @@ def test_a_member_that_never_acks_a_stop_fails_the_job(monkeypatch):
         assert message["type"] == "fail"
         assert "host(s) [1] did not stop their workload within" in message["reason"]
         await shut(leader, members)
+
+    run(scenario)
+
+
+# --- the journal, written down on every member ----------------------------------------------------
+
+
+def test_before_each_command_the_leader_writes_its_journal_down_on_every_member():
+    async def scenario():
+        leader, members = await running_job(hosts=2)
+        await members[1].fault(0, kind="crash")
+        for member in members:
+            assert (await member.receive())["type"] == "stop"
+            memory = member.journals[-1]["journal"]["memory"]  # what the member held when told to stop
+            assert (memory["state"], memory["restarts"]) == ("stopping", {"crash": 1})
+            assert [(d["kind"], d["host"]) for d in memory["detections"]] == [("crash", 1)]
+        for member in members:
+            await member.send("stopped", generation=0)
+        for member in members:
+            assert (await member.receive())["type"] == "start"
+            newest = member.journals[-1]
+            assert newest["journal"]["memory"]["generation"] == 1
+            decisions = newest["journal"]["remediation"]["decisions"]
+            assert [(d["event"]["kind"], d["action"]["name"]) for d in decisions] == [("crash", "restart")]
+            assert newest["journal"] == json.loads(json.dumps(leader.journal()))
+            numbers = [journal["seq"] for journal in member.journals]
+            assert numbers == sorted(set(numbers))  # each newer than the last
+        await shut(leader, members)
+
+    run(scenario)
+
+
+def test_a_member_reads_a_journal_longer_than_asyncios_default_line_limit():
+    async def scenario():
+        line = protocol.encode({"type": "journal", "seq": 1, "journal": {"padding": "x" * (1 << 20)}})
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(line)
+            await writer.drain()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await open_control_connection("127.0.0.1", port)
+        assert await reader.readline() == line
+        writer.close()
+        plain, writer = await asyncio.open_connection("127.0.0.1", port)  # 64 KiB lines at most
+        with pytest.raises(ValueError):
+            await plain.readline()
+        writer.close()
+        server.close()
 
     run(scenario)
