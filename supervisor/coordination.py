@@ -130,6 +130,7 @@ class Leader:
         self.memory = JobMemory(started_at=time.time())
         """The job's memory (supervisor.job_memory): what a leader that takes over carries on."""
         self._journal_seq = 0
+        self._standing_down = False
         """Journals sent so far (`_replicate`): a member keeps the one with the highest number."""
         self.log_events = log_events
         """Print every event on stderr: in a pod, where no runtime watches, the leader pod's log
@@ -195,6 +196,14 @@ class Leader:
         )
         return int(self._server.sockets[0].getsockname()[1])
 
+    def stand_down(self, reason: str) -> None:
+        """This leader's process is ending (SIGTERM: the pod deleted, the job suspended): it acts no
+        more. Members' connections dropping now are its own ending, not hosts lost, and no decision
+        is taken on them; the job's memory stays as it was (a leader taking over carries it on)."""
+        if not self._standing_down:
+            self._standing_down = True
+            self._spawn(self._event(f"leader standing down: {reason}"))
+
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
@@ -212,20 +221,18 @@ class Leader:
                 except (ValueError, KeyError, TypeError) as error:
                     # A bad message must not end the connection: that would read as a lost host.
                     print(f"leader: ignored a malformed message {line[:200]!r}: {error!r}", file=sys.stderr)
-        except ConnectionError:
-            pass
+        except (ConnectionError, asyncio.CancelledError):
+            pass  # cancelled: the process is ending (asyncio.run's teardown); no traceback for that
         finally:
             if writer in self._watchers:
                 self._watchers.remove(writer)
+            ended = self.memory.state in (JobState.SUCCEEDED, JobState.FAILED)
             for spare in [s for s in self._spares if s.writer is writer]:
                 self._spares.remove(spare)
-                if self.memory.state not in (
-                    JobState.SUCCEEDED,
-                    JobState.FAILED,
-                ):  # else: shut down with the job
+                if not ended and not self._standing_down:  # else: it shut down with the job or leader
                     await self._event(f"spare {spare.spare} ({spare.machine}) lost while idle")
             for host, member in list(self._members.items()):
-                if member is writer and self.memory.state not in (JobState.SUCCEEDED, JobState.FAILED):
+                if member is writer and not ended and not self._standing_down:
                     await self._host_lost(host)
 
     async def _replicate(self) -> None:

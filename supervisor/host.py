@@ -308,6 +308,8 @@ class HostSupervisor:
         if self.workload is not None:
             self.workload.kill_group()
         print(f"[host {self.host}] stopping: {reason}", file=sys.stderr, flush=True)
+        if self._leader is not None:  # before its own member's connection drops
+            self._leader.stand_down(reason)
         if self._leader_writer is not None:
             self._leader_writer.close()
         self._finished.set()

@@ -632,3 +632,20 @@ def test_a_member_reads_a_journal_longer_than_asyncios_default_line_limit():
         server.close()
 
     run(scenario)
+
+
+# --- the leader's process ending ------------------------------------------------------------------
+
+
+def test_a_leader_standing_down_takes_its_members_leaving_for_its_own_end_not_for_hosts_lost():
+    async def scenario():
+        leader, members = await running_job(hosts=3)
+        leader.stand_down("received SIGTERM")
+        for member in members:  # every pod of the job is going (suspended, deleted)
+            member.close()
+        await asyncio.sleep(0.5)  # the leader reads every connection's end
+        assert leader.memory.state is JobState.RUNNING and leader.memory.restarts == {}
+        assert leader.memory.detections == [] and leader.remediation.decisions == []
+        await leader.close()
+
+    run(scenario)
