@@ -130,8 +130,9 @@ class Leader:
         self.memory = JobMemory(started_at=time.time())
         """The job's memory (supervisor.job_memory): what a leader that takes over carries on."""
         self._journal_seq = 0
-        self._standing_down = False
         """Journals sent so far (`_replicate`): a member keeps the one with the highest number."""
+        self._standing_down = False
+        """The leader's process is ending (`stand_down`): it acts no more."""
         self.log_events = log_events
         """Print every event on stderr: in a pod, where no runtime watches, the leader pod's log
         (`kubectl logs <job>-s0-w0`) tells the job's story."""

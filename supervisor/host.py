@@ -92,9 +92,9 @@ class HostSupervisor:
         self.accountant = GoodputAccountant(time.time())
         self.detector = HangDetector(self.job.spec.health)
         self.activity = ActivityTracker()
+        """Where the workload is, for the leader naming a hang's culprit (supervisor.culprit)."""
         self.journal: dict[str, Any] | None = None
         """The newest journal the leader sent (`{"type": "journal", "seq", "journal"}`)."""
-        """Where the workload is, for the leader naming a hang's culprit (supervisor.culprit)."""
         self.metrics = SupervisorMetrics(lambda: self.accountant)
         self.faults: list[Fault] = self._faults_of(host, fired=set())
         persistent = self.job.spec.checkpoint.persistent
