@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from slicekeeper.api import TrainingJob
 from slicekeeper.errors import UserError
+from slicekeeper.shape import JobShape
 
 DEFAULT_LOCAL_HOSTS = 4
 
@@ -33,22 +34,24 @@ class JobLayout:
     devices_per_host: int
 
     @property
+    def shape(self) -> JobShape:
+        return JobShape(self.slices, self.hosts_per_slice, self.devices_per_host)
+
+    @property
     def hosts(self) -> int:
-        return self.slices * self.hosts_per_slice
+        """How many hosts the job has (a count: see slicekeeper.shape)."""
+        return self.shape.host_count
 
     def host(self, index: int) -> HostId:
         if not 0 <= index < self.hosts:
             raise ValueError(f"host index {index} outside 0..{self.hosts - 1}")
-        return HostId(index, index // self.hosts_per_slice, index % self.hosts_per_slice)
+        return HostId(index, self.shape.slice_of(index), self.shape.worker_of(index))
 
     def hostname(self, host: HostId) -> str:
         return f"{self.job_name}-s{host.slice}-w{host.worker}"
 
     def slice_hostnames(self, slice_index: int) -> list[str]:
-        return [
-            self.hostname(self.host(slice_index * self.hosts_per_slice + w))
-            for w in range(self.hosts_per_slice)
-        ]
+        return [self.hostname(self.host(h)) for h in self.shape.hosts_of(slice_index)]
 
 
 def cluster_layout(job: TrainingJob) -> JobLayout:

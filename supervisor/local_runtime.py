@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.plan import JobPlan, free_port
 from slicekeeper.supervisor.workload_process import die_with_parent
@@ -273,35 +274,35 @@ class LocalRuntime:
                 if time.time() > deadline:
                     return
                 await asyncio.sleep(0.1)
-        writer.write(protocol.encode({"type": "watch"}))
+        writer.write(messages.Watch().encode())
         last_line = 0.0
         printed_ports = False
         while line := await reader.readline():
-            message = protocol.decode(line)
-            if message["type"] == "event":
-                self._say(f"  [{time.strftime('%H:%M:%S')}] {message['text']}")
-            elif message["type"] == "status":
-                if self._capacity and message["state"] == "running":
-                    await self._capacity_returns(plan, plan_path, max(h["step"] for h in message["hosts"]))
-                ports = [h["metrics_port"] for h in message["hosts"]]
+            message = messages.to_watcher(line)
+            if isinstance(message, messages.EventNote):
+                self._say(f"  [{time.strftime('%H:%M:%S')}] {message.text}")
+            else:
+                if self._capacity and message.state == "running":
+                    await self._capacity_returns(plan, plan_path, max(h.step for h in message.hosts))
+                ports = [h.metrics_port for h in message.hosts]
                 if not printed_ports and all(ports):
                     printed_ports = True
                     self._say(
                         "  metrics: "
                         + ", ".join(f"host {i} http://127.0.0.1:{p}/metrics" for i, p in enumerate(ports))
                     )
-                if time.time() - last_line >= 2.0 and message["state"] in ("running", "stopping"):
+                if time.time() - last_line >= 2.0 and message.state in ("running", "stopping"):
                     last_line = time.time()
                     self._say("  " + _status_line(message, self.total_steps))
 
 
-def _status_line(status: dict[str, Any], total: int) -> str:
-    hosts = status["hosts"]
-    training = [h for h in hosts if h["state"] not in ("parked", "lost")] or hosts
-    step = min(h["step"] for h in training)
-    losses = [h["loss"] for h in hosts if h["loss"] is not None]
-    rates = [h["steps_per_second"] for h in training if h["steps_per_second"]]
-    states = " ".join(f"{h['host']}:{h['state']}" for h in hosts)
+def _status_line(status: messages.Status, total: int) -> str:
+    hosts = status.hosts
+    training = [h for h in hosts if h.state not in ("parked", "lost")] or hosts
+    step = min(h.step for h in training)
+    losses = [h.loss for h in hosts if h.loss is not None]
+    rates = [h.steps_per_second for h in training if h.steps_per_second]
+    states = " ".join(f"{h.host}:{h.state}" for h in hosts)
     loss = f"{losses[0]:.4f}" if losses else "-"
     rate = f"{min(rates):.1f}" if rates else "-"
-    return f"step {step:>5}/{total}  loss {loss}  {rate} steps/s  gen {status['generation']}  hosts {states}"
+    return f"step {step:>5}/{total}  loss {loss}  {rate} steps/s  gen {status.generation}  hosts {states}"

@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slicekeeper import policy
+from slicekeeper.shape import JobShape
 
 
 @dataclass
 class JobWorld:
-    slices: int
-    hosts_per_slice: int
+    shape: JobShape
+    """The full job (slicekeeper.shape)."""
     min_slices: int = 1
-    devices_per_host: int = 1
     active: list[int] = field(default_factory=list)
     """Slices taking part, in order."""
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -29,46 +29,44 @@ class JobWorld:
 
     def __post_init__(self) -> None:
         if not self.active:
-            self.active = list(range(self.slices))
-        self.min_slices = max(1, min(self.min_slices, self.slices))
+            self.active = list(range(self.shape.slices))
+        self.min_slices = max(1, min(self.min_slices, self.shape.slices))
 
     @property
     def full_hosts(self) -> int:
-        return self.slices * self.hosts_per_slice
+        return self.shape.host_count
 
     @property
-    def hosts(self) -> list[int]:
+    def hosts(self) -> tuple[int, ...]:
         """Hosts taking part, in rank order."""
-        return [h for s in self.active for h in self.hosts_of(s)]
+        return self.shape.hosts_in(self.active)
 
     @property
     def dropped(self) -> list[int]:
-        return [s for s in range(self.slices) if s not in self.active]
+        return [s for s in range(self.shape.slices) if s not in self.active]
 
     @property
     def scaled_down(self) -> bool:
-        return len(self.active) < self.slices
+        return len(self.active) < self.shape.slices
 
-    def hosts_of(self, slice_index: int) -> list[int]:
-        first = slice_index * self.hosts_per_slice
-        return list(range(first, first + self.hosts_per_slice))
+    def hosts_of(self, slice_index: int) -> tuple[int, ...]:
+        return self.shape.hosts_of(slice_index)
 
     def slice_of(self, host: int) -> int:
-        return host // self.hosts_per_slice
+        return self.shape.slice_of(host)
 
     def rank(self, host: int) -> int:
         return self.hosts.index(host)
 
-    def twins(self, host: int) -> list[int]:
+    def twins(self, host: int) -> tuple[int, ...]:
         """Active hosts whose shard equals `host`'s: the same worker in the other active slices."""
-        worker = host % self.hosts_per_slice
-        return [s * self.hosts_per_slice + worker for s in self.active if s != self.slice_of(host)]
+        return self.shape.twins(host, self.active)
 
     def drop(self, slices: list[int]) -> None:
         remaining = [s for s in self.active if s not in slices]
         if len(remaining) < self.min_slices:
             raise ValueError(
-                f"dropping slice(s) {slices} would leave {len(remaining)} of {self.slices}, "
+                f"dropping slice(s) {slices} would leave {len(remaining)} of {self.shape.slices}, "
                 f"below spec.minSlices={self.min_slices}"
             )
         self.active = remaining
@@ -111,10 +109,10 @@ class JobWorld:
     def for_policy(self, idle: set[int], spares: int) -> policy.World:
         return policy.World(
             active_slices=tuple(self.active),
-            full_slices=self.slices,
+            full_slices=self.shape.slices,
             min_slices=self.min_slices,
-            hosts_per_slice=self.hosts_per_slice,
-            devices_per_host=self.devices_per_host,
+            hosts_per_slice=self.shape.hosts_per_slice,
+            devices_per_host=self.shape.devices_per_host,
             idle_hosts=tuple(sorted(idle)),
             restorable_slices=len(self.restorable(idle, spares)),
         )

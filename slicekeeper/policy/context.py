@@ -44,6 +44,7 @@ from slicekeeper.policy.events import (
     HostLost,
     Straggler,
 )
+from slicekeeper.shape import JobShape
 
 # --- what a hook sees -------------------------------------------------------------------------------
 
@@ -91,10 +92,14 @@ class World:
         object.__setattr__(self, "idle_hosts", tuple(sorted(self.idle_hosts)))
 
     @property
+    def shape(self) -> JobShape:
+        """The full job's shape (slicekeeper.shape): which host is in which slice."""
+        return JobShape(self.full_slices, self.hosts_per_slice, self.devices_per_host)
+
+    @property
     def hosts(self) -> tuple[int, ...]:
         """The hosts of the active slices, in order."""
-        per = self.hosts_per_slice
-        return tuple(h for s in self.active_slices for h in range(s * per, (s + 1) * per))
+        return self.shape.hosts_in(self.active_slices)
 
     @property
     def size(self) -> int:
@@ -118,7 +123,7 @@ class World:
         return tuple(s for s in range(self.full_slices) if s not in self.active_slices)
 
     def slice_of(self, host: int) -> int:
-        return host // self.hosts_per_slice
+        return self.shape.slice_of(host)
 
     def to_json(self) -> dict[str, Any]:
         return fields_to_json(self)

@@ -8,8 +8,8 @@ back (scale-up). A real Leader over TCP with fake members, two slices of two hos
 
 import asyncio
 
-from slicekeeper.supervisor.coordination import Leader
-from slicekeeper.supervisor.job_memory import JobState
+from slicekeeper.supervisor.leader import Leader
+from slicekeeper.supervisor.leader.journal import JobState
 
 from tests.support.fake_members import Member, coordinator, eventually, join, run
 

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slicekeeper.supervisor.coordination import Leader
-from slicekeeper.supervisor.job_memory import JobState
+from slicekeeper.supervisor.leader import Leader
+from slicekeeper.supervisor.leader.journal import JobState
 
 from slicekeeper.policy.engine import PolicyEngine, load_policy
 from tests.support.fake_members import Member, coordinator, eventually, join, run
@@ -31,7 +31,7 @@ class Job:
         )
         await eventually(
             lambda: (
-                any(s.spare == index for s in self.leader._spares)
+                any(s.spare == index for s in self.leader.capacity.spares)
                 or any(status.machine == f"spare-{index}" for status in self.leader.status.values())
             )
         )
@@ -188,7 +188,7 @@ def test_a_user_policy_that_forbids_hot_swap_scales_down_although_a_spare_waits(
         assert (await job.members[2].receive())["type"] == "park"
         [decision] = job.leader.summary()["decisions"]
         assert (decision["action"]["name"], decision["source"]) == ("scale_down", "user")
-        assert len(job.leader._spares) == 1  # the spare was not used
+        assert len(job.leader.capacity.spares) == 1  # the spare was not used
         await job.shut()
 
     run(scenario)
@@ -265,15 +265,15 @@ def test_a_leader_taking_over_from_the_journal_carries_on_the_policys_history_bu
         )
         successor.carry_on(written)
         assert successor.journal() == written
-        engine, before = successor.remediation.engine, job.leader.remediation.engine
+        engine, before = successor.decisions.engine, job.leader.decisions.engine
         assert engine.history == before.history and [d.action.name for d in engine.history] == [
             "scale_down",
             "ignore",
         ]
         now = time.time()
         assert engine.ledger.budgets(now) == before.ledger.budgets(now)
-        assert successor.remediation.detector.scores() == job.leader.remediation.detector.scores()
-        assert successor.remediation.detector.flagged == {1}
+        assert successor.decisions.detector.scores() == job.leader.decisions.detector.scores()
+        assert successor.decisions.detector.flagged == {1}
         assert successor.world.active == [0]
         for key in ("state", "generations", "restarts", "faults", "detections", "recoveries", "world"):
             assert successor.summary()[key] == job.leader.summary()[key], key

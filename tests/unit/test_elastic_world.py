@@ -4,14 +4,16 @@ import pytest
 from slicekeeper.supervisor.restore_plan import Holdings, Source, Tier, plan_restore
 from slicekeeper.supervisor.world import JobWorld
 
+from slicekeeper.shape import JobShape
+
 
 def world(slices: int = 2, per_slice: int = 2, minimum: int = 1) -> JobWorld:
-    return JobWorld(slices, per_slice, minimum, devices_per_host=2)
+    return JobWorld(JobShape(slices, per_slice, devices_per_host=2), minimum)
 
 
 def test_a_full_world_holds_every_host_in_rank_order():
     full = world(3, 2)
-    assert full.hosts == [0, 1, 2, 3, 4, 5]
+    assert full.hosts == (0, 1, 2, 3, 4, 5)
     assert [full.rank(h) for h in full.hosts] == [0, 1, 2, 3, 4, 5]
     assert not full.scaled_down
 
@@ -19,7 +21,7 @@ def test_a_full_world_holds_every_host_in_rank_order():
 def test_dropping_a_slice_renumbers_the_ranks_but_never_the_host_identities():
     elastic = world(3, 2)
     elastic.drop([1])
-    assert elastic.hosts == [0, 1, 4, 5]
+    assert elastic.hosts == (0, 1, 4, 5)
     assert elastic.rank(4) == 2
     assert elastic.dropped == [1]
     assert elastic.scaled_down
@@ -34,9 +36,9 @@ def test_a_scale_down_below_the_minimum_slices_is_refused_and_changes_nothing():
 
 def test_twins_are_the_same_worker_in_the_other_active_slices():
     elastic = world(3, 2)
-    assert elastic.twins(3) == [1, 5]
+    assert elastic.twins(3) == (1, 5)
     elastic.drop([2])
-    assert elastic.twins(3) == [1]
+    assert elastic.twins(3) == (1,)
 
 
 def test_a_dropped_slice_is_restorable_when_its_idle_hosts_and_the_spares_cover_every_host():

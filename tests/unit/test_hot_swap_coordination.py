@@ -8,9 +8,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from slicekeeper.supervisor import coordination
-from slicekeeper.supervisor.coordination import Leader
-from slicekeeper.supervisor.job_memory import JobState
+from slicekeeper.supervisor.leader import Leader, checkpoints
+from slicekeeper.supervisor.leader.journal import JobState
 from slicekeeper.supervisor.persistent_tier import PersistentTierError
 
 from tests.support.fake_members import Member, coordinator, eventually, join, run
@@ -611,7 +610,7 @@ def test_an_earlier_step_saved_by_a_scaled_down_world_gives_the_missing_hosts_th
 def test_a_persistent_tier_that_cannot_be_read_at_the_start_fails_the_job_instead_of_starting_over(
     monkeypatch,
 ):
-    monkeypatch.setattr(coordination, "PERSISTENT_LISTING_BACKOFF", 0.01)
+    monkeypatch.setattr(checkpoints, "PERSISTENT_LISTING_BACKOFF", 0.01)
 
     async def scenario():
         store = FakePersistent(unreadable=PersistentTierError("gs://bucket/job: listing failed: 503"))
@@ -621,7 +620,7 @@ def test_a_persistent_tier_that_cannot_be_read_at_the_start_fails_the_job_instea
         message = await job.members[0].receive()
         assert message["type"] == "fail"
         assert "cannot read the persistent tier" in message["reason"] and "503" in message["reason"]
-        assert store.listings == coordination.PERSISTENT_LISTING_ATTEMPTS  # tried again before giving up
+        assert store.listings == checkpoints.PERSISTENT_LISTING_ATTEMPTS  # tried again before giving up
         await job.shut()
 
     run(scenario)

@@ -1,6 +1,6 @@
 """The job's memory is a value: written down as JSON and read back, nothing is lost or changed.
 
-That is what lets a new leader carry on a job (supervisor.job_memory). Checked on a memory with every
+That is what lets a new leader carry on a job (supervisor.leader.journal). Checked on a memory with every
 field filled in, and on the memory a real Leader built while driven through faults, a chaos record, a
 restart with holdings and restores, and a failed persistent commit.
 """
@@ -11,8 +11,8 @@ import json
 from collections import Counter
 
 import pytest
-from slicekeeper.supervisor.coordination import Leader
-from slicekeeper.supervisor.job_memory import Detection, FaultRecord, JobMemory, JobState
+from slicekeeper.supervisor.leader import Leader
+from slicekeeper.supervisor.leader.journal import Detection, FaultRecord, JobMemory, JobState
 
 from tests.support.fake_members import coordinator, eventually, join, run
 

@@ -9,8 +9,8 @@ import json
 from typing import Any
 
 import pytest
-from slicekeeper.supervisor.coordination import Leader
-from slicekeeper.supervisor.job_memory import JobState
+from slicekeeper.supervisor.leader import Leader
+from slicekeeper.supervisor.leader.journal import JobState
 from slicekeeper.supervisor.leader_connection import open_control_connection
 
 from slicekeeper import protocol
@@ -151,8 +151,8 @@ def test_a_hang_is_stopped_and_decided_as_the_host_that_stopped_not_the_one_that
         [detection] = leader.memory.detections
         assert detection.host == stopped
         assert f"noticed by host {reporter}; host {stopped} is in its own work of step 12" in detection.detail
-        await eventually(lambda: len(leader.remediation.decisions) == 1)
-        assert leader.remediation.decisions[0]["event"]["host"] == stopped
+        await eventually(lambda: len(leader.decisions.records) == 1)
+        assert leader.decisions.records[0]["event"]["host"] == stopped
         await shut(leader, members)
 
     run(scenario)
@@ -566,9 +566,9 @@ def test_a_fault_fired_in_an_older_generation_is_not_credited_to_a_later_detecti
 
 
 def test_a_member_that_never_acks_a_stop_fails_the_job(monkeypatch):
-    from slicekeeper.supervisor import coordination
+    from slicekeeper.supervisor.leader import generations
 
-    monkeypatch.setattr(coordination, "STOP_ACK_SECONDS", 0.2)
+    monkeypatch.setattr(generations, "STOP_ACK_SECONDS", 0.2)
 
     async def scenario():
         leader, members = await running_job(hosts=2)
@@ -645,7 +645,7 @@ def test_a_leader_standing_down_takes_its_members_leaving_for_its_own_end_not_fo
             member.close()
         await asyncio.sleep(0.5)  # the leader reads every connection's end
         assert leader.memory.state is JobState.RUNNING and leader.memory.restarts == {}
-        assert leader.memory.detections == [] and leader.remediation.decisions == []
+        assert leader.memory.detections == [] and leader.decisions.records == []
         await leader.close()
 
     run(scenario)

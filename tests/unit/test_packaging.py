@@ -30,7 +30,7 @@ MAPPED = {
 """Import name -> the folder it is installed from (pyproject.toml, [tool.setuptools.package-dir])."""
 A_MODULE_OF = {
     "slicekeeper.operator": "render",
-    "slicekeeper.supervisor": "host",
+    "slicekeeper.supervisor": "plan",
     "slicekeeper.workload": "sdk",
     "slicekeeper.workload.reference": "jax_trainer",
 }

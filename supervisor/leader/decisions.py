@@ -1,4 +1,4 @@
-"""The leader's decision-maker: faults and signals in, the remediation policy's actions out, recorded.
+"""The leader's decision-maker: typed events in, the remediation policy's decisions out, recorded.
 
 The leader sees raw messages (a member's fault report, a dropped connection, per-host step timings, a
 spare registering); this module turns them into the policy API's typed events, asks the policy engine
@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.straggler import Finding, StragglerDetector
 from slicekeeper.supervisor.world import JobWorld
 
@@ -21,7 +22,7 @@ from slicekeeper.policy.engine import PolicyEngine
 from slicekeeper.policy.replay import append_to_log
 
 
-class Remediation:
+class Decisions:
     def __init__(
         self,
         engine: PolicyEngine,
@@ -34,7 +35,8 @@ class Remediation:
         self.world = world
         self.detector = detector or StragglerDetector()
         self.events_path = events_path
-        self.decisions: list[dict[str, Any]] = []
+        self.records: list[dict[str, Any]] = []
+        """Every decision, with its event, source and reason."""
         self.stragglers: list[dict[str, Any]] = []
         self.scale_events: list[dict[str, Any]] = []
 
@@ -44,7 +46,7 @@ class Remediation:
         return {
             "engine": self.engine.state(),
             "detector": self.detector.state(),
-            "decisions": [dict(d) for d in self.decisions],
+            "decisions": [dict(d) for d in self.records],
             "stragglers": [dict(s) for s in self.stragglers],
             "scale_events": [dict(e) for e in self.scale_events],
         }
@@ -54,44 +56,42 @@ class Remediation:
         the straggler windows, the records the report lists."""
         self.engine.carry_on(state["engine"])
         self.detector.carry_on(state["detector"])
-        self.decisions = [dict(d) for d in state["decisions"]]
+        self.records = [dict(d) for d in state["decisions"]]
         self.stragglers = [dict(s) for s in state["stragglers"]]
         self.scale_events = [dict(e) for e in state["scale_events"]]
 
     # --- raw messages to typed events ---------------------------------------------------------
     @staticmethod
-    def fault_event(host: int, message: dict[str, Any], step: int, generation: int) -> policy.Event:
-        """A member's `fault` report as the policy sees it."""
-        kind, detail, t = str(message["kind"]), str(message.get("detail", "")), float(message["t"])
+    def fault_event(host: int, fault: messages.Fault, step: int, generation: int) -> policy.Event:
+        """A member's `fault` report (about `host`: the culprit a hang was put down to) as the policy
+        sees it."""
+        kind, detail, t = fault.kind, fault.detail, fault.t
         if kind == "hang":
-            silent = message.get("silent_seconds")
             return policy.Hang(
                 t=t,
                 step=step,
                 generation=generation,
                 host=host,
-                silent_seconds=None if silent is None else float(silent),
+                silent_seconds=fault.silent_seconds,
                 detail=detail,
             )
         if kind in ("nonfinite_loss", "restore_failed"):
-            checkpoint = message.get("invalid_step", message.get("restore_step"))
             return policy.CheckpointInvalid(
                 t=t,
                 step=step,
                 generation=generation,
                 host=host,
-                checkpoint_step=None if checkpoint is None else int(checkpoint),
+                checkpoint_step=fault.invalid_step,
                 reason=kind,
                 detail=detail,
             )
-        code = message.get("exit_code")
         return policy.Crash(
             t=t,
             step=step,
             generation=generation,
             host=host,
-            exit_code=None if code is None else int(code),
-            signal=message.get("signal"),
+            exit_code=fault.exit_code,
+            signal=fault.signal,
             detail=detail,
         )
 
@@ -111,7 +111,7 @@ class Remediation:
             world=self.world.for_policy(idle, spares),
             stragglers=tuple(sorted(self.detector.flagged)),
         )
-        self.decisions.append(
+        self.records.append(
             {
                 "t": decision.t,
                 "step": step,
@@ -156,7 +156,7 @@ class Remediation:
                 "generation": generation,
                 "from_slices": before,
                 "to_slices": list(self.world.active),
-                "from_hosts": len(before) * self.world.hosts_per_slice,
+                "from_hosts": len(self.world.shape.hosts_in(before)),
                 "to_hosts": len(self.world.hosts),
                 "reason": reason,
             }

@@ -1,4 +1,4 @@
-"""The job's memory: what a job has been through and what it holds, as one value.
+"""The job's memory: what a job has been through and what it holds, as one value, and its journal.
 
 A leader keeps two kinds of state. Connections, timers and tasks belong to its process and die with
 it. Everything else is the job's memory: its state and restart generation, the restarts and the
@@ -9,16 +9,20 @@ killing the leader). So it lives here, apart from the leader's machinery, as pla
 to JSON and back (`to_json`, `from_json`): a value that can be written down, sent and restored.
 
 The policy's own memory (decisions, budgets used), the job's world (active slices, its history) and
-the straggler scores are kept by their own modules; the leader writes them down next to this one.
+the straggler scores are kept by their own modules; the leader writes them down next to this one, as
+the journal (`JournalWriter`): before every command, on every member (write-ahead).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
+
+from slicekeeper.supervisor import messages
 
 
 class JobState(StrEnum):
@@ -106,6 +110,26 @@ class JobMemory:
     def awaiting_resume(self) -> list[FaultRecord]:
         return [record for record in self.faults if record.awaiting_resume]
 
+    def progressed(self, step: int, now: float) -> bool:
+        """A step of the running generation completed: faults detected earlier note when the job
+        trained again and when it went beyond where it stood. True when one became productive."""
+        productive = False
+        for record in self.awaiting_resume():
+            if self.generation <= record.detected_in_generation:
+                continue  # a step of the generation being torn down
+            if record.resumed_at is None:
+                record.resumed_at = now
+            if record.productive_at is None and step > record.high_water_at_detection:
+                record.productive_at = now
+                productive = True
+        self.high_water = max(self.high_water, step)
+        return productive
+
+    def take(self, other: JobMemory) -> None:
+        """Become `other` in place (a leader taking over): every part holding this memory sees it."""
+        for item in dataclasses.fields(self):
+            setattr(self, item.name, getattr(other, item.name))
+
     # --- as data ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -133,3 +157,23 @@ class JobMemory:
         for name in ("persisted", "persistent_owners"):
             values[name] = {int(step): set(hosts) for step, hosts in data[name].items()}
         return cls(**values)
+
+
+class Broadcaster(Protocol):
+    async def broadcast(self, message: messages.Message) -> None: ...
+
+
+class JournalWriter:
+    """Writes the journal down on every member, before the command it leads to (write-ahead): a member
+    that received a command also holds the journal that ordered it, so a leader taking over from any
+    member carries on from there, never from before a decision already acted on."""
+
+    def __init__(self, members: Broadcaster, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self._members = members
+        self._snapshot = snapshot
+        self.seq = 0
+        """Journals written so far: a member keeps the one with the highest number."""
+
+    async def write(self) -> None:
+        self.seq += 1
+        await self._members.broadcast(messages.Journal(seq=self.seq, journal=self._snapshot()))

@@ -1,0 +1,28 @@
+"""The supervisor of one TPU host: runs the workload, watches it, follows the job's leader.
+
+Per host, one asyncio loop does everything: it listens to the workload's SDK events on a Unix
+socket, watches the process (exits) and the clock (hangs), accounts goodput, injects the chaos
+faults aimed at this host, serves Prometheus metrics, and obeys the leader's start/stop/shutdown.
+The supervisor of slice 0 worker 0 also runs the leader (supervisor.leader).
+
+A supervisor runs on a machine (`host-i`, or `spare-j` for a spare). A spare registers with the
+leader and waits; when a host is lost, the leader assigns it that host's identity and it joins the
+next generation as that host, staging the host's shard from a peer (supervisor.checkpoint_tiers).
+When the job scales down, the hosts of a dropped slice are `park`ed (idle, accounted as
+`scaled_down`) until a scale-up starts them again; a machine being replaced while alive (a
+straggler) is told to `retire` and ends.
+
+The parts, each handed only what it needs:
+
+- `supervisor`: a host's life (`HostSupervisor`): join the leader, follow its commands, the report;
+- `generation`: the restart generation this host is in: start (stage, launch), stop, park;
+- `workload`: the workload process, its standby, and its environment (pure functions);
+- `sdk_events`: the SDK socket and what each event means (hang timer, culprit, goodput, metrics);
+- `detectors`: the workload's exit classified, its silence judged;
+- `chaos`: the chaos faults aimed at this host, for local runs;
+- `site`: what differs between a local process and a pod (addresses, the pod's annotations).
+"""
+
+from slicekeeper.supervisor.host.supervisor import HostSupervisor
+
+__all__ = ["HostSupervisor"]

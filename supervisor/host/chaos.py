@@ -1,0 +1,128 @@
+"""Fault injection for local runs: the chaos faults aimed at this host, fired at their steps.
+
+`slicekeeper run --chaos kill:host=1@step=30,...` (slicekeeper/chaos.py parses the specs) has every
+supervisor fire the faults aimed at its own host when its workload begins the named step, each
+exactly once: kill (SIGKILL), hang (SIGSTOP), slow (the SDK slows this machine's own work),
+corrupt (bytes flipped in the newest local checkpoint) and lose (the whole machine gone, processes
+and disk). A spare taking over a host takes over that host's faults not fired yet. Job-wide faults
+(`spare`) are the local runtime's.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, NoReturn
+
+from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers, Log
+from slicekeeper.supervisor.host.workload import Spawn
+from slicekeeper.supervisor.workload_process import WorkloadProcess
+
+from slicekeeper.chaos import Fault, FaultKind, parse_chaos
+from slicekeeper.goodput import GoodputAccountant
+
+LOST_EXIT_CODE = 137
+"""How a supervisor whose machine a `lose` fault took ends (as if SIGKILLed)."""
+
+ReportTask = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]
+"""Sends a message to the leader (a coroutine, so that it can run as a task of its own)."""
+
+
+def faults_of(specs: list[str], host: int | None, fired: set[str]) -> list[Fault]:
+    """The chaos faults aimed at `host` (not the job-wide ones, e.g. `spare`) not fired yet."""
+    return [f for f in parse_chaos(",".join(specs)) if f.aimed_at(host) and str(f) not in fired]
+
+
+class Chaos:
+    """The faults aimed at this host not fired yet, the `slow` factor of this machine, and the means
+    to inflict them: the workload's signals, its local checkpoints, the whole machine."""
+
+    def __init__(
+        self,
+        specs: list[str],
+        host: int | None,
+        *,
+        machine: str,
+        tiers: CheckpointTiers,
+        accountant: Callable[[], GoodputAccountant],
+        kill_workload: Callable[[], None],
+        write_report: Callable[[], None],
+        log: Log,
+        report: ReportTask,
+        spawn: Spawn,
+    ) -> None:
+        """`specs`: the job's faults (plan.chaos); `host` None: a spare, aimed at by none yet;
+        `accountant`: the current one; `kill_workload`: SIGKILLs the workload and its standby;
+        `write_report`: this host's report, as a lost machine's."""
+        self._specs = specs
+        self._machine = machine
+        self._tiers = tiers
+        self._accountant = accountant
+        self._kill_workload = kill_workload
+        self._write_report = write_report
+        self._log = log
+        self._report = report
+        self._spawn = spawn
+        self.faults = faults_of(specs, host, fired=set())
+        self.slow: float | None = None
+        """Chaos `slow`: this machine's work factor once fired (a machine property: a spare taking
+        over is not slow)."""
+
+    def aim_at(self, host: int, fired: set[str]) -> None:
+        """This machine takes over `host`: its faults not `fired` yet are now this machine's."""
+        self.faults = faults_of(self._specs, host, fired)
+
+    def slow_spec(self) -> str:
+        """Chaos `slow` for the workload (protocol.ENV_CHAOS_SLOW): `F@S` before it fired, `F@0`
+        after (a machine property: every later process of this machine is slow from its start)."""
+        if self.slow is not None:
+            return f"{self.slow}@0"
+        pending = [f for f in self.faults if f.kind is FaultKind.SLOW]
+        return f"{pending[0].factor}@{pending[0].step}" if pending else ""
+
+    def inject(self, step: int, workload: WorkloadProcess | None, generation: int) -> None:
+        """Fire the chaos faults aimed at this host and this step (each exactly once)."""
+        for fault in [f for f in self.faults if f.step == step]:
+            self.faults.remove(fault)
+            assert workload is not None
+            chaos: dict[str, Any] = {
+                "type": "chaos",
+                "kind": fault.kind.value,
+                "step": step,
+                "fault": str(fault),
+                "generation": generation,
+                # corrupt and slow stop nothing by themselves: no restart's detection is theirs
+                "disruptive": fault.kind.disruptive,
+            }
+            if fault.kind is FaultKind.KILL:
+                workload.signal(signal.SIGKILL)
+            elif fault.kind is FaultKind.HANG:
+                workload.signal(signal.SIGSTOP)
+            elif fault.kind is FaultKind.SLOW:
+                self.slow = fault.factor  # the SDK applies it (protocol.ENV_CHAOS_SLOW)
+            elif fault.kind is FaultKind.CORRUPT:
+                corrupted = self._tiers.corrupt_newest()
+                chaos["detail"] = (
+                    f"flipped bytes in local step {corrupted}, noticed at the next restore"
+                    if corrupted is not None
+                    else "no committed local step to corrupt yet"
+                )
+            elif fault.kind is FaultKind.LOSE:
+                self._spawn(self._lose_machine(chaos))
+                continue
+            self._log({"source": "chaos", **chaos})
+            self._spawn(self._report(chaos))
+
+    async def _lose_machine(self, chaos: dict[str, Any]) -> NoReturn:
+        """Chaos `lose`: this machine is gone for good, processes and disk; the leader sees it vanish."""
+        self._log({"source": "chaos", **chaos})
+        await self._report(chaos)
+        self._kill_workload()
+        self._tiers.wipe()
+        self._accountant().interrupt(time.time())
+        self._write_report()  # a simulation's courtesy: the time this host trained still counts
+        print(f"[{self._machine}] lost (chaos {chaos['fault']})", file=sys.stderr, flush=True)
+        os._exit(LOST_EXIT_CODE)

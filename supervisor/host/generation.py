@@ -1,0 +1,190 @@
+"""This host's part of the restart protocol: the generation it is in, started, stopped or parked.
+
+The leader runs the job in restart generations (docs/architecture.md): `start` every host from one
+restore step, `stop` every host at a fault, then start the next generation. Here is what one host
+does at each: a start stages this host's shard of the restore step from the first tier holding a
+valid copy, launches the generation's workload (the standby, if one is ready) and watches its exit;
+a stop kills the workload's whole process group and tells the leader what this machine holds; a
+park (the host's slice dropped by a scale-down) leaves it idle, accounted as `scaled_down`, until a
+scale-up starts it again. A workload's word counts only while its generation is current.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers, Log, Report
+from slicekeeper.supervisor.hang import HangDetector
+from slicekeeper.supervisor.host.detectors import ExitWatch, HangWatch
+from slicekeeper.supervisor.host.sdk_events import SdkEvents
+from slicekeeper.supervisor.host.workload import Spawn, Workloads
+from slicekeeper.supervisor.metrics import SupervisorMetrics
+
+from slicekeeper.goodput import Category, GoodputAccountant
+
+
+class Generation:
+    """The restart generation this host is in, the leader's start, stop and park carried out, and the
+    watches on the generation's workload (its exit, its silence)."""
+
+    def __init__(
+        self,
+        *,
+        workloads: Workloads,
+        tiers: CheckpointTiers,
+        sdk: SdkEvents,
+        detector: HangDetector,
+        accountant: Callable[[], GoodputAccountant],
+        metrics: SupervisorMetrics,
+        report: Report,
+        log: Log,
+        say: Callable[[str], None],
+        host: Callable[[], int],
+        spawn: Spawn,
+        finished: asyncio.Event,
+    ) -> None:
+        """`detector`: judges the workload's silence (supervisor.hang); `accountant`: the current one
+        (a spare taking over a host starts a fresh account); `say`: a line on stderr naming this host;
+        `host`: this host's index; `finished`: set when this supervisor ends."""
+        self._workloads = workloads
+        self._tiers = tiers
+        self._sdk = sdk
+        self._accountant = accountant
+        self._metrics = metrics
+        self._report = report
+        self._log = log
+        self._say = say
+        self._host = host
+        self._spawn = spawn
+        self._finished = finished
+        self.number = -1
+        self.stopping = False
+        """The current generation is being stopped (or this host is parked): its workload's word no
+        longer counts."""
+        self.restarts: dict[str, int] = {}
+        """Generations stopped, by the kind of fault that stopped them."""
+        self.faults: dict[str, int] = {}
+        """Faults the leader attributed to this host, by kind (`slicekeeper_host_faults_total`)."""
+        self.exits = ExitWatch(
+            report=report,
+            accountant=accountant,
+            drain=tiers.drain,  # the final checkpoint reaches the peer and persistent tiers
+            sdk_read=sdk.eof,
+            done=lambda: sdk.done,
+            current=self.is_current,
+        )
+        self.hangs = HangWatch(detector, metrics, report=report, watched=self.watched)
+
+    def is_current(self, generation: int) -> bool:
+        """Whether `generation` runs, not being stopped, and the supervisor is not ending."""
+        return not (self.stopping or generation != self.number or self._finished.is_set())
+
+    def watched(self) -> int | None:
+        """The generation whose workload runs and is not being stopped (None: nothing to watch)."""
+        workload = self._workloads.current
+        if workload is None or not workload.running or self.stopping:
+            return None
+        return self.number
+
+    async def start(self, message: messages.Start, world: list[int]) -> None:
+        """The leader's `start`: the generation, its coordinator, the restore step (None: from scratch)
+        and where to stage it from, the replica holders' addresses; `world`: the hosts taking part."""
+        generation, restore_step = message.generation, message.restore_step
+        addresses = dict(message.replica_addresses)
+        self._tiers.start_generation(generation, addresses, world)
+        await self._start(generation, message.coordinator, restore_step, message.sources)
+
+    async def _start(
+        self, generation: int, coordinator: str, restore_step: int | None, sources: list[dict[str, Any]]
+    ) -> None:
+        now = time.time()
+        self._sdk.drop_checkpoints_after(restore_step)  # before the generation moves
+        self.number = generation
+        self._metrics.generation.set(generation)
+        self.stopping = False
+        self.hangs.rearm()
+        self._accountant().switch(
+            Category.PROGRAM_STARTUP if generation == 0 else Category.INFRASTRUCTURE_RECOVERY, now
+        )
+        self._sdk.begin(generation, restore_step, now)
+        self._log(
+            {"source": "leader", "type": "start", "generation": generation, "restore_step": restore_step}
+        )
+        self._tiers.discard_after(restore_step)
+        if restore_step is not None and not await self._stage(generation, restore_step, sources):
+            return
+        try:
+            workload = await self._workloads.launch(generation, coordinator, restore_step)
+        except OSError as error:
+            detail = f"cannot start the workload {self._workloads.argv[0]!r}: {error.strerror or error}"
+            await self._report({"type": "fault", "generation": generation, "kind": "crash", "detail": detail})
+            return
+        self._accountant().switch(Category.PROGRAM_STARTUP, time.time())
+        await self._report({"type": "state", "state": "starting"})
+        self._spawn(self.exits.watch(workload, generation))
+
+    async def _stage(self, generation: int, step: int, sources: list[dict[str, Any]]) -> bool:
+        """This host's shard of the restore step into the local tier, from the first of `sources` that
+        holds a valid copy; False: none did (a fault said so)."""
+        self._accountant().switch(Category.CHECKPOINT_RESTORE, time.time())
+        staged = await self._tiers.stage(step, sources)
+        if staged is None:
+            tried = ", ".join(
+                s["tier"] + (f" (host {s['holder']})" if "holder" in s else "") for s in sources
+            )
+            detail = (
+                f"no valid copy of host {self._host()}'s shard of step {step} (tried: {tried or 'nothing'})"
+            )
+            await self._report({"type": "checkpoint_invalid", "step": step, "tier": "any", "reason": detail})
+            await self._report(
+                {"type": "fault", "generation": generation, "kind": "restore_failed", "detail": detail}
+            )
+            return False
+        self._sdk.check_restored_steps()
+        await self._report(
+            {
+                "type": "restored",
+                "step": step,
+                "tier": staged.tier.value,
+                "holder": staged.holder,
+                "seconds": round(staged.seconds, 4),
+                "bytes": staged.bytes,
+            }
+        )
+        return True
+
+    async def stop(self, message: messages.Stop, *, blamed: bool) -> None:
+        """The leader's `stop` of a generation at a fault; `blamed`: the fault is this host's."""
+        generation, kind = message.generation, message.kind
+        if blamed:
+            self.faults[kind] = self.faults.get(kind, 0) + 1
+            self._metrics.faults.labels(kind=kind).inc()
+        if generation != self.number:
+            return
+        self.stopping = True
+        self._tiers.pause()
+        self._log({"source": "leader", "type": "stop", "generation": generation, "kind": kind})
+        await self._workloads.stop()  # the whole group, even when the main process is already gone
+        self._accountant().interrupt(time.time())
+        self.restarts[kind] = self.restarts.get(kind, 0) + 1
+        self._metrics.restarts.labels(kind=kind).inc()
+        await self._report({"type": "stopped", "generation": generation, **self._tiers.inventory()})
+
+    def park(self, message: messages.Park) -> None:
+        """This host's slice was dropped (scale-down): idle, its steps past the restore point dropped."""
+        generation, restore_step = message.generation, message.restore_step
+        self.number = generation  # an older workload's late words no longer count
+        self._metrics.generation.set(generation)
+        self.stopping = True
+        self._workloads.drop_standby()
+        self._tiers.start_generation(generation, {}, [])
+        self._tiers.discard_after(restore_step)
+        self._accountant().switch(Category.SCALED_DOWN, time.time())
+        self._log(
+            {"source": "leader", "type": "park", "generation": generation, "restore_step": restore_step}
+        )
+        self._say("parked: slice dropped by a scale-down")

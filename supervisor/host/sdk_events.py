@@ -1,0 +1,252 @@
+"""What the workload says through its SDK, and what this host makes of it.
+
+The workload's SDK writes one JSON line per event to a Unix socket (`slicekeeper/protocol.py`):
+phases, step begin / own work done / step end, checkpoints saved, failed or restored, done. Each
+event feeds the hang detector (activity), the culprit tracker (where the workload is), the goodput
+accountant (what the time is spent on) and the metrics, and the ones the leader needs are reported
+to it. A pre-started standby process connects early and says hello; it speaks for a generation only
+once promoted. Right after a restore, the first steps must give a finite loss, or the restored step
+is declared bad.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from slicekeeper.supervisor.checkpoint_tiers import Log, Report
+from slicekeeper.supervisor.culprit import ActivityTracker
+from slicekeeper.supervisor.hang import HangDetector
+from slicekeeper.supervisor.host.workload import Standby
+from slicekeeper.supervisor.metrics import SupervisorMetrics
+
+from slicekeeper import protocol
+from slicekeeper.goodput import PHASE_CATEGORY, GoodputAccountant
+from slicekeeper.protocol import Event, Phase
+
+SANITY_STEPS = 3
+"""Steps after a restore whose loss must be finite, or the restored step is declared bad."""
+
+_STEP_EVENTS = (Event.PHASE, Event.STEP_BEGIN, Event.WORK_DONE, Event.STEP_END)
+
+
+class SdkEvents:
+    """The SDK socket's server and the handling of each event of the current generation's workload."""
+
+    def __init__(
+        self,
+        *,
+        detector: HangDetector,
+        activity: ActivityTracker,
+        accountant: Callable[[], GoodputAccountant],
+        metrics: SupervisorMetrics,
+        checkpoint_saved: Callable[[int], None],
+        report: Report,
+        log: Log,
+        say: Callable[[str], None],
+        generation: Callable[[], int],
+        stopping: Callable[[], bool],
+        standby: Callable[[], Standby | None],
+        step_begun: Callable[[int], None],
+        first_step_ended: Callable[[], object],
+    ) -> None:
+        """`accountant`: the current one (a spare taking over a host starts a fresh account);
+        `checkpoint_saved`: the tiers' hook for a committed local step; `say`: a line on stderr
+        naming this host; `generation` and `stopping`: whether a workload's word still counts;
+        `standby`: the pre-started process, if any; `step_begun`: the chaos faults' trigger;
+        `first_step_ended`: the moment to pre-start the next standby."""
+        self._detector = detector
+        self._activity = activity
+        self._accountant = accountant
+        self._metrics = metrics
+        self._checkpoint_saved = checkpoint_saved
+        self._report = report
+        self._log = log
+        self._say = say
+        self._generation = generation
+        self._stopping = stopping
+        self._standby = standby
+        self._step_begun = step_begun
+        self._first_step_ended = first_step_ended
+        self.done: dict[str, Any] | None = None
+        """The current generation's `done` event: it finished training (its exit says the rest)."""
+        self.fingerprint: str | None = None
+        """The parameters' fingerprint of the newest `done`."""
+        self.last_checkpoint: int | None = None
+        """The newest committed local step."""
+        self._first_step_pending = True
+        self._sanity_left = 0
+        self._restored_step: int | None = None
+        self._eof: dict[int, asyncio.Event] = {}
+        """Per generation: set when that workload's SDK connection has been read to the end."""
+
+    async def serve(self, path: Path) -> asyncio.Server:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return await asyncio.start_unix_server(self._connection, path=str(path))
+
+    def drop_checkpoints_after(self, restore_step: int | None) -> None:
+        """The steps after the restore step are dropped from every tier of this machine: the newest
+        committed step is now the restore step (none: from scratch). Called before the generation
+        moves, so that no scrape of the new generation sees a dropped step."""
+        if self.last_checkpoint is not None and (restore_step is None or self.last_checkpoint > restore_step):
+            self.last_checkpoint = restore_step
+            self._metrics.last_checkpoint_step.set(restore_step or 0)
+
+    def begin(self, generation: int, restore_step: int | None, now: float) -> None:
+        """A generation starts: a new process (the startup allowance applies again), nothing done yet,
+        its first step to come, no sanity check (yet)."""
+        self._detector.restart(now)
+        self._activity.restart(now, restore_step)
+        self.done = None
+        self._first_step_pending = True
+        self._eof[generation] = asyncio.Event()
+        self._restored_step, self._sanity_left = restore_step, 0
+
+    def check_restored_steps(self) -> None:
+        """The restore step was staged: the next steps' losses must be finite."""
+        self._sanity_left = SANITY_STEPS
+
+    def eof(self, generation: int) -> asyncio.Event:
+        """Set once generation `generation`'s SDK connection has been read to the end."""
+        return self._eof[generation]
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        generation = self._generation()
+        try:
+            line = await reader.readline()
+            standby = self._standby()
+            if line and standby is not None and standby.is_hello(protocol.decode(line)):
+                standby.writer = writer
+                standby.ready.set()
+                promoted = asyncio.ensure_future(standby.promoted.wait())
+                exited = asyncio.ensure_future(standby.process.wait())
+                await asyncio.wait({promoted, exited}, return_when=asyncio.FIRST_COMPLETED)
+                promoted.cancel()
+                exited.cancel()
+                if not standby.promoted.is_set():
+                    return  # dropped or dead before it was needed
+                generation = standby.generation  # it speaks for the generation it was promoted to
+                line = await reader.readline()
+            while line:
+                if generation != self._generation() or self._stopping():
+                    break  # a process of an older generation: its word no longer counts
+                try:
+                    await self._on_event(protocol.decode(line))
+                except (ValueError, KeyError, TypeError) as error:
+                    self._say(f"ignored a malformed SDK message {line[:200]!r}: {error!r}")
+                line = await reader.readline()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+            if generation in self._eof:
+                self._eof[generation].set()
+
+    async def _on_event(self, message: dict[str, Any]) -> None:
+        now = time.time()
+        generation = self._generation()
+        self._log({"source": "workload", "generation": generation, **message})
+        event = Event(message["type"])
+        if event is Event.PHASE:
+            phase = Phase(message["phase"])
+            self._detector.activity(now, phase)
+            self._activity.phase(now, phase.value)
+            self._accountant().switch(PHASE_CATEGORY[phase], now)
+        elif event is Event.STEP_BEGIN:
+            step = int(message["step"])
+            self._detector.activity(now, Phase.IDLE)
+            self._activity.step_begun(now, step)
+            self._accountant().begin_step(step, now, first_of_start=self._first_step_pending)
+            self._step_begun(step)
+        elif event is Event.WORK_DONE:
+            # Not activity for the hang timer: silence is counted from the step's begin on every host,
+            # the one that stopped and the ones waiting for it alike; the leader tells them apart.
+            self._activity.work_done(now, int(message["step"]))
+        elif event is Event.STEP_END:
+            if not await self._step_ended(now, int(message["step"]), message):
+                return
+        elif event is Event.CHECKPOINT_SAVED:
+            self._detector.activity(now)
+            self.last_checkpoint = int(message["step"])
+            self._metrics.last_checkpoint_step.set(self.last_checkpoint)
+            self._checkpoint_saved(self.last_checkpoint)
+            await self._report({"type": "checkpoint", "step": self.last_checkpoint})
+        elif event is Event.CHECKPOINT_FAILED:
+            await self._checkpoint_failed(now, message)
+        elif event is Event.CHECKPOINT_RESTORED:
+            self._detector.activity(now)
+            # What the workload says it loaded, next to what this supervisor staged for it.
+            await self._report({"type": "loaded", "generation": generation, "step": int(message["step"])})
+        elif event is Event.DONE:
+            self._detector.activity(now, Phase.TEARDOWN)  # it must still exit, within the phase allowance
+            self.done = message
+            self.fingerprint = message.get("fingerprint")
+        else:
+            self._detector.activity(now)
+        if event not in _STEP_EVENTS:
+            self._activity.other(now)
+
+    async def _step_ended(self, now: float, step: int, message: dict[str, Any]) -> bool:
+        """A step ended; False when its loss condemned the restored step (nothing more to do)."""
+        self._activity.step_ended(now, step)
+        duration = self._accountant().end_step(step, now)
+        self._detector.step_completed(now, duration)
+        if self._first_step_pending:
+            self._first_step_pending = False
+            self._first_step_ended()
+        if duration is not None:
+            self._metrics.step_duration.observe(duration)
+        if self._sanity_left > 0 and await self._restored_state_is_bad(step, message.get("loss")):
+            return False
+        self._metrics.steps.inc()
+        self._metrics.step.set(step)
+        await self._report(
+            {
+                "type": "progress",
+                "generation": self._generation(),
+                "step": step,
+                "loss": message.get("loss"),
+                "work": message.get("work"),
+            }
+        )
+        return True
+
+    async def _checkpoint_failed(self, now: float, message: dict[str, Any]) -> None:
+        self._detector.activity(now)
+        during = message.get("during", "save")
+        if during == "save":
+            self._metrics.checkpoint_failures.labels(tier=message.get("tier", "local")).inc()
+        await self._report(
+            {
+                "type": "checkpoint_invalid",
+                "step": int(message["step"]),
+                "tier": "local",
+                "reason": "save failed" if during == "save" else "corrupt",
+                "detail": message.get("reason", ""),
+            }
+        )
+        self._say(f"checkpoint of step {message['step']} failed: {message.get('reason')}")
+
+    async def _restored_state_is_bad(self, step: int, loss: Any) -> bool:
+        """The first steps after a restore must give a finite loss, or the restored step is bad."""
+        self._sanity_left -= 1
+        if loss is None or math.isfinite(float(loss)):
+            return False
+        self._sanity_left = 0
+        detail = f"loss {loss} at step {step}, right after restoring step {self._restored_step}"
+        await self._report(
+            {
+                "type": "fault",
+                "generation": self._generation(),
+                "kind": "nonfinite_loss",
+                "detail": detail,
+                "invalid_step": self._restored_step,
+            }
+        )
+        return True

@@ -1,0 +1,400 @@
+"""A host's life: join the leader, follow its commands, and write down what this host did.
+
+`HostSupervisor` builds the parts of a host and owns what they share: the host's identity (a spare
+takes one over), the world it trains in, the goodput accountant and the event log. Each part gets
+only the objects and callables it needs: the workload process (host.workload), the SDK's events
+(host.sdk_events), the restart generation with its exit and hang watches (host.generation,
+host.detectors), the chaos faults (host.chaos), the local or pod specifics (host.site). The
+leader's commands are JSON dicts (`start`, `stop`, `park`, `retire`, `shutdown`, `fail`, `journal`,
+`activity_request`, and `assign` for a spare); the host's end is its `report.json`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Coroutine
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers
+from slicekeeper.supervisor.culprit import ActivityTracker
+from slicekeeper.supervisor.hang import HangDetector
+from slicekeeper.supervisor.host import site
+from slicekeeper.supervisor.host.chaos import Chaos
+from slicekeeper.supervisor.host.generation import Generation
+from slicekeeper.supervisor.host.sdk_events import SdkEvents
+from slicekeeper.supervisor.host.workload import Workloads, own_cores, workload_argv, workload_env
+from slicekeeper.supervisor.leader import Leader
+from slicekeeper.supervisor.leader.members import send
+from slicekeeper.supervisor.metrics import SupervisorMetrics
+from slicekeeper.supervisor.persistent_tier import PersistentTier
+from slicekeeper.supervisor.plan import JobPlan
+
+from slicekeeper import protocol
+from slicekeeper.goodput import Category, GoodputAccountant
+from slicekeeper.policy.engine import PolicyEngine
+
+RETIRED_EXIT_CODE = protocol.EXIT_RETIRED
+"""In a pod: retired by the leader, replace this pod (its phase becomes Failed even if the annotation
+asking for a replacement could not be written)."""
+
+
+async def send_line(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+    """A report to the leader (messages.MemberReport's fields, built by the part that reports) or a
+    line to the workload's SDK."""
+    writer.write(protocol.encode(message))
+    with contextlib.suppress(ConnectionError):
+        await writer.drain()
+
+
+class HostSupervisor:
+    def __init__(self, plan: JobPlan, machine: str, host: int | None, joined_by: str | None = None) -> None:
+        """`host` None: a spare, which takes a host's identity when the leader assigns one
+        (`joined_by`: the chaos fault that brought it in, for the report)."""
+        self.plan = plan
+        self.joined_by = joined_by
+        self.machine = machine
+        self.host = host if host is not None else -1
+        self.job = plan.training_job
+        self.layout = plan.layout
+        self.identity = self.layout.host(max(self.host, 0))
+        self.accountant = GoodputAccountant(time.time())
+        self.detector = HangDetector(self.job.spec.health)
+        self.activity = ActivityTracker()
+        """Where the workload is, for the leader naming a hang's culprit (supervisor.culprit)."""
+        self.journal: messages.Journal | None = None
+        """The newest journal the leader sent (`{"type": "journal", "seq", "journal"}`)."""
+        self.metrics = SupervisorMetrics(lambda: self.accountant)
+        persistent = self.job.spec.checkpoint.persistent
+        self.tiers = CheckpointTiers(
+            plan.machine_disk(machine),
+            self.job.spec.checkpoint,
+            hosts=plan.hosts,
+            hosts_per_slice=plan.hosts_per_slice,
+            persistent=PersistentTier(persistent.uri, plan.run_key) if persistent else None,
+            metrics=self.metrics,
+            report=self._report,
+            log=self._log,
+        )
+        self.tiers.host = host
+        if self.tiers.persistent is not None:
+            self.metrics.count_store_reads(self.tiers.persistent.reads)
+        self._leader_writer: asyncio.StreamWriter | None = None
+        self._leader: Leader | None = None
+        self._exit_code: int | None = None
+        self._finished = asyncio.Event()
+        self._world: list[int] = list(range(plan.hosts))
+        self._rank = max(self.host, 0)
+        self._retired = False
+        self._dir = plan.machine_dir(machine)
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._socket_path = self._dir / "sdk.sock"
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._events = (self._dir / "events.jsonl").open("a", buffering=1)
+        self._pod = site.PodAnnotations.of(plan, machine)
+        self.chaos = Chaos(
+            plan.chaos,
+            host,
+            machine=machine,
+            tiers=self.tiers,
+            accountant=lambda: self.accountant,
+            kill_workload=lambda: self.workloads.kill(),
+            write_report=lambda: self._write_report(lost=True),
+            log=self._log,
+            report=self._report,
+            spawn=self._spawn_task,
+        )
+        self.workloads = Workloads(
+            self._dir / "workload.log",
+            argv=workload_argv(self.job.spec.workload, plan.local),
+            env=self._workload_env,
+            local=plan.local,
+            standby=self.job.spec.workload.standby,
+            finished=self._finished,
+            send=send_line,
+            log=self._log,
+            spawn=self._spawn_task,
+        )
+        self.sdk = SdkEvents(
+            detector=self.detector,
+            activity=self.activity,
+            accountant=lambda: self.accountant,
+            metrics=self.metrics,
+            checkpoint_saved=self.tiers.saved,
+            report=self._report,
+            log=self._log,
+            say=self._say,
+            generation=lambda: self.generation.number,
+            stopping=lambda: self.generation.stopping,
+            standby=lambda: self.workloads.standby,
+            step_begun=lambda step: self.chaos.inject(step, self.workloads.current, self.generation.number),
+            first_step_ended=lambda: self._spawn_task(self.workloads.prestart(self.generation.number)),
+        )
+        self.generation = Generation(
+            workloads=self.workloads,
+            tiers=self.tiers,
+            sdk=self.sdk,
+            detector=self.detector,
+            accountant=lambda: self.accountant,
+            metrics=self.metrics,
+            report=self._report,
+            log=self._log,
+            say=self._say,
+            host=lambda: self.host,
+            spawn=self._spawn_task,
+            finished=self._finished,
+        )
+
+    def _spawn_task(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run in the background, holding a reference until done (the loop keeps only weak ones)."""
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """A supervisor that lost one of its duties must not go on half-blind: stop, loudly."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        traceback.print_exception(error, file=sys.stderr)
+        self._terminate(f"internal error: {error!r}", exit_code=1)
+
+    def _log(self, record: dict[str, Any]) -> None:
+        """Append to this host's event log (what happened, when): for post-mortems and replay."""
+        self._events.write(json.dumps({"t": time.time(), **record}) + "\n")
+
+    def _say(self, text: str) -> None:
+        """A line on stderr, naming this host."""
+        print(f"[host {self.host}] {text}", file=sys.stderr, flush=True)
+
+    def _workload_env(self, generation: int, coordinator: str, restore_step: int | None) -> dict[str, str]:
+        """The workload's environment for a start of `generation` (supervisor.host.workload)."""
+        return workload_env(
+            self.plan,
+            self.job,
+            self.layout,
+            self.identity,
+            host=self.host,
+            world=self._world,
+            rank=self._rank,
+            generation=generation,
+            coordinator=coordinator,
+            restore_step=restore_step,
+            socket_path=self._socket_path,
+            checkpoint_dir=self.tiers.local_dir,
+            slow=self.chaos.slow_spec(),
+            environ=os.environ,
+            cores=own_cores() if self.plan.local else [],
+        )
+
+    # --- entry --------------------------------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._terminate, f"received {signum.name}")
+        leader_host, leader_port = self.plan.leader.rsplit(":", 1)
+        bind = site.bind_address(self.plan, leader_host)
+        metrics_port = self.metrics.serve(site.metrics_port(self.plan, self.host, self.machine), bind)
+        sdk_server = await self.sdk.serve(self._socket_path)
+        advertise = site.advertised_address(self.layout, self.identity, bind)
+        replica_address = await self.tiers.serve(bind, advertise=advertise)
+        if self.host == 0:
+            self._leader = self._new_leader()
+            await self._leader.serve(bind, int(leader_port))
+            publisher = self._spawn_task(self._leader.publish_status())
+            if self._pod is not None:
+                pod_status = self._spawn_task(self._pod.keep_status_published(self._pod_status))
+        reader, self._leader_writer = await site.reach_leader(self.plan, self.machine)
+        hello = {"metrics_port": metrics_port, "pid": os.getpid(), "machine": self.machine}
+        hello["replica_address"] = replica_address
+        watchdog = self._spawn_task(self.generation.hangs.run())
+        try:
+            if self.host >= 0:
+                await send(self._leader_writer, messages.Register(host=self.host, **hello))
+                await self._follow_leader(reader)
+            else:
+                spare = site.spare_index(self.machine)
+                await send(
+                    self._leader_writer, messages.RegisterSpare(spare=spare, chaos=self.joined_by, **hello)
+                )
+                if await self._await_assignment(reader):
+                    await self._follow_leader(reader)
+        finally:
+            watchdog.cancel()
+            self.workloads.drop_standby()
+            await self.workloads.stop()
+            sdk_server.close()
+            await self.tiers.close()
+            self._write_report()
+            if self._leader is not None:
+                await asyncio.sleep(0.2)  # let the last broadcast reach the members and watchers
+                publisher.cancel()
+                if self._pod is not None:
+                    pod_status.cancel()
+                    await self._pod.publish_status(self._pod_status())
+                await self._leader.close()
+        return self._exit_code if self._exit_code is not None else 1
+
+    def _new_leader(self) -> Leader:
+        """The job's leader, run by the supervisor of host 0 (supervisor.leader)."""
+        spec, plan = self.job.spec, self.plan
+        return Leader(
+            plan.hosts,
+            spec.health.max_restarts,
+            lambda generation, rank0: site.coordinator_address(plan, self.layout, rank0),
+            Path(plan.run_dir) / "job-summary.json",
+            spec.health.max_restarts_without_progress,
+            persistent=self.tiers.persistent,
+            persistent_keep=spec.checkpoint.persistent.max_to_keep if spec.checkpoint.persistent else 2,
+            hosts_per_slice=plan.hosts_per_slice,
+            min_slices=spec.min_slices,
+            devices_per_host=plan.devices_per_host,
+            engine=PolicyEngine.from_spec(spec.policy),
+            events_path=Path(plan.run_dir) / "policy-events.jsonl",
+            replacement_timeout=plan.replacement_timeout,
+            log_events=not plan.local,
+        )
+
+    def _pod_status(self) -> dict[str, Any]:
+        assert self._leader is not None
+        return {**self._leader.cluster_status(), "goodput": round(self.accountant.goodput(time.time()), 4)}
+
+    def _terminate(self, reason: str, exit_code: int = 130) -> None:
+        self._exit_code = exit_code
+        self.accountant.interrupt(time.time())
+        self.workloads.kill()
+        self._say(f"stopping: {reason}")
+        if self._leader is not None:  # before its own member's connection drops
+            self._leader.stand_down(reason)
+        if self._leader_writer is not None:
+            self._leader_writer.close()
+        self._finished.set()
+
+    async def _report(self, message: dict[str, Any]) -> None:
+        if self._leader_writer is not None:
+            await send_line(self._leader_writer, {"host": self.host, "t": time.time(), **message})
+
+    # --- the leader's commands ----------------------------------------------------------------
+    async def _await_assignment(self, reader: asyncio.StreamReader) -> bool:
+        """As a spare: wait until the leader hands over a lost host's identity (False: not needed)."""
+        while line := await reader.readline():
+            message = messages.command(line)
+            if isinstance(message, messages.Assign):
+                self._adopt(message.host, set(message.fired))
+                return True
+            if isinstance(message, (messages.Shutdown, messages.Failed)):
+                self._exit_code = 0  # the job ended without needing this spare
+                return False
+        self._exit_code = 0 if self._finished.is_set() else 1
+        return False
+
+    def _adopt(self, host: int, fired: set[str]) -> None:
+        """Become `host`: its identity, its chaos faults not yet fired, a fresh account of time."""
+        self.host = host
+        self.identity = self.layout.host(host)
+        self.tiers.host = host
+        self.chaos.aim_at(host, fired)
+        self.accountant = GoodputAccountant(time.time())
+        self.accountant.switch(Category.INFRASTRUCTURE_RECOVERY, time.time())
+        self._log({"source": "leader", "type": "assign", "host": host, "machine": self.machine})
+        print(f"[{self.machine}] taking over host {host}", file=sys.stderr, flush=True)
+
+    async def _follow_leader(self, reader: asyncio.StreamReader) -> None:
+        lines = asyncio.create_task(self._leader_lines(reader))
+        finished = asyncio.create_task(self._finished.wait())
+        await asyncio.wait({lines, finished}, return_when=asyncio.FIRST_COMPLETED)
+        finished.cancel()
+        if lines.done() and not lines.cancelled() and lines.exception() is not None:
+            error = lines.exception()
+            traceback.print_exception(error, file=sys.stderr)
+            self._exit_code = 1
+        lines.cancel()
+
+    async def _leader_lines(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                line = await reader.readline()
+            except ConnectionError:
+                line = b""
+            if not line:
+                if self._exit_code is None:
+                    self._say("lost the leader; stopping")
+                    self._exit_code = 1
+                return
+            match messages.command(line):
+                case messages.Start() as start:
+                    self._world, self._rank = list(start.world), start.rank
+                    await self.generation.start(start, self._world)
+                case messages.Stop() as stop:  # the fault is this host's when the leader named it so
+                    await self.generation.stop(stop, blamed=stop.host == self.host)
+                case messages.Journal() as journal:
+                    self.journal = journal  # the leader's newest: what a leader taking over carries on
+                case messages.ActivityRequest():
+                    snapshot = self.activity.snapshot(time.time()).to_message()
+                    await self._report({"type": "activity", "generation": self.generation.number, **snapshot})
+                case messages.Park() as park:
+                    self.generation.park(park)
+                case messages.Retire(reason=reason):
+                    await self._retire(reason)
+                    return
+                case messages.Shutdown():
+                    self._exit_code = 0
+                    return
+                case messages.Failed(reason=reason):
+                    self.accountant.interrupt(time.time())
+                    self._say(f"job failed: {reason}")
+                    self._exit_code = 1
+                    return
+                case messages.Assign():
+                    pass  # only a spare waiting for a host is assigned one
+
+    async def _retire(self, reason: str) -> None:
+        """The leader replaced this machine while it was alive (e.g. a straggler): end, cleanly."""
+        self.workloads.drop_standby()
+        await self.workloads.stop()
+        self.accountant.interrupt(time.time())
+        self._retired = True
+        self._exit_code = 0
+        if self._pod is not None:
+            await self._pod.ask_replacement(reason)
+            self._exit_code = RETIRED_EXIT_CODE
+        self._log({"source": "leader", "type": "retire", "reason": reason})
+        print(f"[{self.machine}] retired: {reason}", file=sys.stderr, flush=True)
+
+    # --- the end ------------------------------------------------------------------------------
+    def _write_report(self, lost: bool = False) -> None:
+        now = time.time()
+        seconds = self.accountant.seconds(now)
+        report = {
+            "machine": self.machine,
+            "lost": lost,
+            "retired": self._retired,
+            "host": self.host if self.host >= 0 else None,
+            "slice": self.identity.slice,
+            "worker": self.identity.worker,
+            "wall_seconds": now - self.accountant.start,
+            "seconds": {c.value: v for c, v in seconds.items()},
+            "high_water": self.accountant.high_water,
+            "productive_step_seconds": self.accountant.productive_step_seconds,
+            "restarts": self.generation.restarts,
+            "faults": self.generation.faults,
+            "journal_seq": self.journal.seq if self.journal else None,
+            "fingerprint": self.sdk.fingerprint,
+            "last_checkpoint_step": self.sdk.last_checkpoint,
+            "typical_step_seconds": self.detector.typical_step_seconds,
+            "exit_code": self._exit_code,
+            "persistent_reads": asdict(self.tiers.persistent.reads) if self.tiers.persistent else None,
+        }
+        (self._dir / "report.json").write_text(json.dumps(report, indent=1))
+        self._events.close()

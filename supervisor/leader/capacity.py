@@ -1,0 +1,276 @@
+"""Where a new machine for a host comes from: one interface, a spare pool locally, new pods in a cluster.
+
+When the policy replaces a host (`ReplaceHost`), or a slice comes back (`ScaleUp`), some machine must
+take the host's identity and restore its shard. Locally (`slicekeeper run`) idle spare supervisors wait
+for that (`SparePool`): the leader assigns one the host and it joins the next generation. In a cluster
+(`PodReplacements`) the host's pod goes (a live one retires and marks its pod), the operator creates a
+new pod with the same identity, and the job stays stopped until that pod's supervisor registers or
+spec.health.replacementTimeoutSeconds passes (then the policy decides again, with no spare).
+
+The leader and its policy see only `Replacement`: how many machines they may count on, and
+"replace this host".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader.journal import JobMemory
+from slicekeeper.supervisor.leader.members import HostStatus, Members, send
+
+
+class Replacement(Protocol):
+    def for_policy(self) -> int:
+        """Machines the policy may count on to replace a host."""
+
+    def for_scale_up(self) -> int:
+        """Machines that can stand in for hosts of a dropped slice with no machine left."""
+
+    def awaiting(self) -> list[int]:
+        """Hosts whose new machine is on its way (the job waits for them)."""
+
+    async def replace(self, host: int, reason: str) -> str | None:
+        """Give `host` a new machine (a live one retires first); why it cannot be done, or None."""
+
+    async def stand_in(self, host: int, scale_up: bool = False) -> str | None:
+        """A host with no machine before the job started, or (`scale_up`) of a slice coming back."""
+
+    async def offer(self, spare: messages.RegisterSpare, writer: asyncio.StreamWriter) -> bool:
+        """A spare supervisor registered; False when this kind of capacity has no use for it."""
+
+    async def joined(self, report: messages.Register, writer: asyncio.StreamWriter) -> bool:
+        """A host's supervisor registered after the job started; False when that is not a replacement."""
+
+    def lost(self, writer: asyncio.StreamWriter) -> list[str]:
+        """A connection dropped: the idle spares it served (their machines), now gone."""
+
+    async def release(self) -> None:
+        """The job ended: idle spares end too."""
+
+
+@dataclass
+class Spare:
+    """A registered spare supervisor, idle until it takes over a lost host's identity."""
+
+    spare: int
+    writer: asyncio.StreamWriter
+    machine: str
+    replica_address: str | None
+    metrics_port: int | None
+
+
+class _Crew:
+    """What both kinds share: the members, the leader's view of the hosts, the job's memory."""
+
+    def __init__(
+        self,
+        members: Members,
+        status: dict[int, HostStatus],
+        memory: JobMemory,
+        newcomer: Callable[[int], None],
+    ) -> None:
+        self.members = members
+        self.status = status
+        self.memory = memory
+        self._newcomer = newcomer
+        """Tell the leader a new machine serves `host` (it has no workload to stop; timings reset)."""
+
+    async def retire(self, host: int, reason: str) -> None:
+        """A live machine leaves the job (replaced, e.g. a straggler): its supervisor ends."""
+        writer = self.members.drop(host)
+        await send(writer, messages.Retire(generation=self.memory.generation, reason=reason))
+        await self.members.event(f"host {host} ({self.status[host].machine}) retired: {reason}", host=host)
+
+    def arrived(self, host: int, writer: asyncio.StreamWriter, status: HostStatus) -> None:
+        self.status[host] = status
+        self.members.writers[host] = writer
+        self._newcomer(host)
+
+
+class SparePool(_Crew):
+    """Locally: idle spare supervisors take over hosts."""
+
+    def __init__(
+        self,
+        members: Members,
+        status: dict[int, HostStatus],
+        memory: JobMemory,
+        newcomer: Callable[[int], None],
+    ) -> None:
+        super().__init__(members, status, memory, newcomer)
+        self.spares: list[Spare] = []
+
+    def for_policy(self) -> int:
+        return len(self.spares)
+
+    def for_scale_up(self) -> int:
+        return len(self.spares)
+
+    def awaiting(self) -> list[int]:
+        return []
+
+    async def offer(self, spare: messages.RegisterSpare, writer: asyncio.StreamWriter) -> bool:
+        machine = spare.machine or f"spare-{spare.spare}"
+        self.spares.append(Spare(spare.spare, writer, machine, spare.replica_address, spare.metrics_port))
+        await self.members.event(f"spare {spare.spare} ({machine}) registered")
+        return True
+
+    async def replace(self, host: int, reason: str) -> str | None:
+        if not self.spares:
+            return f"no spare left to replace host {host}"
+        if host in self.members:
+            await self.retire(host, reason)
+        await self.stand_in(host)
+        return None
+
+    async def stand_in(self, host: int, scale_up: bool = False) -> str | None:
+        """Give a spare `host`'s identity: a hot-swap, or (`scale_up`) a dropped slice coming back."""
+        if not self.spares:
+            return f"host {host} was lost before the job started and no spare is left"
+        spare = min(self.spares, key=lambda s: s.spare)  # deterministic: the lowest index first
+        self.spares.remove(spare)
+        status = HostStatus(
+            state="stopped",
+            metrics_port=spare.metrics_port,
+            replica_address=spare.replica_address,
+            machine=spare.machine,
+        )
+        self.arrived(host, spare.writer, status)
+        if not scale_up:
+            self.memory.hot_swaps.append(
+                {
+                    "host": host,
+                    "spare": spare.spare,
+                    "machine": spare.machine,
+                    "generation": self.memory.generation,
+                }
+            )
+        fired = [record.spec for record in self.memory.faults if record.host == host]
+        await send(spare.writer, messages.Assign(host=host, generation=self.memory.generation, fired=fired))
+        what = "scale-up" if scale_up else "hot-swap"
+        await self.members.event(
+            f"{what}: spare {spare.spare} ({spare.machine}) takes over host {host}", host=host
+        )
+        return None
+
+    async def joined(self, report: messages.Register, writer: asyncio.StreamWriter) -> bool:
+        return False
+
+    def lost(self, writer: asyncio.StreamWriter) -> list[str]:
+        gone = [s for s in self.spares if s.writer is writer]
+        for spare in gone:
+            self.spares.remove(spare)
+        return [f"spare {s.spare} ({s.machine})" for s in gone]
+
+    async def release(self) -> None:
+        for spare in self.spares:
+            await send(spare.writer, messages.Shutdown())
+
+
+class PodReplacements(_Crew):
+    """In a cluster: the operator replaces a host's pod by a new one with its identity."""
+
+    def __init__(
+        self,
+        members: Members,
+        status: dict[int, HostStatus],
+        memory: JobMemory,
+        newcomer: Callable[[int], None],
+        *,
+        timeout: float,
+        overdue: Callable[[int], Awaitable[None]],
+    ) -> None:
+        super().__init__(members, status, memory, newcomer)
+        self.timeout = timeout
+        """How long a replacement pod is awaited (spec.health.replacementTimeoutSeconds)."""
+        self._overdue = overdue
+        """No replacement came for `host`: the policy decides again (with no spare)."""
+        self._awaited: dict[int, asyncio.TimerHandle] = {}
+        self._no_capacity = False
+        """A replacement did not join in time; the policy sees no spare until one joins."""
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    def for_policy(self) -> int:
+        """The operator replaces any host (one at a time is enough to say so) until a replacement
+        failed to join."""
+        return 0 if self._no_capacity else 1
+
+    def for_scale_up(self) -> int:
+        return 0  # a dropped slice comes back with its own pods re-registering
+
+    def awaiting(self) -> list[int]:
+        return sorted(self._awaited)
+
+    async def offer(self, spare: messages.RegisterSpare, writer: asyncio.StreamWriter) -> bool:
+        return False
+
+    async def stand_in(self, host: int, scale_up: bool = False) -> str | None:
+        return None  # the operator re-creates the pod, which registers as any other
+
+    async def replace(self, host: int, reason: str) -> str | None:
+        """The host's pod goes (a live one retires: its supervisor marks its pod for replacement and
+        ends); the job stays stopped until the new pod's supervisor registers, or the timeout."""
+        if host in self.members:
+            await self.retire(host, reason)
+        self.status[host] = HostStatus(state="awaiting replacement")
+        if host in self._awaited:
+            return None
+        self._awaited[host] = asyncio.get_running_loop().call_later(self.timeout, self._time_out, host)
+        await self.members.event(
+            f"awaiting a replacement pod for host {host} (up to {self.timeout:g} s)", host=host
+        )
+        return None
+
+    def _time_out(self, host: int) -> None:
+        task = asyncio.ensure_future(self._no_replacement(host))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _no_replacement(self, host: int) -> None:
+        if self._awaited.pop(host, None) is None:
+            return
+        self._no_capacity = True
+        await self.members.event(
+            f"no replacement for host {host} joined within {self.timeout:g} s "
+            "(spec.health.replacementTimeoutSeconds): no capacity",
+            host=host,
+        )
+        await self._overdue(host)
+
+    async def joined(self, report: messages.Register, writer: asyncio.StreamWriter) -> bool:
+        """A pod with the host's identity registered after the job started: the operator's replacement
+        (or the same host's pod again)."""
+        host = report.host
+        old = self.members.writers.get(host)
+        if old is not None and old is not writer:
+            old.close()  # a stale connection of the pod this one replaces
+        machine = report.machine or f"host-{host}"
+        status = HostStatus(
+            state="registered",
+            metrics_port=report.metrics_port,
+            replica_address=report.replica_address,
+            machine=machine,
+        )
+        self.arrived(host, writer, status)
+        self._no_capacity = False
+        handle = self._awaited.pop(host, None)
+        if handle is not None:
+            handle.cancel()
+            self.memory.hot_swaps.append(
+                {"host": host, "spare": None, "machine": machine, "generation": self.memory.generation}
+            )
+            await self.members.event(f"hot-swap: a new pod on {machine} takes over host {host}", host=host)
+        else:
+            await self.members.event(f"host {host} re-registered from {machine}", host=host)
+        return True
+
+    def lost(self, writer: asyncio.StreamWriter) -> list[str]:
+        return []
+
+    async def release(self) -> None:
+        for task in self._tasks:
+            task.cancel()

@@ -1,0 +1,337 @@
+"""The leader of a job: a JSON-lines server every supervisor of the job (its own included) joins.
+
+It reads what the members report (messages.ToLeader) and hands each report to the part whose job it
+is: the restart state machine (generations), remediation (faults, lost hosts, stragglers, capacity),
+the checkpoint records (checkpoints), the job's memory (journal). It owns only the connections and
+the wiring; the parts get narrow interfaces, never this object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader import status as views
+from slicekeeper.supervisor.leader.capacity import PodReplacements, Replacement, SparePool
+from slicekeeper.supervisor.leader.checkpoints import Checkpoints
+from slicekeeper.supervisor.leader.decisions import Decisions
+from slicekeeper.supervisor.leader.generations import Generations
+from slicekeeper.supervisor.leader.journal import FaultRecord, JobMemory, JobState, JournalWriter
+from slicekeeper.supervisor.leader.members import HostStatus, Members, send
+from slicekeeper.supervisor.leader.remediation import Remediation
+from slicekeeper.supervisor.leader.restart_rule import RestartRule
+from slicekeeper.supervisor.persistent_tier import PersistentTier
+from slicekeeper.supervisor.restore_plan import RestorePlan
+from slicekeeper.supervisor.world import JobWorld
+
+from slicekeeper import protocol
+from slicekeeper.policy.engine import PolicyEngine
+from slicekeeper.shape import JobShape
+
+
+class Leader:
+    def __init__(
+        self,
+        hosts: int,
+        max_restarts: int,
+        coordinator_address: Callable[[int, int], str],
+        summary_path: Path | None = None,
+        max_restarts_without_progress: int = 3,
+        persistent: PersistentTier | None = None,
+        persistent_keep: int = 2,
+        *,
+        hosts_per_slice: int | None = None,
+        min_slices: int = 1,
+        devices_per_host: int = 1,
+        engine: PolicyEngine | None = None,
+        events_path: Path | None = None,
+        replacement_timeout: float | None = None,
+        log_events: bool = False,
+    ) -> None:
+        """`replacement_timeout`: in a cluster, how long a lost host's new pod is awaited; None: local
+        mode, where spare supervisors stand in (leader.capacity)."""
+        per_slice = hosts_per_slice or hosts
+        self.memory = JobMemory(started_at=time.time())
+        """The job's memory (leader.journal): what a leader that takes over carries on."""
+        self.world = JobWorld(JobShape(hosts // per_slice, per_slice, devices_per_host), min_slices)
+        self.members = Members(log_events)
+        self.status = {h: HostStatus() for h in range(hosts)}
+        self.decisions = Decisions(engine or PolicyEngine(None), self.world, events_path=events_path)
+        self.journal_writer = JournalWriter(self.members, self.journal)
+        self.checkpoints = Checkpoints(
+            self.memory,
+            self.status,
+            self.world,
+            self.members,
+            persistent,
+            persistent_keep,
+            self.journal_writer.write,
+        )
+        self.capacity: Replacement
+        if replacement_timeout is None:
+            self.capacity = SparePool(self.members, self.status, self.memory, self._newcomer)
+        else:
+            self.capacity = PodReplacements(
+                self.members,
+                self.status,
+                self.memory,
+                self._newcomer,
+                timeout=replacement_timeout,
+                overdue=lambda host: self.remediation.no_replacement(host),
+            )
+        self.generations = Generations(
+            memory=self.memory,
+            world=self.world,
+            members=self.members,
+            status=self.status,
+            checkpoints=self.checkpoints,
+            journal=self.journal_writer,
+            capacity=self.capacity,
+            rule=RestartRule(max_restarts, max_restarts_without_progress),
+            decisions=self.decisions,
+            coordinator_address=coordinator_address,
+            ended=self.write_summary,
+        )
+        self.remediation = Remediation(
+            memory=self.memory,
+            world=self.world,
+            members=self.members,
+            decisions=self.decisions,
+            generations=self.generations,
+            capacity=self.capacity,
+            checkpoints=self.checkpoints,
+            journal=self.journal_writer,
+            spawn=self._spawn,
+        )
+        self.generations.holds = self.remediation.holding
+        self._summary_path = summary_path
+        self._standing_down = False
+        """The leader's process is ending (`stand_down`): it acts no more."""
+        self._tasks: set[asyncio.Future[None]] = set()
+        self._server: asyncio.Server | None = None
+
+    @property
+    def done(self) -> asyncio.Event:
+        return self.generations.done
+
+    def _newcomer(self, host: int) -> None:
+        """A new machine serves `host`: it has no workload to stop, and holds nothing yet."""
+        if self.memory.state is JobState.STOPPING:
+            self.generations.stopped.add(host)
+            self.status[host].state = "stopped"
+        self.decisions.new_world()  # the old machine's timings are not the new one's
+
+    def _spawn(self, coroutine: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- the job's memory as data -------------------------------------------------------------
+    def journal(self) -> dict[str, Any]:
+        """All the job's memory as JSON: what a leader taking over needs to carry on (`carry_on`)."""
+        return {
+            "memory": self.memory.to_json(),
+            "world": self.world.state(),
+            "remediation": self.decisions.state(),
+        }
+
+    def carry_on(self, journal: dict[str, Any]) -> None:
+        """Take over the memory another leader of this job wrote down (`journal`)."""
+        self.memory.take(JobMemory.from_json(journal["memory"]))
+        self.world.carry_on(journal["world"])
+        self.decisions.carry_on(journal["remediation"])
+
+    # --- the server ---------------------------------------------------------------------------
+    async def serve(self, address: str, port: int) -> int:
+        self._server = await asyncio.start_server(
+            self._connection, address, port, limit=protocol.CONTROL_LINE_LIMIT
+        )
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def stand_down(self, reason: str) -> None:
+        """This leader's process is ending (SIGTERM: the pod deleted, the job suspended): it acts no
+        more. Members' connections dropping now are its own ending, not hosts lost, and no decision
+        is taken on them; the job's memory stays as it was (a leader taking over carries it on)."""
+        if not self._standing_down:
+            self._standing_down = True
+            self._spawn(self.members.event(f"leader standing down: {reason}"))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._server is not None:
+            self._server.close()
+        self.members.close()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                try:
+                    await self._handle(messages.to_leader(line), writer)
+                except (ValueError, KeyError, TypeError) as error:
+                    # A bad message must not end the connection: that would read as a lost host.
+                    print(f"leader: ignored a malformed message {line[:200]!r}: {error!r}", file=sys.stderr)
+        except (ConnectionError, asyncio.CancelledError):
+            pass  # cancelled: the process is ending (asyncio.run's teardown); no traceback for that
+        finally:
+            await self._disconnected(writer)
+
+    async def _disconnected(self, writer: asyncio.StreamWriter) -> None:
+        if writer in self.members.watchers:
+            self.members.watchers.remove(writer)
+        quiet = self.generations.over or self._standing_down  # it ended with the job, or the leader
+        for spare in self.capacity.lost(writer):
+            if not quiet:
+                await self.members.event(f"{spare} lost while idle")
+        for host in self.members.host_of(writer):
+            if quiet:
+                continue
+            self.members.drop(host)
+            lost = self.status[host]
+            lost.state, lost.committed, lost.replicas = "lost", set(), {}
+            self.generations.stopped.discard(host)
+            await self.remediation.host_lost(host, lost.machine)
+
+    # --- what the members say -----------------------------------------------------------------
+    async def _handle(self, message: messages.ToLeader, writer: asyncio.StreamWriter) -> None:
+        match message:
+            case messages.Watch():
+                self.members.watchers.append(writer)
+                await send(writer, self.status_message())
+            case messages.RegisterSpare():
+                await self._spare(message, writer)
+            case messages.Register():
+                await self._register(message, writer)
+            case messages.StateReport(host=host, state=state):
+                self.status[host].state = state
+            case messages.Progress():
+                await self._progress(message)
+            case messages.Committed(host=host, step=step):
+                self.status[host].committed.add(step)
+            case messages.CheckpointInvalid():
+                await self.checkpoints.invalid(message)
+            case messages.Persisted(host=host, step=step):
+                await self.checkpoints.persisted(host, step)
+            case messages.Restored():
+                self.checkpoints.restored(message)
+            case messages.Loaded():
+                self.checkpoints.loaded(message)
+            case messages.ChaosFired():
+                await self._chaos(message)
+            case messages.Fault():
+                await self.remediation.fault(message)
+            case messages.ActivityReport():
+                self.remediation.activity(message)
+            case messages.Stopped():
+                await self.generations.acked(message)
+            case messages.Finished():
+                await self.generations.finished_on(message)
+
+    async def _register(self, report: messages.Register, writer: asyncio.StreamWriter) -> None:
+        if self.memory.state is not JobState.REGISTERING:
+            if self.memory.state is JobState.SUCCEEDED:
+                await send(writer, messages.Shutdown())  # too late: the job is over
+                return
+            if self.memory.state is JobState.FAILED:
+                await send(writer, messages.Failed(reason=self.memory.failure_reason or "the job failed"))
+                return
+            if await self.capacity.joined(report, writer):
+                await self.remediation.rejoined(report.host)
+                return
+        status = self.status[report.host]
+        self.members.writers[report.host] = writer
+        status.metrics_port = report.metrics_port
+        status.replica_address = report.replica_address
+        status.machine = report.machine or f"host-{report.host}"
+        status.state = "registered"
+        await self.members.event(
+            f"host {report.host} registered", host=report.host, metrics_port=status.metrics_port
+        )
+        if len(self.members.live()) == self.world.full_hosts and self.memory.state is JobState.REGISTERING:
+            await self.generations.start()
+
+    async def _spare(self, spare: messages.RegisterSpare, writer: asyncio.StreamWriter) -> None:
+        if not await self.capacity.offer(spare, writer):
+            await self.members.event(f"spare {spare.spare} ignored: in a cluster new pods replace hosts")
+            return
+        if spare.chaos:
+            machine = spare.machine or f"spare-{spare.spare}"
+            self.memory.faults.append(
+                FaultRecord(
+                    "spare",
+                    -1,
+                    self.memory.high_water,
+                    time.time(),
+                    self.memory.generation,
+                    spec=spare.chaos,
+                    disruptive=False,
+                    detail=f"{machine} joined",
+                )
+            )
+        if self.world.scaled_down:
+            self.remediation.capacity_offer = True
+            await self.remediation.offer_capacity()
+
+    async def _progress(self, report: messages.Progress) -> None:
+        if report.generation != self.memory.generation or self.memory.state is not JobState.RUNNING:
+            return  # a step of a generation being torn down will be executed again
+        status = self.status[report.host]
+        status.step, status.loss, status.state = report.step, report.loss, "training"
+        status.steps_seen.append((report.t, report.step))
+        del status.steps_seen[:-50]
+        self.generations.progressed = True
+        machines = {h: s.machine for h, s in self.status.items()}
+        await self.remediation.straggler_check(report.host, report.step, report.work, machines, report.t)
+        if self.memory.progressed(report.step, report.t):
+            await self.journal_writer.write()
+
+    async def _chaos(self, fired: messages.ChaosFired) -> None:
+        record = FaultRecord(
+            fired.kind,
+            fired.host,
+            fired.step,
+            fired.t,
+            fired.generation,
+            spec=fired.fault,
+            disruptive=fired.disruptive,
+            detail=fired.detail,
+        )
+        self.memory.faults.append(record)
+        await self.members.event(
+            f"chaos: {fired.kind} host {fired.host} at step {fired.step}", host=fired.host
+        )
+        await self.journal_writer.write()  # a fault fired never fires again, whoever leads
+
+    # --- views --------------------------------------------------------------------------------
+    def restore_plan(self) -> RestorePlan:
+        return self.checkpoints.restore_plan()
+
+    def status_message(self) -> messages.Status:
+        return views.status_line(self.memory, self.status)
+
+    def cluster_status(self) -> dict[str, Any]:
+        return views.cluster_status(
+            self.memory, self.world, self.restore_plan().step, self.capacity.awaiting()
+        )
+
+    def summary(self) -> dict[str, Any]:
+        fingerprints = {h: f.fingerprint for h, f in self.generations.finished.items()}
+        return views.summary(self.memory, self.world, self.status, self.decisions, fingerprints)
+
+    def write_summary(self) -> None:
+        if self._summary_path is not None:
+            self._summary_path.write_text(json.dumps(self.summary(), indent=1))
+
+    async def publish_status(self, interval: float = 0.5) -> None:
+        while not self.done.is_set():
+            self.members.notify(self.status_message())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.done.wait(), interval)
+        self.members.notify(self.status_message())

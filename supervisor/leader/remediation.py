@@ -1,0 +1,330 @@
+"""Fault -> policy event -> decision -> action: the one place the leader acts on what went wrong.
+
+A fault report stops the job (leader.generations) and asks the policy (leader.decisions) what to do;
+a lost host, a straggler and capacity coming back are events too. The decision is written down
+(the journal) before anything is done about it, and applied while the members stop: restart in job
+(the stop under way is the restart), replace a host (leader.capacity), scale down by whole slices or
+back up, wait and decide again, ignore, fail. Decisions are taken one at a time, each on the world
+the previous one left, and the next start waits until every pending one is in.
+
+A hang is put down to the host that stopped, not to the first host whose timer fired: the leader
+asks every member where its workload is and names the one furthest behind (supervisor.culprit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable
+
+from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.culprit import Activity, name_culprit
+from slicekeeper.supervisor.leader.capacity import Replacement
+from slicekeeper.supervisor.leader.checkpoints import Checkpoints
+from slicekeeper.supervisor.leader.decisions import Decisions
+from slicekeeper.supervisor.leader.generations import Generations
+from slicekeeper.supervisor.leader.journal import JobMemory, JobState, JournalWriter
+from slicekeeper.supervisor.leader.members import Members
+from slicekeeper.supervisor.world import JobWorld
+
+from slicekeeper import policy
+
+ACTIVITY_REPLY_SECONDS = 2.0
+"""At a hang report, how long every member gets to say where its workload is (supervisor.culprit);
+one that does not answer in time is taken for the host that stopped."""
+
+
+class Remediation:
+    def __init__(
+        self,
+        *,
+        memory: JobMemory,
+        world: JobWorld,
+        members: Members,
+        decisions: Decisions,
+        generations: Generations,
+        capacity: Replacement,
+        checkpoints: Checkpoints,
+        journal: JournalWriter,
+        spawn: Callable[[Awaitable[None]], None],
+    ) -> None:
+        self.memory = memory
+        self.world = world
+        self.members = members
+        self.decisions = decisions
+        self.generations = generations
+        self.capacity = capacity
+        self.checkpoints = checkpoints
+        self.journal = journal
+        self._spawn = spawn
+        self._deciding = 0
+        """Decisions under way that the next start must wait for."""
+        self._turn = asyncio.Lock()
+        self._waiting = 0
+        """`Wait` decisions taken while the job is stopped: it stays stopped until they are reconsidered."""
+        self.capacity_offer = False
+        """Capacity came back while the job runs scaled down: offer it to the policy once it trains."""
+        self._activities: dict[int, Activity] | None = None
+        """While a hang's culprit is being named: the members' answers so far (else None)."""
+        self._activities_in = asyncio.Event()
+
+    def holding(self) -> bool:
+        """The next start must wait: a decision under way, a `Wait`, a replacement on its way."""
+        return bool(self._deciding or self._waiting or self.capacity.awaiting())
+
+    # --- faults -------------------------------------------------------------------------------
+    async def fault(self, report: messages.Fault) -> None:
+        if report.generation != self.memory.generation or self.memory.state is not JobState.RUNNING:
+            return  # already being handled: one restart per generation
+        if report.invalid_step is not None:
+            # The restored state proved bad (e.g. a non-finite loss right after a restore): no host
+            # may restore that step again, from any tier.
+            self.memory.job_invalid.add(report.invalid_step)
+        if report.kind == "hang":
+            if self._activities is None:  # else: the same stall, noticed again while being named
+                # Not awaited here: the answers come over the members' connections, the reporter's
+                # included, whose reading must go on.
+                self._activities = {}
+                self._spawn(self._hang(report))
+            return
+        await self._fault_of(report.host, report)
+
+    async def _fault_of(self, host: int, report: messages.Fault) -> None:
+        """Stop the job for a fault of `host`, then decide what to do about it."""
+        event = Decisions.fault_event(host, report, self.memory.high_water, self.memory.generation)
+        if await self.generations.stop(host, report.kind, report.detail, report.t):
+            await self.decide_and_act(event)
+
+    async def _hang(self, report: messages.Fault) -> None:
+        generation = self.memory.generation
+        host, report = await self._hang_culprit(report)
+        if (
+            generation == self.memory.generation and self.memory.state is JobState.RUNNING
+        ):  # not stopped meanwhile
+            await self._fault_of(host, report)
+
+    async def _hang_culprit(self, report: messages.Fault) -> tuple[int, messages.Fault]:
+        """Ask every member where its workload is and name the host that stopped (supervisor.culprit);
+        returns it with the report's detail saying who noticed and why that host."""
+        self._activities, self._activities_in = {}, asyncio.Event()
+        try:
+            asked = [h for h in self.world.hosts if h in self.members]
+            for member in asked:
+                await self.members.send(member, messages.ActivityRequest(generation=self.memory.generation))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._activities_in.wait(), ACTIVITY_REPLY_SECONDS)
+            answers: dict[int, Activity | None] = {h: self._activities.get(h) for h in asked}
+        finally:
+            self._activities = None
+        culprit = name_culprit(answers, report.host)
+        noticed = f"noticed by host {report.host}" if culprit.host != report.host else "noticed by itself"
+        detail = f"{report.detail} ({noticed}; {culprit.reason})"
+        return culprit.host, report.model_copy(update={"detail": detail})
+
+    def activity(self, report: messages.ActivityReport) -> None:
+        """A member's answer to the question where its workload is."""
+        if self._activities is None or report.generation != self.memory.generation:
+            return
+        self._activities[report.host] = Activity.from_message(report.model_dump())
+        if set(self.world.hosts) & self.members.live() <= self._activities.keys():
+            self._activities_in.set()
+
+    async def host_lost(self, host: int, machine: str) -> None:
+        """A member's connection dropped: its machine is gone, with its local tier and replicas."""
+        detail = f"lost contact with the supervisor of host {host} ({machine or 'unknown machine'})"
+        if host not in self.world.hosts:
+            # An idle host of a dropped slice: nothing stops; a scale-up will need a spare for it.
+            await self.members.event(f"idle host {host} of a dropped slice lost: {detail}", host=host)
+            return
+        if self.memory.state is JobState.RUNNING:
+            if not await self.generations.stop(host, "host_lost", detail, time.time()):
+                return
+        else:
+            await self.members.event(
+                f"host_lost detected on host {host}: {detail}", host=host, kind="host_lost"
+            )
+        if self.memory.state is JobState.REGISTERING:
+            # Before the first start nothing trained yet: a new machine stands in, or the job cannot start.
+            refused = await self.capacity.stand_in(host)
+            if refused is not None:
+                await self.generations.fail(refused)
+            elif len(self.members.live()) == self.world.full_hosts:
+                await self.generations.start()
+            return
+        event = policy.HostLost(
+            t=time.time(),
+            step=self.memory.high_water,
+            generation=self.memory.generation,
+            host=host,
+            machine=machine,
+        )
+        await self.decide_and_act(event)
+
+    async def no_replacement(self, host: int) -> None:
+        """In a cluster, no new pod joined for `host` in time: the policy decides again, with no spare."""
+        event = policy.HostLost(
+            t=time.time(),
+            step=self.memory.high_water,
+            generation=self.memory.generation,
+            host=host,
+            machine="none",
+        )
+        await self.decide_and_act(event)
+
+    async def rejoined(self, host: int) -> None:
+        """A new machine registered as `host` after the job started (a cluster's replacement pod)."""
+        if self.memory.state is JobState.STOPPING:
+            await self.generations.start_when_all_stopped()
+        elif host not in self.world.hosts:
+            # A host of a dropped slice is back (capacity returned): the policy may scale back up.
+            self.capacity_offer = True
+            await self.offer_capacity()
+        elif self.memory.state is JobState.RUNNING:
+            # A new pod while the old one's connection was still open (a node lost without a word):
+            await self.generations.stop(
+                host, "host_lost", f"host {host} re-registered while running", time.time()
+            )
+            self.generations.stopped.add(host)
+            await self.generations.start_when_all_stopped()
+
+    # --- signals while training ---------------------------------------------------------------
+    async def straggler_check(
+        self, host: int, step: int, work: float | None, machines: dict[int, str], now: float
+    ) -> None:
+        """A host's own work in a step (`now`: when it ended): find stragglers and decide on them."""
+        for finding in self.decisions.observe(host, step, work, machines):
+            await self.members.event(
+                f"straggler: host {finding.host} score {finding.score:.2f} at step {finding.step}",
+                host=finding.host,
+            )
+            for record in self.memory.faults:  # a `slow` fault is detected when its host is found straggling
+                if record.kind == "slow" and record.host == finding.host and record.detected_at is None:
+                    record.detected_at, record.detected_as = now, "straggler"
+            event = policy.Straggler(
+                t=now,
+                step=self.memory.high_water,
+                generation=self.memory.generation,
+                host=finding.host,
+                score=finding.score,
+            )
+            self._spawn(self.decide_and_act(event))
+        if self.capacity_offer:
+            await self.offer_capacity()
+
+    async def offer_capacity(self) -> None:
+        """Machines joined while the job runs scaled down: the policy may scale back up."""
+        if self.memory.state is not JobState.RUNNING or not self.generations.progressed or self._deciding:
+            return  # offered once the job trains again
+        self.capacity_offer = False
+        event = policy.CapacityReturned(
+            t=time.time(),
+            step=self.memory.high_water,
+            generation=self.memory.generation,
+            spares=self.capacity.for_scale_up(),
+        )
+        await self.decide_and_act(event)
+
+    # --- decide, then act ---------------------------------------------------------------------
+    def _idle_hosts(self) -> set[int]:
+        return {h for h in self.members.live() if h not in self.world.hosts}
+
+    async def decide_and_act(self, event: policy.Event) -> None:
+        self._deciding += 1  # counted while queued too: no start before every pending decision is in
+        try:
+            async with self._turn:  # one at a time: each on the world the previous one left
+                if self.generations.over:
+                    return
+                decision = await asyncio.to_thread(
+                    self.decisions.decide,
+                    event,
+                    spares=self.capacity.for_policy(),
+                    idle=self._idle_hosts(),
+                    step=self.memory.high_water,
+                    generation=self.memory.generation,
+                )
+                action = decision.action
+                reason = f" ({decision.reason})" if decision.reason else ""
+                await self.members.event(
+                    f"decision ({decision.source.value}): {action.name} for {event.summary}{reason}"
+                )
+                await self.journal.write()  # the decision, before anything is done about it
+                await self._act(event, action)
+        finally:
+            self._deciding -= 1
+        await self.generations.start_when_all_stopped()
+
+    async def _act(self, event: policy.Event, action: policy.Action) -> None:
+        if self.generations.over:
+            return
+        if isinstance(action, policy.Fail):
+            await self.generations.fail(action.reason)
+        elif isinstance(action, policy.Wait):
+            holds = self.memory.state is JobState.STOPPING  # the job stays stopped until reconsidered
+            self._waiting += holds
+            loop = asyncio.get_running_loop()
+            loop.call_later(action.seconds, lambda: self._spawn(self._reconsider(event, holds)))
+        elif isinstance(action, (policy.ReplaceHost, policy.ScaleDown, policy.ScaleUp)):
+            if self.memory.state is JobState.RUNNING:
+                host = getattr(event, "host", 0)
+                planned = isinstance(action, policy.ScaleUp)
+                if not await self.generations.stop(host, str(event.kind), action.name, time.time(), planned):
+                    return
+            await self._apply(event, action)
+        # RestartInJob: the stop under way is the restart; Ignore: nothing to do.
+
+    async def _reconsider(self, event: policy.Event, held: bool) -> None:
+        """A `Wait` is over: offer the same event again, with the facts of now."""
+        self._waiting -= held
+        if isinstance(event, policy.CapacityReturned) and not self.world.scaled_down:
+            return
+        fresh = dataclasses.replace(
+            event, t=time.time(), step=self.memory.high_water, generation=self.memory.generation
+        )
+        await self.decide_and_act(fresh)
+
+    async def _apply(self, event: policy.Event, action: policy.Action) -> None:
+        """Change who takes part, while the job is stopped; the next start runs the new world."""
+        if isinstance(action, policy.ReplaceHost):
+            refused = await self.capacity.replace(action.host, f"replaced ({event.kind})")
+            if refused is not None:
+                await self.generations.fail(refused)
+        elif isinstance(action, policy.ScaleDown):
+            await self._scale_down(event, action)
+        elif isinstance(action, policy.ScaleUp):
+            await self._scale_up(event)
+
+    async def _scale_down(self, event: policy.Event, action: policy.ScaleDown) -> None:
+        before = list(self.world.active)
+        host = getattr(event, "host", None)
+        slices = list(action.slices) or ([self.world.slice_of(host)] if host is not None else [])
+        slices = [s for s in slices if s in self.world.active]
+        if not slices:
+            return
+        try:
+            self.world.drop(slices)
+        except ValueError as error:
+            await self.generations.fail(str(error))
+            return
+        self.checkpoints.joined -= {h for s in slices for h in self.world.hosts_of(s)}
+        self.decisions.scaled("down", before, self.memory.high_water, self.memory.generation, str(event.kind))
+        await self.members.event(
+            f"scale-down: slice(s) {slices} dropped, {len(self.world.hosts)} hosts go on"
+        )
+
+    async def _scale_up(self, event: policy.Event) -> None:
+        before = list(self.world.active)
+        back = self.world.restorable(self._idle_hosts(), self.capacity.for_scale_up())
+        for slice_index in back:
+            for host in self.world.hosts_of(slice_index):
+                if host not in self.members:
+                    await self.capacity.stand_in(host, scale_up=True)
+                self.generations.stopped.add(host)  # idle or new: no workload to stop
+                self.checkpoints.joined.add(host)
+        if back:
+            self.world.restore(back)
+            self.decisions.scaled(
+                "up", before, self.memory.high_water, self.memory.generation, str(event.kind)
+            )
+            await self.members.event(f"scale-up: slice(s) {back} back, {len(self.world.hosts)} hosts")

@@ -1,0 +1,334 @@
+"""What a job's supervisors say to each other: every leader <-> member message, typed, in one place.
+
+The wire is JSON lines (`slicekeeper.protocol.encode`), one object per message, told apart by its
+`type`. Here each message is a pydantic model with the fields it carries, and `decode` turns a line
+into the right one (or raises `ValueError` naming the message and the field that is wrong), so the
+leader and the members never index a dict by a string that may be missing.
+
+Three directions:
+- member -> leader (`MemberReport`): what a host's supervisor reports (registering, progress,
+  checkpoints, faults, stop acknowledgements, ...); each carries `host` and the time `t` it was said;
+- leader -> member (`Command`): what the leader tells its members (start, stop, park, retire, ...),
+  and the journal it writes down on them before a command (supervisor.leader.journal);
+- watcher <-> leader: a watcher (the local runtime's progress display) asks to `watch` and receives
+  `status` and `event` lines.
+Fields the receiver does not know are ignored, so a newer member can talk to an older leader.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from slicekeeper import protocol
+
+
+class Message(BaseModel):
+    """One line of the supervisors' protocol."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    def encode(self) -> bytes:
+        return protocol.encode(self.model_dump(mode="json"))
+
+
+# --- member -> leader ---------------------------------------------------------------------------
+class Report(Message):
+    """Said by the supervisor of `host`, at `t` (its clock)."""
+
+    host: int
+    t: float = Field(default_factory=time.time)
+
+
+class Register(Report):
+    """A host's supervisor joins the job (a pod's replacement too, after the job started)."""
+
+    type: Literal["register"] = "register"
+    machine: str = ""
+    metrics_port: int | None = None
+    replica_address: str | None = None
+    pid: int | None = None
+
+
+class StateReport(Report):
+    type: Literal["state"] = "state"
+    state: str
+
+
+class Progress(Report):
+    """A step ended on the host; `work`: the seconds of its own work in it (straggler detection)."""
+
+    type: Literal["progress"] = "progress"
+    generation: int
+    step: int
+    loss: float | None = None
+    work: float | None = None
+
+
+class Committed(Report):
+    """The host's local tier committed its shard of `step`."""
+
+    type: Literal["checkpoint"] = "checkpoint"
+    step: int
+
+
+class CheckpointInvalid(Report):
+    """A copy of the host's shard of `step` in `tier` failed (`reason`) or proved corrupt; `any`:
+    every source of it failed at a restore."""
+
+    type: Literal["checkpoint_invalid"] = "checkpoint_invalid"
+    step: int
+    tier: str = "local"
+    reason: str | None = None
+    detail: str = ""
+
+
+class Persisted(Report):
+    """The host's shard of `step` is uploaded to the persistent tier (committed once all are)."""
+
+    type: Literal["persisted"] = "persisted"
+    step: int
+
+
+class Restored(Report):
+    """The supervisor staged the host's shard of `step` from `tier` (a peer: `holder`)."""
+
+    type: Literal["restored"] = "restored"
+    step: int
+    tier: str
+    holder: int | None = None
+    seconds: float | None = None
+    bytes: int | None = None
+
+
+class Loaded(Report):
+    """The workload says which step it restored (checked against what was staged)."""
+
+    type: Literal["loaded"] = "loaded"
+    generation: int
+    step: int
+
+
+class ChaosFired(Report):
+    """A chaos fault aimed at the host fired (`fault`: its spec, which never fires again)."""
+
+    type: Literal["chaos"] = "chaos"
+    kind: str
+    step: int
+    fault: str = ""
+    generation: int = -1
+    disruptive: bool = True
+    detail: str = ""
+
+
+class Fault(Report):
+    """The host's workload failed: crashed, hung, restore failed, a non-finite loss after a restore."""
+
+    type: Literal["fault"] = "fault"
+    generation: int
+    kind: str
+    detail: str = ""
+    exit_code: int | None = None
+    signal: str | None = None
+    silent_seconds: float | None = None
+    invalid_step: int | None = None
+    """The restored step proved bad: no tier may restore it again."""
+
+
+class ActivityReport(Report):
+    """Where the host's workload is (supervisor.culprit.Activity), asked at a hang report."""
+
+    type: Literal["activity"] = "activity"
+    generation: int
+    step: int
+    stage: str
+    phase: str
+    silent_seconds: float
+
+
+class Stopped(Report):
+    """The host's workload is stopped; what its disk holds now (read with the workload dead)."""
+
+    type: Literal["stopped"] = "stopped"
+    generation: int
+    committed: list[int] | None = None
+    replicas: dict[int, list[int]] | None = None
+    """owner -> steps of the owner's shard this host keeps as peer replicas."""
+
+
+class Finished(Report):
+    type: Literal["finished"] = "finished"
+    generation: int
+    step: int
+    fingerprint: str | None = None
+
+
+class RegisterSpare(Message):
+    """An idle spare supervisor offers itself (`chaos`: the fault spec that brought it, if any)."""
+
+    type: Literal["register_spare"] = "register_spare"
+    spare: int
+    machine: str = ""
+    metrics_port: int | None = None
+    replica_address: str | None = None
+    pid: int | None = None
+    chaos: str | None = None
+
+
+class Watch(Message):
+    """A watcher asks for the job's status and events."""
+
+    type: Literal["watch"] = "watch"
+
+
+# --- leader -> member ---------------------------------------------------------------------------
+class Journal(Message):
+    """The job's memory, written down on a member before the command it leads to; a member keeps the
+    one with the highest `seq`."""
+
+    type: Literal["journal"] = "journal"
+    seq: int
+    journal: dict[str, Any]
+
+
+class Stop(Message):
+    """Kill the workload and ack with `stopped`; `host`: whose fault it is (a planned stop: None)."""
+
+    type: Literal["stop"] = "stop"
+    generation: int
+    kind: str
+    host: int | None = None
+
+
+class Start(Message):
+    """Start generation `generation` as rank `rank` of `world`, from `restore_step` (staged from
+    `sources`, in order of preference)."""
+
+    type: Literal["start"] = "start"
+    generation: int
+    coordinator: str
+    restore_step: int | None
+    sources: list[dict[str, Any]] = []
+    replica_addresses: dict[int, str] = {}
+    world: list[int]
+    rank: int
+
+
+class Park(Message):
+    """This host's slice was dropped: idle, its steps after `restore_step` dropped."""
+
+    type: Literal["park"] = "park"
+    generation: int
+    restore_step: int | None = None
+
+
+class Retire(Message):
+    """This live machine leaves the job (replaced)."""
+
+    type: Literal["retire"] = "retire"
+    generation: int
+    reason: str = ""
+
+
+class Assign(Message):
+    """To a spare: take over `host` (`fired`: its chaos faults that already fired)."""
+
+    type: Literal["assign"] = "assign"
+    host: int
+    generation: int
+    fired: list[str] = []
+
+
+class Shutdown(Message):
+    """The job succeeded (or does not need this spare): end."""
+
+    type: Literal["shutdown"] = "shutdown"
+
+
+class Failed(Message):
+    """The job failed: end."""
+
+    type: Literal["fail"] = "fail"
+    reason: str
+
+
+class ActivityRequest(Message):
+    """Say where your workload is (a hang was reported)."""
+
+    type: Literal["activity_request"] = "activity_request"
+    generation: int
+
+
+# --- leader -> watcher --------------------------------------------------------------------------
+class HostView(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    host: int
+    state: str
+    step: int
+    loss: float | None = None
+    steps_per_second: float | None = None
+    metrics_port: int | None = None
+
+
+class Status(Message):
+    type: Literal["status"] = "status"
+    t: float
+    state: str
+    generation: int
+    restarts: dict[str, int]
+    hosts: list[HostView]
+
+
+class EventNote(Message):
+    """Something the job went through, in words (`host`, `kind`, `generation`: what it concerns)."""
+
+    type: Literal["event"] = "event"
+    t: float
+    text: str
+    host: int | None = None
+    kind: str | None = None
+    generation: int | None = None
+    metrics_port: int | None = None
+
+
+MemberReport = (
+    Register
+    | StateReport
+    | Progress
+    | Committed
+    | CheckpointInvalid
+    | Persisted
+    | Restored
+    | Loaded
+    | ChaosFired
+    | Fault
+    | ActivityReport
+    | Stopped
+    | Finished
+)
+ToLeader = MemberReport | RegisterSpare | Watch
+Command = Journal | Stop | Start | Park | Retire | Assign | Shutdown | Failed | ActivityRequest
+ToWatcher = Status | EventNote
+
+_TO_LEADER: TypeAdapter[ToLeader] = TypeAdapter(Annotated[ToLeader, Field(discriminator="type")])
+_COMMAND: TypeAdapter[Command] = TypeAdapter(Annotated[Command, Field(discriminator="type")])
+_TO_WATCHER: TypeAdapter[ToWatcher] = TypeAdapter(Annotated[ToWatcher, Field(discriminator="type")])
+
+
+def to_leader(line: bytes | str) -> ToLeader:
+    """A line a member or watcher sent the leader. ValueError (pydantic's, naming the message type
+    and the field) for a line that is not one."""
+    return _TO_LEADER.validate_python(protocol.decode(line))
+
+
+def command(line: bytes | str) -> Command:
+    """A line the leader sent a member."""
+    return _COMMAND.validate_python(protocol.decode(line))
+
+
+def to_watcher(line: bytes | str) -> ToWatcher:
+    """A line the leader sent a watcher."""
+    return _TO_WATCHER.validate_python(protocol.decode(line))
