@@ -26,7 +26,7 @@ install: $(VENV)/.linked
 
 demo: install
 	$(BIN)/slicekeeper run examples/trainingjob.yaml --steps 600 \
-		--chaos "kill:host=1@step=150,lose:host=2@step=300,hang:host=0@step=450" --report demo-report.json
+		--chaos "kill:host=1@step=150,lose:host=0@step=300,hang:host=0@step=450" --report demo-report.json
 
 lint: install
 	$(BIN)/ruff check .

@@ -207,8 +207,3 @@ def check_hosts(faults: list[Fault], hosts: int) -> None:
                 f"--chaos: fault '{fault}' names host {fault.host}, but the job has {hosts} hosts "
                 f"(0..{hosts - 1})"
             )
-        if fault.kind is FaultKind.LOSE and fault.host == 0:
-            raise UserError(
-                f"--chaos: fault '{fault}': host 0 runs the job's coordination leader, and leader "
-                "hand-over is not supported yet; lose another host"
-            )

@@ -133,6 +133,9 @@ def build_report(
             "hosts": [s["host"] for s in swaps],
             "details": swaps,
         },
+        "leader_changes": [
+            {**c, "at": _relative(c["at"], started_at)} for c in summary.get("leader_changes", [])
+        ],
         "failed_saves": summary.get("failed_saves", {}),
         "decisions": [{**d, "t": _relative(d["t"], started_at)} for d in summary.get("decisions", [])],
         "stragglers": [{**s, "t": _relative(s["t"], started_at)} for s in summary.get("stragglers", [])],
@@ -216,6 +219,12 @@ def format_report(report: dict[str, Any]) -> str:
     if report.get("hot_swaps", {}).get("count"):
         swapped = ", ".join(f"host {s['host']} -> {s['machine']}" for s in report["hot_swaps"]["details"])
         lines.append(f"  hot-swaps         {report['hot_swaps']['count']} ({swapped})")
+    for change in report.get("leader_changes", []):
+        lines.append(
+            f"  leader change     at {change['at']:.1f} s: host {change['from_host']} "
+            f"({change['from_machine']}) -> host {change['to_host']} ({change['to_machine']}), "
+            f"term {change['term']}, {change['leaderless_seconds']:.1f} s without a leader"
+        )
     for recovery in report.get("recoveries", []):
         lines.append(_recovery_line(recovery, report.get("restores", [])))
     if report.get("restores"):

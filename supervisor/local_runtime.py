@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader.election import LEASE_FILE, read_lease_file
 from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.plan import JobPlan, free_port
 from slicekeeper.supervisor.workload_process import die_with_parent
@@ -96,6 +97,7 @@ class LocalRuntime:
         self._capacity = [f for f in self.faults if f.kind is FaultKind.SPARE]
         """Chaos `spare:+N@step=S`: spare machines that join when the job reaches step S."""
         self._interrupted = False
+        self._printed_ports = False
 
     def _say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -261,32 +263,42 @@ class LocalRuntime:
                 await process.wait()
 
     async def _watch(self, plan: JobPlan, plan_path: Path) -> None:
-        """Show live progress from the leader's status lines (and bring in spares due at a step)."""
-        host, port = plan.leader.rsplit(":", 1)
-        deadline = time.time() + 60
+        """Show live progress from the leader's status lines (and bring in spares due at a step),
+        following the leader the job's lease names when it changes."""
+        lease_file = Path(plan.run_dir) / LEASE_FILE
+        address, deadline = plan.leader, time.time() + 60
         while True:
+            host, port = address.rsplit(":", 1)
             try:
                 reader, writer = await asyncio.open_connection(
                     host, int(port), limit=protocol.CONTROL_LINE_LIMIT
                 )
-                break
             except OSError:
                 if time.time() > deadline:
                     return
-                await asyncio.sleep(0.1)
-        writer.write(messages.Watch().encode())
+                await asyncio.sleep(0.2)
+                lease = await asyncio.to_thread(read_lease_file, lease_file)
+                if lease is not None and lease.holder is not None:
+                    address = lease.holder.address
+                continue
+            writer.write(messages.Watch().encode())
+            await self._show(plan, plan_path, reader)
+            writer.close()
+            deadline = time.time() + 60
+
+    async def _show(self, plan: JobPlan, plan_path: Path, reader: asyncio.StreamReader) -> None:
         last_line = 0.0
-        printed_ports = False
-        while line := await reader.readline():
-            message = messages.to_watcher(line)
-            if isinstance(message, messages.EventNote):
-                self._say(f"  [{time.strftime('%H:%M:%S')}] {message.text}")
-            else:
+        with contextlib.suppress(ConnectionError):
+            while line := await reader.readline():
+                message = messages.to_watcher(line)
+                if isinstance(message, messages.EventNote):
+                    self._say(f"  [{time.strftime('%H:%M:%S')}] {message.text}")
+                    continue
                 if self._capacity and message.state == "running":
                     await self._capacity_returns(plan, plan_path, max(h.step for h in message.hosts))
                 ports = [h.metrics_port for h in message.hosts]
-                if not printed_ports and all(ports):
-                    printed_ports = True
+                if not self._printed_ports and all(ports):
+                    self._printed_ports = True
                     self._say(
                         "  metrics: "
                         + ", ".join(f"host {i} http://127.0.0.1:{p}/metrics" for i, p in enumerate(ports))

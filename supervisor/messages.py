@@ -50,6 +50,13 @@ class Register(Report):
     metrics_port: int | None = None
     replica_address: str | None = None
     pid: int | None = None
+    journal: Journal | None = None
+    """Rejoining after its leader was lost: the newest journal this member holds (a new leader carries
+    on the newest any member holds)."""
+    generation: int | None = None
+    """Rejoining: the generation this host is in."""
+    step: int | None = None
+    """Rejoining: the furthest step this host completed (the journal is not written at every step)."""
 
 
 class StateReport(Report):
@@ -184,7 +191,14 @@ class Watch(Message):
 
 
 # --- leader -> member ---------------------------------------------------------------------------
-class Journal(Message):
+class Order(Message):
+    """Said by the leader of `term` (supervisor.leader.election): a member ignores what a leader of an
+    older term says than the newest it has seen (fencing)."""
+
+    term: int = 0
+
+
+class Journal(Order):
     """The job's memory, written down on a member before the command it leads to; a member keeps the
     one with the highest `seq`."""
 
@@ -193,7 +207,7 @@ class Journal(Message):
     journal: dict[str, Any]
 
 
-class Stop(Message):
+class Stop(Order):
     """Kill the workload and ack with `stopped`; `host`: whose fault it is (a planned stop: None)."""
 
     type: Literal["stop"] = "stop"
@@ -202,7 +216,7 @@ class Stop(Message):
     host: int | None = None
 
 
-class Start(Message):
+class Start(Order):
     """Start generation `generation` as rank `rank` of `world`, from `restore_step` (staged from
     `sources`, in order of preference)."""
 
@@ -216,7 +230,7 @@ class Start(Message):
     rank: int
 
 
-class Park(Message):
+class Park(Order):
     """This host's slice was dropped: idle, its steps after `restore_step` dropped."""
 
     type: Literal["park"] = "park"
@@ -224,7 +238,7 @@ class Park(Message):
     restore_step: int | None = None
 
 
-class Retire(Message):
+class Retire(Order):
     """This live machine leaves the job (replaced)."""
 
     type: Literal["retire"] = "retire"
@@ -232,7 +246,7 @@ class Retire(Message):
     reason: str = ""
 
 
-class Assign(Message):
+class Assign(Order):
     """To a spare: take over `host` (`fired`: its chaos faults that already fired)."""
 
     type: Literal["assign"] = "assign"
@@ -241,20 +255,20 @@ class Assign(Message):
     fired: list[str] = []
 
 
-class Shutdown(Message):
+class Shutdown(Order):
     """The job succeeded (or does not need this spare): end."""
 
     type: Literal["shutdown"] = "shutdown"
 
 
-class Failed(Message):
+class Failed(Order):
     """The job failed: end."""
 
     type: Literal["fail"] = "fail"
     reason: str
 
 
-class ActivityRequest(Message):
+class ActivityRequest(Order):
     """Say where your workload is (a hang was reported)."""
 
     type: Literal["activity_request"] = "activity_request"

@@ -10,6 +10,7 @@ and disk). A spare taking over a host takes over that host's faults not fired ye
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -36,6 +37,10 @@ def faults_of(specs: list[str], host: int | None, fired: set[str]) -> list[Fault
     return [f for f in parse_chaos(",".join(specs)) if f.aimed_at(host) and str(f) not in fired]
 
 
+JOURNAL_GRACE_SECONDS = 0.3
+"""A lost machine's last moment: long enough for the leader to journal the chaos fault that lost it."""
+
+
 class Chaos:
     """The faults aimed at this host not fired yet, the `slow` factor of this machine, and the means
     to inflict them: the workload's signals, its local checkpoints, the whole machine."""
@@ -53,6 +58,7 @@ class Chaos:
         log: Log,
         report: ReportTask,
         spawn: Spawn,
+        leading: Callable[[], bool] = lambda: False,
     ) -> None:
         """`specs`: the job's faults (plan.chaos); `host` None: a spare, aimed at by none yet;
         `accountant`: the current one; `kill_workload`: SIGKILLs the workload and its standby;
@@ -66,6 +72,8 @@ class Chaos:
         self._log = log
         self._report = report
         self._spawn = spawn
+        self._leading = leading
+        """Whether this supervisor leads the job now."""
         self.faults = faults_of(specs, host, fired=set())
         self.slow: float | None = None
         """Chaos `slow`: this machine's work factor once fired (a machine property: a spare taking
@@ -120,6 +128,11 @@ class Chaos:
         """Chaos `lose`: this machine is gone for good, processes and disk; the leader sees it vanish."""
         self._log({"source": "chaos", **chaos})
         await self._report(chaos)
+        if self._leading():
+            # A simulation's courtesy: the leader in this very process journals the fault on the
+            # members before the machine vanishes, so that it fires once, whoever leads next (the
+            # workload lives on meanwhile: killed now, its exit would be reported as a crash).
+            await asyncio.sleep(JOURNAL_GRACE_SECONDS)
         self._kill_workload()
         self._tiers.wipe()
         self._accountant().interrupt(time.time())

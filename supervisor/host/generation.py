@@ -62,6 +62,8 @@ class Generation:
         self._spawn = spawn
         self._finished = finished
         self.number = -1
+        self._acked: int | None = None
+        """The generation whose stop this host acknowledged last."""
         self.stopping = False
         """The current generation is being stopped (or this host is parked): its workload's word no
         longer counts."""
@@ -160,11 +162,15 @@ class Generation:
     async def stop(self, message: messages.Stop, *, blamed: bool) -> None:
         """The leader's `stop` of a generation at a fault; `blamed`: the fault is this host's."""
         generation, kind = message.generation, message.kind
+        if generation == self._acked:  # asked again, by a leader taking over: the same answer
+            await self._report({"type": "stopped", "generation": generation, **self._tiers.inventory()})
+            return
         if blamed:
             self.faults[kind] = self.faults.get(kind, 0) + 1
             self._metrics.faults.labels(kind=kind).inc()
-        if generation != self.number:
+        if generation < self.number:
             return
+        self.number = generation  # newer: its start never came (the leader was lost in between)
         self.stopping = True
         self._tiers.pause()
         self._log({"source": "leader", "type": "stop", "generation": generation, "kind": kind})
@@ -172,6 +178,7 @@ class Generation:
         self._accountant().interrupt(time.time())
         self.restarts[kind] = self.restarts.get(kind, 0) + 1
         self._metrics.restarts.labels(kind=kind).inc()
+        self._acked = generation
         await self._report({"type": "stopped", "generation": generation, **self._tiers.inventory()})
 
     def park(self, message: messages.Park) -> None:

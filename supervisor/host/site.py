@@ -15,12 +15,15 @@ import asyncio
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor import leader_connection
+from slicekeeper.supervisor.leader.election import Election, Holder, cluster_election, local_election
 from slicekeeper.supervisor.own_pod import OwnPod
 from slicekeeper.supervisor.plan import JobPlan, free_port
 
+from slicekeeper import protocol
 from slicekeeper.topology import HostId, JobLayout
 
 POD_STATUS_SECONDS = 5.0
@@ -68,13 +71,41 @@ def coordinator_address(plan: JobPlan, layout: JobLayout, rank0: int) -> str:
     return f"{layout.hostname(layout.host(rank0))}.{layout.job_name}:{COORDINATOR_PORT}"
 
 
-async def reach_leader(plan: JobPlan, machine: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """This supervisor's connection to the job's leader. In a pod: waits out a slow DNS name or a late
-    leader, then exits 4 for a new pod (supervisor/leader_connection.py)."""
-    host, port = plan.leader.rsplit(":", 1)
-    return await leader_connection.reach_leader(
-        host, int(port), in_pod=not plan.local, replacement_timeout=plan.replacement_timeout, machine=machine
-    )
+def leader_address(plan: JobPlan, host: int, advertised: str) -> str:
+    """Where this supervisor's leader server listens if it is elected. Locally the first leader
+    (host 0) serves on the plan's leader address and every other on a free port of its own; in a
+    pod every supervisor uses the plan's leader port on its own address."""
+    leader_host, port = plan.leader.rsplit(":", 1)
+    if plan.local:
+        return plan.leader if host == 0 else f"{leader_host}:{free_port(leader_host)}"
+    return f"{advertised}:{port}"
+
+
+def election(plan: JobPlan, own: Holder) -> Election:
+    """This supervisor's candidacy: on a lease file in the run directory locally, on the job's
+    coordination.k8s.io Lease in a pod (named after the job, in the pod's namespace)."""
+    if plan.local:
+        return local_election(Path(plan.run_dir), own)
+    namespace = os.environ.get(protocol.ENV_POD_NAMESPACE) or "default"
+    return cluster_election(lease_name(plan.layout.job_name), namespace, own)
+
+
+def lease_name(job_name: str) -> str:
+    """The job's leader-election Lease (the operator grants its supervisors this one alone)."""
+    return f"{job_name}-leader"
+
+
+def leader_wait(plan: JobPlan) -> float:
+    """How long a supervisor looks for a leader before giving up: locally a minute (the run is
+    broken); in a pod spec.health.replacementTimeoutSeconds (supervisor/leader_connection.py)."""
+    if plan.local or plan.replacement_timeout is None:
+        return leader_connection.LOCAL_WAIT_SECONDS
+    return plan.replacement_timeout
+
+
+def leader_unreachable_exit_code(plan: JobPlan) -> int:
+    """Locally: the run failed (1). In a pod: ask the operator for a new pod."""
+    return 1 if plan.local else leader_connection.LEADER_UNREACHABLE_EXIT_CODE
 
 
 class PodAnnotations:

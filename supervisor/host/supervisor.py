@@ -19,21 +19,23 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from slicekeeper.supervisor import messages
+from slicekeeper.supervisor import leader_connection, messages
 from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers
 from slicekeeper.supervisor.culprit import ActivityTracker
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host import site
 from slicekeeper.supervisor.host.chaos import Chaos
 from slicekeeper.supervisor.host.generation import Generation
+from slicekeeper.supervisor.host.leadership import Leadership
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
 from slicekeeper.supervisor.host.workload import Workloads, own_cores, workload_argv, workload_env
 from slicekeeper.supervisor.leader import Leader
+from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.members import send
 from slicekeeper.supervisor.metrics import SupervisorMetrics
 from slicekeeper.supervisor.persistent_tier import PersistentTier
@@ -89,7 +91,11 @@ class HostSupervisor:
         if self.tiers.persistent is not None:
             self.metrics.count_store_reads(self.tiers.persistent.reads)
         self._leader_writer: asyncio.StreamWriter | None = None
-        self._leader: Leader | None = None
+        self.leadership: Leadership | None = None
+        self._leader_tasks: list[asyncio.Task[None]] = []
+        self._term = 0
+        """The newest leader term heard from: commands of older terms are ignored (fencing)."""
+        self._finished_report: dict[str, Any] | None = None
         self._exit_code: int | None = None
         self._finished = asyncio.Event()
         self._world: list[int] = list(range(plan.hosts))
@@ -112,6 +118,7 @@ class HostSupervisor:
             log=self._log,
             report=self._report,
             spawn=self._spawn_task,
+            leading=lambda: self._leader is not None,
         )
         self.workloads = Workloads(
             self._dir / "workload.log",
@@ -203,33 +210,19 @@ class HostSupervisor:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._terminate, f"received {signum.name}")
-        leader_host, leader_port = self.plan.leader.rsplit(":", 1)
+        leader_host, _ = self.plan.leader.rsplit(":", 1)
         bind = site.bind_address(self.plan, leader_host)
         metrics_port = self.metrics.serve(site.metrics_port(self.plan, self.host, self.machine), bind)
         sdk_server = await self.sdk.serve(self._socket_path)
         advertise = site.advertised_address(self.layout, self.identity, bind)
         replica_address = await self.tiers.serve(bind, advertise=advertise)
-        if self.host == 0:
-            self._leader = self._new_leader()
-            await self._leader.serve(bind, int(leader_port))
-            publisher = self._spawn_task(self._leader.publish_status())
-            if self._pod is not None:
-                pod_status = self._spawn_task(self._pod.keep_status_published(self._pod_status))
-        reader, self._leader_writer = await site.reach_leader(self.plan, self.machine)
+        self.leadership = self._leadership(bind, advertise)
+        campaign = self._spawn_task(self.leadership.run())
         hello = {"metrics_port": metrics_port, "pid": os.getpid(), "machine": self.machine}
         hello["replica_address"] = replica_address
         watchdog = self._spawn_task(self.generation.hangs.run())
         try:
-            if self.host >= 0:
-                await send(self._leader_writer, messages.Register(host=self.host, **hello))
-                await self._follow_leader(reader)
-            else:
-                spare = site.spare_index(self.machine)
-                await send(
-                    self._leader_writer, messages.RegisterSpare(spare=spare, chaos=self.joined_by, **hello)
-                )
-                if await self._await_assignment(reader):
-                    await self._follow_leader(reader)
+            await self._membership(hello)
         finally:
             watchdog.cancel()
             self.workloads.drop_standby()
@@ -237,17 +230,52 @@ class HostSupervisor:
             sdk_server.close()
             await self.tiers.close()
             self._write_report()
-            if self._leader is not None:
+            leader = self._leader
+            if leader is not None and leader.leading():
                 await asyncio.sleep(0.2)  # let the last broadcast reach the members and watchers
-                publisher.cancel()
                 if self._pod is not None:
-                    pod_status.cancel()
-                    await self._pod.publish_status(self._pod_status())
-                await self._leader.close()
+                    await self._pod.publish_status(self._pod_status(leader))
+            self._stop_leading()
+            campaign.cancel()
+            if leader is not None:
+                await leader.close()
         return self._exit_code if self._exit_code is not None else 1
 
-    def _new_leader(self) -> Leader:
-        """The job's leader, run by the supervisor of host 0 (supervisor.leader)."""
+    @property
+    def _leader(self) -> Leader | None:
+        """The job's leader, while this supervisor leads (supervisor.host.leadership)."""
+        return self.leadership.leader if self.leadership is not None else None
+
+    def _leadership(self, bind: str, advertise: str) -> Leadership:
+        own = Holder(self.machine, self.host, site.leader_address(self.plan, self.host, advertise))
+        leadership = Leadership(
+            site.election(self.plan, own),
+            own,
+            candidate=self.host >= 0,
+            first=self.host == 0 and self.joined_by is None,
+            new_leader=self._new_leader,
+            journal=lambda: self.journal,
+            bind=bind,
+            say=self._say,
+        )
+        leadership.elected, leadership.deposed = self._lead, self._stop_leading
+        return leadership
+
+    def _lead(self, leader: Leader) -> None:
+        """This supervisor leads now: it publishes the job's status (to watchers, on its pod)."""
+        self._stop_leading()
+        self._leader_tasks = [self._spawn_task(leader.publish_status())]
+        if self._pod is not None:
+            status = self._spawn_task(self._pod.keep_status_published(lambda: self._pod_status(leader)))
+            self._leader_tasks.append(status)
+
+    def _stop_leading(self) -> None:
+        for task in self._leader_tasks:
+            task.cancel()
+        self._leader_tasks = []
+
+    def _new_leader(self, term: int, leading: Callable[[], bool]) -> Leader:
+        """The job's leader for `term`, run by this supervisor while it holds the lease."""
         spec, plan = self.job.spec, self.plan
         return Leader(
             plan.hosts,
@@ -264,11 +292,12 @@ class HostSupervisor:
             events_path=Path(plan.run_dir) / "policy-events.jsonl",
             replacement_timeout=plan.replacement_timeout,
             log_events=not plan.local,
+            term=term,
+            leading=leading,
         )
 
-    def _pod_status(self) -> dict[str, Any]:
-        assert self._leader is not None
-        return {**self._leader.cluster_status(), "goodput": round(self.accountant.goodput(time.time()), 4)}
+    def _pod_status(self, leader: Leader) -> dict[str, Any]:
+        return {**leader.cluster_status(), "goodput": round(self.accountant.goodput(time.time()), 4)}
 
     def _terminate(self, reason: str, exit_code: int = 130) -> None:
         self._exit_code = exit_code
@@ -282,22 +311,79 @@ class HostSupervisor:
         self._finished.set()
 
     async def _report(self, message: dict[str, Any]) -> None:
+        report = {"host": self.host, "t": time.time(), **message}
+        if message.get("type") == "finished":
+            self._finished_report = report  # said again to a leader taking over
         if self._leader_writer is not None:
-            await send_line(self._leader_writer, {"host": self.host, "t": time.time(), **message})
+            await send_line(self._leader_writer, report)
 
     # --- the leader's commands ----------------------------------------------------------------
-    async def _await_assignment(self, reader: asyncio.StreamReader) -> bool:
-        """As a spare: wait until the leader hands over a lost host's identity (False: not needed)."""
-        while line := await reader.readline():
+    async def _membership(self, hello: dict[str, Any]) -> None:
+        """Join the job's leader and follow it; when it is lost, find the next one and rejoin, with
+        the newest journal this host holds and the generation it is in."""
+        term = 0
+        joined = False
+        """Joined a leader as a host: a later registration is a rejoin."""
+        while not self._finished.is_set():
+            found = await self._reach_leader(term)
+            if found is None:
+                return
+            reader, self._leader_writer, term = found
+            if self.host < 0:
+                spare = site.spare_index(self.machine)
+                await send(
+                    self._leader_writer, messages.RegisterSpare(spare=spare, chaos=self.joined_by, **hello)
+                )
+                assigned = await self._until_superseded(self._await_assignment(reader), term)
+                if assigned is False:
+                    return
+            else:
+                rejoin = {
+                    "journal": self.journal,
+                    "generation": self.generation.number,
+                    "step": self.accountant.high_water,
+                }
+                rejoin = rejoin if joined else {}
+                await send(self._leader_writer, messages.Register(host=self.host, **hello, **rejoin))
+                if joined and self._finished_report is not None:
+                    await send_line(self._leader_writer, self._finished_report)
+                assigned = True
+            if assigned:
+                joined = True
+                if await self._follow_leader(reader, term):
+                    return
+            self._leader_writer.close()
+            if not self._finished.is_set():
+                self._say(f"lost the leader (term {term}); looking for the next one")
+
+    async def _reach_leader(self, term: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int] | None:
+        """A connection to the leader of term `term` or newer (supervisor.leader_connection); None:
+        given up, with the exit code set (in a pod, the one that asks for a new pod)."""
+        assert self.leadership is not None
+        try:
+            return await leader_connection.reach_leader(
+                self.leadership.current, term=term, wait=site.leader_wait(self.plan)
+            )
+        except leader_connection.LeaderUnreachable as unreachable:
+            self._exit_code = site.leader_unreachable_exit_code(self.plan)
+            self._say(f"{unreachable}: exit {self._exit_code}")
+            return None
+
+    async def _await_assignment(self, reader: asyncio.StreamReader) -> bool | None:
+        """As a spare: wait until the leader hands over a lost host's identity (False: not needed;
+        None: the leader was lost, this spare offers itself to the next one)."""
+        while line := await _read_line(reader):
             message = messages.command(line)
+            if message.term < self._term:
+                continue
+            self._term = message.term
             if isinstance(message, messages.Assign):
                 self._adopt(message.host, set(message.fired))
                 return True
             if isinstance(message, (messages.Shutdown, messages.Failed)):
                 self._exit_code = 0  # the job ended without needing this spare
                 return False
-        self._exit_code = 0 if self._finished.is_set() else 1
-        return False
+        return None
 
     def _adopt(self, host: int, fired: set[str]) -> None:
         """Become `host`: its identity, its chaos faults not yet fired, a fresh account of time."""
@@ -310,29 +396,39 @@ class HostSupervisor:
         self._log({"source": "leader", "type": "assign", "host": host, "machine": self.machine})
         print(f"[{self.machine}] taking over host {host}", file=sys.stderr, flush=True)
 
-    async def _follow_leader(self, reader: asyncio.StreamReader) -> None:
-        lines = asyncio.create_task(self._leader_lines(reader))
-        finished = asyncio.create_task(self._finished.wait())
-        await asyncio.wait({lines, finished}, return_when=asyncio.FIRST_COMPLETED)
-        finished.cancel()
-        if lines.done() and not lines.cancelled() and lines.exception() is not None:
-            error = lines.exception()
-            traceback.print_exception(error, file=sys.stderr)
-            self._exit_code = 1
-        lines.cancel()
+    async def _follow_leader(self, reader: asyncio.StreamReader, term: int) -> bool:
+        """Follow the leader of `term` until this host's part ends (True) or a newer leader is seen or
+        the connection drops (False: rejoin)."""
+        ended = await self._until_superseded(self._leader_lines(reader), term)
+        return bool(ended) or self._finished.is_set()
 
-    async def _leader_lines(self, reader: asyncio.StreamReader) -> None:
-        while True:
-            try:
-                line = await reader.readline()
-            except ConnectionError:
-                line = b""
-            if not line:
-                if self._exit_code is None:
-                    self._say("lost the leader; stopping")
-                    self._exit_code = 1
-                return
-            match messages.command(line):
+    async def _until_superseded(self, reading: Coroutine[Any, Any, bool | None], term: int) -> bool | None:
+        """`reading` the leader of `term`'s lines, until it returns, this supervisor ends, or a leader
+        of a newer term is seen in the lease (None: then follow that one)."""
+        assert self.leadership is not None
+        lines = asyncio.create_task(reading)
+        finished = asyncio.create_task(self._finished.wait())
+        superseded = asyncio.create_task(self.leadership.superseded(term))
+        await asyncio.wait({lines, finished, superseded}, return_when=asyncio.FIRST_COMPLETED)
+        finished.cancel()
+        superseded.cancel()
+        if not lines.done():
+            lines.cancel()
+            return None
+        if not lines.cancelled() and lines.exception() is not None:
+            traceback.print_exception(lines.exception(), file=sys.stderr)
+            self._exit_code = 1
+            return True
+        return None if lines.cancelled() else lines.result()
+
+    async def _leader_lines(self, reader: asyncio.StreamReader) -> bool:
+        """The leader's commands, carried out in order; True: this host's part ended."""
+        while line := await _read_line(reader):
+            message = messages.command(line)
+            if message.term < self._term:
+                continue  # a leader of an older term: fenced
+            self._term = message.term
+            match message:
                 case messages.Start() as start:
                     self._world, self._rank = list(start.world), start.rank
                     await self.generation.start(start, self._world)
@@ -347,17 +443,18 @@ class HostSupervisor:
                     self.generation.park(park)
                 case messages.Retire(reason=reason):
                     await self._retire(reason)
-                    return
+                    return True
                 case messages.Shutdown():
                     self._exit_code = 0
-                    return
+                    return True
                 case messages.Failed(reason=reason):
                     self.accountant.interrupt(time.time())
                     self._say(f"job failed: {reason}")
                     self._exit_code = 1
-                    return
+                    return True
                 case messages.Assign():
                     pass  # only a spare waiting for a host is assigned one
+        return False
 
     async def _retire(self, reason: str) -> None:
         """The leader replaced this machine while it was alive (e.g. a straggler): end, cleanly."""
@@ -398,3 +495,11 @@ class HostSupervisor:
         }
         (self._dir / "report.json").write_text(json.dumps(report, indent=1))
         self._events.close()
+
+
+async def _read_line(reader: asyncio.StreamReader) -> bytes:
+    """The next line from the leader; b"" when its connection ended."""
+    try:
+        return await reader.readline()
+    except ConnectionError:
+        return b""

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.journal import JobMemory
-from slicekeeper.supervisor.leader.members import HostStatus, Members, send
+from slicekeeper.supervisor.leader.members import HostStatus, Members
 
 
 class Replacement(Protocol):
@@ -82,7 +82,7 @@ class _Crew:
     async def retire(self, host: int, reason: str) -> None:
         """A live machine leaves the job (replaced, e.g. a straggler): its supervisor ends."""
         writer = self.members.drop(host)
-        await send(writer, messages.Retire(generation=self.memory.generation, reason=reason))
+        await self.members.send_to(writer, messages.Retire(generation=self.memory.generation, reason=reason))
         await self.members.event(f"host {host} ({self.status[host].machine}) retired: {reason}", host=host)
 
     def arrived(self, host: int, writer: asyncio.StreamWriter, status: HostStatus) -> None:
@@ -150,7 +150,9 @@ class SparePool(_Crew):
                 }
             )
         fired = [record.spec for record in self.memory.faults if record.host == host]
-        await send(spare.writer, messages.Assign(host=host, generation=self.memory.generation, fired=fired))
+        await self.members.send_to(
+            spare.writer, messages.Assign(host=host, generation=self.memory.generation, fired=fired)
+        )
         what = "scale-up" if scale_up else "hot-swap"
         await self.members.event(
             f"{what}: spare {spare.spare} ({spare.machine}) takes over host {host}", host=host
@@ -168,7 +170,7 @@ class SparePool(_Crew):
 
     async def release(self) -> None:
         for spare in self.spares:
-            await send(spare.writer, messages.Shutdown())
+            await self.members.send_to(spare.writer, messages.Shutdown())
 
 
 class PodReplacements(_Crew):

@@ -106,6 +106,9 @@ class JobMemory:
     """Committed persistent step -> hosts whose shard it holds (the world of that step)."""
     persistent_commits: list[dict[str, Any]] = field(default_factory=list)
     """Each persistent step committed, with its time."""
+    leader_changes: list[dict[str, Any]] = field(default_factory=list)
+    """Each hand-over: when, the term, from which host and machine to which, how long the job had no
+    leader (supervisor.leader.election)."""
 
     def awaiting_resume(self) -> list[FaultRecord]:
         return [record for record in self.faults if record.awaiting_resume]
@@ -172,7 +175,8 @@ class JournalWriter:
         self._members = members
         self._snapshot = snapshot
         self.seq = 0
-        """Journals written so far: a member keeps the one with the highest number."""
+        """Journals written so far by this job's leaders (a leader taking over goes on counting): a
+        member keeps the one with the highest number."""
 
     async def write(self) -> None:
         self.seq += 1

@@ -4,6 +4,11 @@ It reads what the members report (messages.ToLeader) and hands each report to th
 is: the restart state machine (generations), remediation (faults, lost hosts, stragglers, capacity),
 the checkpoint records (checkpoints), the job's memory (journal). It owns only the connections and
 the wiring; the parts get narrow interfaces, never this object.
+
+A leader elected in place of a lost one (supervisor.leader.election) takes over (`take_over`): for a
+moment it only gathers the members re-registering, each with the newest journal it holds; it carries
+on the newest of them, then treats the old leader's host like any lost host (a stop, the policy's
+decision, the next generation), so the job's memory, budgets included, goes on unchanged.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ from slicekeeper.supervisor.leader import status as views
 from slicekeeper.supervisor.leader.capacity import PodReplacements, Replacement, SparePool
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
 from slicekeeper.supervisor.leader.decisions import Decisions
+from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.generations import Generations
 from slicekeeper.supervisor.leader.journal import FaultRecord, JobMemory, JobState, JournalWriter
 from slicekeeper.supervisor.leader.members import HostStatus, Members, send
 from slicekeeper.supervisor.leader.remediation import Remediation
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
+from slicekeeper.supervisor.leader.takeover import Takeover
 from slicekeeper.supervisor.persistent_tier import PersistentTier
 from slicekeeper.supervisor.restore_plan import RestorePlan
 from slicekeeper.supervisor.world import JobWorld
@@ -54,14 +61,18 @@ class Leader:
         events_path: Path | None = None,
         replacement_timeout: float | None = None,
         log_events: bool = False,
+        term: int = 1,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
         """`replacement_timeout`: in a cluster, how long a lost host's new pod is awaited; None: local
-        mode, where spare supervisors stand in (leader.capacity)."""
+        mode, where spare supervisors stand in (leader.capacity). `term`, `leading`: this leader's term
+        and whether it still surely holds the job's lease (supervisor.leader.election)."""
         per_slice = hosts_per_slice or hosts
         self.memory = JobMemory(started_at=time.time())
         """The job's memory (leader.journal): what a leader that takes over carries on."""
         self.world = JobWorld(JobShape(hosts // per_slice, per_slice, devices_per_host), min_slices)
-        self.members = Members(log_events)
+        self.members = Members(log_events, term=term, leading=leading)
+        self.leading = leading
         self.status = {h: HostStatus() for h in range(hosts)}
         self.decisions = Decisions(engine or PolicyEngine(None), self.world, events_path=events_path)
         self.journal_writer = JournalWriter(self.members, self.journal)
@@ -116,6 +127,8 @@ class Leader:
         """The leader's process is ending (`stand_down`): it acts no more."""
         self._tasks: set[asyncio.Future[None]] = set()
         self._server: asyncio.Server | None = None
+        self._takeover: Takeover | None = None
+        """While taking over from a lost leader: the re-registrations gathered so far."""
 
     @property
     def done(self) -> asyncio.Event:
@@ -148,6 +161,33 @@ class Leader:
         self.world.carry_on(journal["world"])
         self.decisions.carry_on(journal["remediation"])
 
+    # --- taking over from a lost leader -------------------------------------------------------
+    def take_over(
+        self, previous: Holder | None, own: Holder, journal: messages.Journal | None, lost_at: float
+    ) -> None:
+        """This leader (`own`) replaces `previous`, whose lease was last seen renewed at `lost_at`;
+        `journal`: the newest one this leader's own member holds (leader.takeover)."""
+        self._takeover = Takeover(
+            previous,
+            own,
+            journal,
+            lost_at,
+            memory=self.memory,
+            world=self.world,
+            members=self.members,
+            status=self.status,
+            journal_writer=self.journal_writer,
+            carry_on=self.carry_on,
+            handle=self._handle,
+            host_lost=self.remediation.host_lost,
+        )
+        self._spawn(self._take_over(self._takeover))
+
+    async def _take_over(self, takeover: Takeover) -> None:
+        await takeover.settle()
+        self._takeover = None  # from now on every message is handled as it comes
+        await takeover.carry_on_and_recover()
+
     # --- the server ---------------------------------------------------------------------------
     async def serve(self, address: str, port: int) -> int:
         self._server = await asyncio.start_server(
@@ -173,8 +213,15 @@ class Leader:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while line := await reader.readline():
+                if not self.leading():
+                    self.stand_down("no longer sure to hold the job's lease")
+                    continue  # fenced: it reads on (its members' connections stay open) and acts no more
                 try:
-                    await self._handle(messages.to_leader(line), writer)
+                    message = messages.to_leader(line)
+                    if self._takeover is not None and not isinstance(message, messages.Watch):
+                        self._takeover.gather(message, writer)
+                        continue
+                    await self._handle(message, writer)
                 except (ValueError, KeyError, TypeError) as error:
                     # A bad message must not end the connection: that would read as a lost host.
                     print(f"leader: ignored a malformed message {line[:200]!r}: {error!r}", file=sys.stderr)
@@ -186,7 +233,7 @@ class Leader:
     async def _disconnected(self, writer: asyncio.StreamWriter) -> None:
         if writer in self.members.watchers:
             self.members.watchers.remove(writer)
-        quiet = self.generations.over or self._standing_down  # it ended with the job, or the leader
+        quiet = self.generations.over or self._standing_down or not self.leading()  # ended, or fenced
         for spare in self.capacity.lost(writer):
             if not quiet:
                 await self.members.event(f"{spare} lost while idle")
@@ -235,12 +282,17 @@ class Leader:
                 await self.generations.finished_on(message)
 
     async def _register(self, report: messages.Register, writer: asyncio.StreamWriter) -> None:
+        if report.generation is not None and self.memory.state in (JobState.RUNNING, JobState.STOPPING):
+            await self._rejoin(report, writer)
+            return
         if self.memory.state is not JobState.REGISTERING:
             if self.memory.state is JobState.SUCCEEDED:
-                await send(writer, messages.Shutdown())  # too late: the job is over
+                await self.members.send_to(writer, messages.Shutdown())  # too late: the job is over
                 return
             if self.memory.state is JobState.FAILED:
-                await send(writer, messages.Failed(reason=self.memory.failure_reason or "the job failed"))
+                await self.members.send_to(
+                    writer, messages.Failed(reason=self.memory.failure_reason or "the job failed")
+                )
                 return
             if await self.capacity.joined(report, writer):
                 await self.remediation.rejoined(report.host)
@@ -256,6 +308,42 @@ class Leader:
         )
         if len(self.members.live()) == self.world.full_hosts and self.memory.state is JobState.REGISTERING:
             await self.generations.start()
+        elif self.memory.state is not JobState.REGISTERING:
+            await self.remediation.rejoined(report.host)  # its supervisor restarted: no workload runs
+
+    async def _rejoin(self, report: messages.Register, writer: asyncio.StreamWriter) -> None:
+        """A member of this job rejoins after its leader was lost, its workload still in `generation`."""
+        host, generation = report.host, report.generation
+        serving = self.members.writers.get(host)
+        if serving is not None and serving is not writer:
+            reason = f"host {host} was taken over while its supervisor was away"
+            await self.members.send_to(
+                writer, messages.Retire(generation=self.memory.generation, reason=reason)
+            )
+            return
+        self.memory.high_water = max(self.memory.high_water, report.step or 0)
+        lost = self.status[host].state == "lost"
+        status = self.status[host]
+        self.members.writers[host] = writer
+        status.metrics_port, status.replica_address = report.metrics_port, report.replica_address
+        status.machine = report.machine or f"host-{host}"
+        status.state = "training" if self.memory.state is JobState.RUNNING else "stopping"
+        await self.members.event(f"host {host} rejoined from {status.machine}", host=host)
+        if host not in self.world.hosts:
+            # Its slice was dropped while it was away: its workload stops, it waits as an idle host
+            # (the policy may scale back up with it).
+            await self.members.send(host, messages.Stop(generation=generation or 0, kind="scale_down"))
+            await self.members.send(host, messages.Park(generation=self.memory.generation))
+            status.state = "parked"
+            await self.remediation.rejoined(host)
+        elif self.memory.state is JobState.STOPPING:
+            kind = str((self.memory.stop_cause or {}).get("kind", "host_lost"))
+            await self.members.send(host, messages.Stop(generation=self.memory.generation, kind=kind))
+        elif lost or generation != self.memory.generation:
+            detail = (
+                f"host {host} rejoined in generation {generation} while the job runs {self.memory.generation}"
+            )
+            await self.generations.stop(host, "host_lost", detail, time.time())
 
     async def _spare(self, spare: messages.RegisterSpare, writer: asyncio.StreamWriter) -> None:
         if not await self.capacity.offer(spare, writer):
@@ -326,7 +414,7 @@ class Leader:
         return views.summary(self.memory, self.world, self.status, self.decisions, fingerprints)
 
     def write_summary(self) -> None:
-        if self._summary_path is not None:
+        if self._summary_path is not None and self.leading():  # a fenced leader writes nothing
             self._summary_path.write_text(json.dumps(self.summary(), indent=1))
 
     async def publish_status(self, interval: float = 0.5) -> None:

@@ -4,6 +4,9 @@ Every other part of the leader talks to the hosts through this one object (send 
 broadcast to every member, tell the watchers, record an event), so none of them holds a socket, and
 the leader's view of each host (`HostStatus`: its state, progress, and what its disks hold) lives in
 one table next to it.
+
+It is also where the leader is fenced (supervisor.leader.election): every command leaves stamped with
+the leader's term, and none leaves once the leader cannot be sure it still holds the job's lease.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 import contextlib
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,12 +53,23 @@ async def send(writer: asyncio.StreamWriter, message: messages.Message) -> None:
 class Members:
     """The members' connections by host, and the watchers'."""
 
-    def __init__(self, log_events: bool = False) -> None:
+    def __init__(
+        self, log_events: bool = False, *, term: int = 0, leading: Callable[[], bool] = lambda: True
+    ) -> None:
         self.writers: dict[int, asyncio.StreamWriter] = {}
         self.watchers: list[asyncio.StreamWriter] = []
         self.log_events = log_events
         """Print every event on stderr: in a pod, where no runtime watches, the leader pod's log
         (`kubectl logs <job>-s0-w0`) tells the job's story."""
+        self.term = term
+        """The leader's term, stamped on every command."""
+        self.leading = leading
+        """Whether the leader still surely holds the lease; False: nothing is sent (it is fenced)."""
+
+    def _stamped(self, message: messages.Message) -> messages.Message:
+        if isinstance(message, messages.Order):
+            return message.model_copy(update={"term": self.term})
+        return message
 
     def __contains__(self, host: object) -> bool:
         return host in self.writers
@@ -66,11 +81,19 @@ class Members:
         return [host for host, member in self.writers.items() if member is writer]
 
     async def send(self, host: int, message: messages.Message) -> None:
-        await send(self.writers[host], message)
+        await self.send_to(self.writers[host], message)
+
+    async def send_to(self, writer: asyncio.StreamWriter, message: messages.Message) -> None:
+        """Any command to any connection (a member's, a spare's) goes through here: stamped, fenced."""
+        if self.leading():
+            await send(writer, self._stamped(message))
 
     async def broadcast(self, message: messages.Message) -> None:
+        if not self.leading():
+            return
+        stamped = self._stamped(message)
         for writer in list(self.writers.values()):
-            await send(writer, message)
+            await send(writer, stamped)
 
     def drop(self, host: int) -> asyncio.StreamWriter:
         return self.writers.pop(host)

@@ -97,6 +97,7 @@ def summary(
         "restores": memory.restores,
         "recoveries": memory.recoveries,
         "hot_swaps": memory.hot_swaps,
+        "leader_changes": memory.leader_changes,
         "persistent_committed": sorted(memory.persistent_committed),
         "persistent_commits": memory.persistent_commits,
         "failed_saves": dict(memory.failed_saves),

@@ -10,8 +10,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.support.cli_runs import ROOT, processes_mentioning, run_job
 from tests.support.recovery_checks import problems, recovery_summary
 
@@ -21,14 +19,6 @@ STEPS = 40  # run_job's default
 def with_persistent(tmp_path, interval: int = 10, replicas: int = 1):
     uri = str(tmp_path / "persistent")
     return {"checkpoint": {"peer": {"replicas": replicas}, "persistent": {"uri": uri, "interval": interval}}}
-
-
-@pytest.fixture(scope="module")
-def clean_fingerprint(tmp_path_factory):
-    result, report = run_job(tmp_path_factory.mktemp("clean"))
-    assert result.returncode == 0, result.stderr
-    assert report["restores"] == [] and report["hot_swaps"]["count"] == 0
-    return report["params_fingerprint"]
 
 
 def last_restore(report):
@@ -134,9 +124,3 @@ def test_an_unknown_object_store_scheme_is_reported_before_anything_starts(tmp_p
     result, _ = run_job(tmp_path, **spec)
     assert result.returncode == 2
     assert "spec.checkpoint.persistent.uri" in result.stderr and "nosuchstore" in result.stderr
-
-
-def test_losing_host_0_is_refused_up_front_because_it_runs_the_leader(tmp_path):
-    result, _ = run_job(tmp_path, "--spares", "1", "--chaos", "lose:host=0@step=5")
-    assert result.returncode == 2
-    assert "host 0 runs the job's coordination leader" in result.stderr

@@ -1,31 +1,29 @@
-"""A pod's supervisor that cannot reach its leader yet (the leader's name not served by the DNS yet,
-the leader's pod not there yet) waits for it, within the job's spec.health.replacementTimeoutSeconds;
-after that it asks for a new pod (exit 4) and never fails the job. The operator replaces such a pod
-without blaming its node.
+"""A pod's supervisor that cannot reach a leader (none elected yet: the leader's pod not there yet;
+or the one the lease names does not answer) waits for one, within the job's
+spec.health.replacementTimeoutSeconds; after that it asks for a new pod (exit 4) and never fails the
+job. The operator replaces such a pod without blaming its node.
 
-- `connect` and `reach_leader` (supervisor/leader_connection.py) with a fake clock;
+- `reach_leader` (supervisor/leader_connection.py) with fake leases and connections;
 - one pod run by the fake kubelet (tests/support/fake_kubelet.py) whose leader never comes;
-- the whole chain: the real operator, a job whose leader pod cannot be scheduled for a while.
+- the whole chain: the real operator, a job whose pods' names the DNS serves late (the members find
+  the leader by the address in the job's Lease, so nothing waits for the DNS).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 from slicekeeper.operator.render import render
+from slicekeeper.supervisor.leader.election import Holder, Lease
 from slicekeeper.supervisor.leader_connection import (
     LEADER_UNREACHABLE_EXIT_CODE,
-    Clock,
     LeaderUnreachable,
-    connect,
     reach_leader,
 )
-from slicekeeper.supervisor.plan import free_port
 
 from slicekeeper.api import parse_training_job
 from tests.support.fake_kubelet import V5P_16_LABELS, FakeTpuCluster
@@ -41,70 +39,63 @@ STARTUP = 60.0
 """Seconds for a supervisor to start in a pod (imports on two shared cores)."""
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.time = 0.0
-        self.pauses: list[float] = []
-
-    def now(self) -> float:
-        return self.time
-
-    async def sleep(self, seconds: float) -> None:
-        self.pauses.append(seconds)
-        self.time += seconds
+def lease(term: int, machine: str) -> Lease:
+    return Lease(Holder(machine, 0, f"10.0.0.{term}:8490", "abcd"), term, 0.0)
 
 
-class Leader:
-    """A leader that answers once `errors` are used up, one per attempt."""
+class Leases:
+    """The lease as a member sees it: `sequence[i]` once asked i times (the last one from then on)."""
 
-    def __init__(self, errors: list[OSError]) -> None:
-        self.errors = errors
-        self.attempts = 0
+    def __init__(self, *sequence: Lease | None) -> None:
+        self.sequence = list(sequence)
+        self.asked: list[int] = []
+
+    async def __call__(self, *, newer_than: int, timeout: float) -> Lease | None:
+        self.asked.append(newer_than)
+        current = self.sequence.pop(0) if len(self.sequence) > 1 else self.sequence[0]
+        return current if current is not None and current.term > newer_than else None
+
+
+class Answering:
+    """Connections: the addresses in `answering` accept, the others are refused."""
+
+    def __init__(self, *answering: str) -> None:
+        self.answering = set(answering)
+        self.tried: list[str] = []
 
     async def __call__(self, host: str, port: int) -> Any:
-        self.attempts += 1
-        if self.errors:
-            raise self.errors.pop(0)
+        self.tried.append(f"{host}:{port}")
+        if f"{host}:{port}" not in self.answering:
+            raise ConnectionRefusedError(111, "refused")
         return ("reader", "writer")
 
 
-class TestConnect:
-    async def test_a_name_not_served_yet_and_a_leader_not_listening_yet_are_waited_for(self):
-        clock = FakeClock()
-        errors: list[OSError] = [socket.gaierror(-2, "Name or service not known")] * 3
-        leader = Leader(
-            [*errors, ConnectionRefusedError(111, "refused"), ConnectionRefusedError(111, "refused")]
+class TestReachLeader:
+    async def test_the_leader_the_lease_names_is_joined_with_its_term(self):
+        found = await reach_leader(
+            Leases(lease(2, "b")), term=1, wait=5, open_connection=Answering("10.0.0.2:8490")
         )
-        said: list[str] = []
-        fake = Clock(clock.now, clock.sleep)
-        streams = await connect(
-            "tiny-lm-s0-w0.tiny-lm", 8490, wait=60, clock=fake, open_connection=leader, say=said.append
+        assert found == ("reader", "writer", 2)
+
+    async def test_a_leader_that_does_not_answer_is_left_for_the_next_one_elected(self):
+        leases = Leases(lease(1, "a"), None, lease(2, "b"))
+        connections = Answering("10.0.0.2:8490")
+        assert await reach_leader(leases, term=1, wait=5, open_connection=connections) == (
+            "reader",
+            "writer",
+            2,
         )
-        assert streams == ("reader", "writer") and leader.attempts == 6  # each attempt resolves anew
-        assert clock.pauses == [0.05, 0.1, 0.2, 0.4, 0.8]
-        assert len(said) == 1 and "not reachable yet" in said[0]  # said once, not at every attempt
+        # term 1 is tried again after a pause with no newer leader, then the newer one is joined
+        assert connections.tried == ["10.0.0.1:8490", "10.0.0.1:8490", "10.0.0.2:8490"]
+        assert leases.asked == [0, 1, 1]  # after term 1 failed, only a newer term is waited for
 
-    async def test_the_wait_ends_after_the_time_given_with_the_last_error(self):
-        clock = FakeClock()
-        leader = Leader([socket.gaierror(-2, "Name or service not known")] * 1000)
-        with pytest.raises(LeaderUnreachable) as unreachable:
-            await connect(
-                "x", 1, wait=20, clock=Clock(clock.now, clock.sleep), open_connection=leader, say=print
-            )
-        assert 18 <= clock.time <= 20 and max(clock.pauses) == 2.0
-        assert isinstance(unreachable.value.__cause__, socket.gaierror)
-
-    async def test_a_pod_that_cannot_reach_its_leader_exits_with_the_code_the_operator_replaces_for(
-        self, capsys: pytest.CaptureFixture[str]
-    ):
-        from slicekeeper.operator.handlers import LEADER_UNREACHABLE_EXIT_CODE as OPERATORS_CODE
-
-        closed = free_port()  # nothing listens there
-        with pytest.raises(SystemExit) as exited:
-            await reach_leader("127.0.0.1", closed, in_pod=True, replacement_timeout=0.5, machine="node-1")
-        assert exited.value.code == LEADER_UNREACHABLE_EXIT_CODE == OPERATORS_CODE == 4
-        last = capsys.readouterr().err.strip().splitlines()[-1]
-        assert last.startswith("[node-1] leader 127.0.0.1:") and "replacementTimeoutSeconds: 0.5 s" in last
+    async def test_the_wait_ends_saying_whom_it_tried(self):
+        with pytest.raises(
+            LeaderUnreachable, match=r"within 0.3 s: the leader of term 1, a at 10.0.0.1:8490"
+        ):
+            await reach_leader(Leases(lease(1, "a")), term=1, wait=0.3, open_connection=Answering())
+        with pytest.raises(LeaderUnreachable, match="the job's lease names no leader"):
+            await reach_leader(Leases(None), term=0, wait=0.3, open_connection=Answering())
 
 
 def waiting_job(**spec: Any) -> dict[str, Any]:
@@ -147,8 +138,9 @@ async def test_a_pod_whose_leader_never_comes_asks_for_a_new_pod_instead_of_fail
         )
         log = cluster.log_of("tiny-lm-s1-w0")
         assert ended["exitCode"] == LEADER_UNREACHABLE_EXIT_CODE, log[-3000:]
-        assert "leader tiny-lm-s0-w0.tiny-lm:8490 not reachable yet" in log
-        assert "unreachable for" in log.strip().splitlines()[-1]
+        last = log.strip().splitlines()[-1]
+        assert f"no leader reachable within {REPLACEMENT_TIMEOUT} s: the job's lease names no leader" in last
+        assert last.endswith(f"exit {LEADER_UNREACHABLE_EXIT_CODE}")
 
 
 def leader_view(kube: Kube) -> dict[str, Any]:
@@ -157,14 +149,11 @@ def leader_view(kube: Kube) -> dict[str, Any]:
     return dict(json.loads(view)) if view else {}
 
 
-async def test_members_that_cannot_resolve_their_leader_yet_are_replaced_on_their_nodes_and_the_job_goes_on(
-    tmp_path: Path,
-):
-    """The cluster's DNS serves the leader's name only DNS_LAG seconds after its pod got its IP, far
-    beyond spec.health.replacementTimeoutSeconds: the other supervisors wait, then ask for new pods,
-    which the operator makes on the same nodes (nothing is wrong with them: each slice's pool has
-    exactly its two nodes). Once the name resolves, every supervisor joins the leader and generation 0
-    starts; the job was never Failed."""
+async def test_a_slow_dns_holds_nothing_up_the_members_find_the_leader_in_the_lease(tmp_path: Path):
+    """The cluster's DNS serves the pods' names only DNS_LAG seconds after they got their IPs, far
+    beyond spec.health.replacementTimeoutSeconds. The members need no name: the job's Lease gives the
+    leader's address, so every supervisor joins at once, generation 0 starts, and no pod is replaced
+    (before leader election, each member waited for the leader's name and was replaced)."""
     async with (
         emulated_cluster() as kube,
         FakeTpuCluster(kube, tmp_path / "cluster", V5P_16_LABELS, dns_delay=DNS_LAG) as cluster,
@@ -174,21 +163,11 @@ async def test_members_that_cannot_resolve_their_leader_yet_are_replaced_on_thei
         job["spec"]["checkpoint"]["persistent"]["uri"] = str(tmp_path / "persistent")
         await cluster.add_pools({"pool-a": ["a-0", "a-1"], "pool-b": ["b-0", "b-1"]})
         await kube.apply(job)
-
-        def hot_swaps(*words: str) -> list[str]:
-            messages = [e["message"] for e in kube.events(NS) if e["reason"] == "HotSwap"]
-            return [m for m in messages if all(word in m for word in words)]
-
-        recreated = await eventually(
-            lambda: hot_swaps("re-created"), timeout=STARTUP + 30, what="a member's pod replaced"
-        )
-        assert all("avoiding nodes: none" in message for message in recreated), recreated
-        assert all("could not reach the job's leader" in message for message in recreated), recreated
         view = await eventually(
             lambda: leader_view(kube).get("state") == "running" and leader_view(kube),
-            timeout=STARTUP + DNS_LAG + 30,
+            timeout=STARTUP + 30,
             what="every supervisor joined the leader: generation 0 running",
         )
         assert view["slicesActive"] == 2 and view["generation"] == 0
-        assert all("avoiding nodes: none" in message for message in hot_swaps("re-created"))
+        assert [e["message"] for e in kube.events(NS) if e["reason"] == "HotSwap"] == []
         assert kube.job(NS, "tiny-lm")["status"]["phase"] != "Failed"

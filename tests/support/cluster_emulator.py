@@ -25,6 +25,9 @@ Writes (create, patch, delete) are committed here, not by kmock, one at a time:
   after `watch_seconds` (or the client's `timeoutSeconds`) with a BOOKMARK of the newest version, as
   the API server's watch timeout ends it; `expire_watches` ends a resource's watches now, and
   `watch_gap` cuts them off for a while and compacts the history, so the watchers come back to 410;
+- replace (PUT of a named object, as kubernetes' Lease lock renews a Lease): the body's
+  `resourceVersion` must be the stored one (else 409 Conflict: the compare-and-swap leader election
+  relies on); the object becomes the body, with what only the API server sets kept;
 - lists: label selectors (`key=value`, `key!=value`, `key`, `!key`, comma-joined), pages (`limit`
   and `continue`, each list a snapshot, as Kubernetes serves them), the list's `resourceVersion`
   taken with its items; `generateName`.
@@ -57,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import jsonpatch
 import jsonpointer
 from kmock import KubernetesEmulator, KubernetesError, resource
@@ -208,6 +212,9 @@ class ClusterEmulator(KubernetesEmulator, _DirectDispatch):  # type: ignore[misc
             raise KubernetesError(
                 status=503, reason="ServiceUnavailable", message="the API server is restarting"
             )
+        if request.method == enums.method.PUT and request.resource is not None and request.name is not None:
+            async with self._lock:
+                return aiohttp.web.json_response(await self._replace(request))
         created: ObjectKey | None = None
         if request.resource is not None and request.action in WRITES:
             try:
@@ -250,6 +257,25 @@ class ClusterEmulator(KubernetesEmulator, _DirectDispatch):  # type: ignore[misc
         else:
             await self._update(key, request)
         return None
+
+    async def _replace(self, request: rendering.Request) -> dict[str, Any]:
+        """PUT: the object becomes the body, if the body names the stored resourceVersion."""
+        key: ObjectKey = (request.resource, request.namespace, request.name)
+        if key not in self._objects or self._objects[key].deleted or not isinstance(request.data, dict):
+            raise KubernetesError(status=404, reason="NotFound", message=f"{request.name!r} not found")
+        old, body = self._objects[key].raw, copy.deepcopy(request.data)
+        metadata, before = body.setdefault("metadata", {}), old["metadata"]
+        if metadata.get("resourceVersion") != before.get("resourceVersion"):
+            raise KubernetesError(
+                status=409,
+                reason="Conflict",
+                message="the object has been modified; please apply your changes to the latest version",
+            )
+        for field in ("uid", "name", "namespace", "creationTimestamp", "generation"):
+            if field in before:
+                metadata[field] = before[field]
+        await self._store(key, body, "MODIFIED")
+        return copy.deepcopy(body)
 
     async def _create(self, request: rendering.Request) -> ObjectKey:
         res, body = request.resource, copy.deepcopy(request.data)

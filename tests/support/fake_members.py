@@ -36,6 +36,8 @@ class Member:
         self.writer = writer
         self.journals: list[dict[str, Any]] = []
         """Journals the leader wrote down on this member, in order."""
+        self.terms: list[int | None] = []
+        """The term stamped on each line the leader sent."""
 
     async def send(self, message_type: str, **fields: Any) -> None:
         self.writer.write(protocol.encode({"type": message_type, "host": self.host, **fields}))
@@ -43,11 +45,13 @@ class Member:
 
     async def receive(self) -> dict[str, Any]:
         """The next command from the leader. The journals it writes down on members before its commands
-        are kept in `journals`, not returned: most tests are about the commands."""
+        are kept in `journals`, not returned, and the leader's term stamped on each (fencing) in
+        `terms`: most tests are about the commands."""
         while True:
             line = await asyncio.wait_for(self.reader.readline(), WAIT)
             assert line, f"host {self.host}: the leader closed the connection"
             message = protocol.decode(line)
+            self.terms.append(message.pop("term", None))
             if message["type"] != "journal":
                 return message
             self.journals.append(message)

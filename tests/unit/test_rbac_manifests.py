@@ -35,11 +35,25 @@ def test_every_rbac_object_is_valid():
         kubernetes_validate.validate(document, "1.31", strict=True)
 
 
-def test_the_supervisor_may_only_read_and_mark_pods():
+def test_the_supervisor_may_only_read_and_mark_pods_and_hold_its_jobs_lease():
     rules = rules_of("Role", "slicekeeper-supervisor")
-    granted = {(resource, verb) for r in rules for resource in r["resources"] for verb in r["verbs"]}
-    assert granted == {("pods", "get"), ("pods", "patch"), ("pods/status", "get"), ("pods/status", "patch")}
-    assert all(r["apiGroups"] == [""] for r in rules)
+    granted = {
+        (group, resource, verb)
+        for r in rules
+        for group in r["apiGroups"]
+        for resource in r["resources"]
+        for verb in r["verbs"]
+    }
+    assert granted == {
+        ("", "pods", "get"),
+        ("", "pods", "patch"),
+        ("", "pods/status", "get"),
+        ("", "pods/status", "patch"),
+        # leader election (supervisor/leader/election.py): read, create, renew; never delete or list
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "update"),
+    }
 
 
 def test_the_pods_run_as_the_supervisors_service_account():

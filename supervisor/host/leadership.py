@@ -1,0 +1,149 @@
+"""This host's part in who leads the job: campaigning for the lease, leading while it holds it, and
+knowing which leader to follow.
+
+Every host's supervisor is a candidate (supervisor.leader.election); a spare only watches the lease.
+At the start the first host (host 0) takes the lease and the others wait for it to exist, so a job
+starts with the leader it always had. Afterwards whoever sees the lease unrenewed for its duration
+takes it: the new leader serves on this supervisor's leader address and takes over from the old one
+(supervisor.leader.Leader.take_over). A leader that cannot renew in time stands down and closes its
+server, so its members go looking for the new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Callable
+
+from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader import Leader
+from slicekeeper.supervisor.leader.election import Election, Holder, Lease
+
+WATCH_SECONDS = 0.2
+"""How often a spare (which only watches) reads the lease, and a candidate before the lease exists."""
+
+NewLeader = Callable[[int, Callable[[], bool]], Leader]
+"""Makes this supervisor's leader for a term, given the check that it still holds the lease."""
+
+
+class Leadership:
+    def __init__(
+        self,
+        election: Election,
+        own: Holder,
+        *,
+        candidate: bool,
+        first: bool,
+        new_leader: NewLeader,
+        journal: Callable[[], messages.Journal | None],
+        bind: str,
+        say: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True),
+    ) -> None:
+        self.election = election
+        self.own = own
+        self.candidate = candidate
+        """A host's supervisor may lead; a spare only watches."""
+        self.first = first
+        """The job's first leader: takes the lease at once (the others wait for it to exist)."""
+        self._new_leader = new_leader
+        self._journal = journal
+        self._bind = bind
+        self._say = say
+        self.leader: Leader | None = None
+        self.lease: Lease | None = None
+        """The lease as last seen: whom to follow."""
+        self._changed = asyncio.Event()
+        self.elected: Callable[[Leader], None] = lambda leader: None
+        """Called when this supervisor starts leading (its status publishing starts with it)."""
+        self.deposed: Callable[[], None] = lambda: None
+        """Called when it stops leading (its status publishing stops)."""
+
+    async def current(self, *, newer_than: int = 0, timeout: float | None = None) -> Lease | None:
+        """The lease once a holder of a term above `newer_than` is seen (None: not within `timeout`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            lease = self.lease
+            if lease is not None and lease.holder is not None and lease.term > newer_than:
+                return lease
+            self._changed.clear()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+
+    async def superseded(self, term: int) -> Lease:
+        """Returns once a holder of a newer term than `term` is seen."""
+        lease = await self.current(newer_than=term)
+        assert lease is not None
+        return lease
+
+    async def run(self) -> None:
+        """Campaign (or watch) for as long as the supervisor runs."""
+        retry = self.election.timing.retry
+        if not self.first:
+            # Only the first host creates the lease: were host 0's pod late, a member leading in its
+            # place would wait for it all the same; instead members that find no leader in time ask
+            # for new pods (supervisor/leader_connection.py).
+            while await self._read() is None:
+                await asyncio.sleep(WATCH_SECONDS)
+        while True:
+            if self.candidate:
+                await self._campaign()
+                await asyncio.sleep(retry if self.lease is not None else WATCH_SECONDS)
+            else:
+                await self._read()  # a spare: offered to a new leader before it decides what to do
+                await asyncio.sleep(WATCH_SECONDS)
+
+    async def _read(self) -> Lease | None:
+        try:
+            lease = await self.election.read()
+        except Exception as error:  # the API server or the file unreachable for a moment: try again
+            self._say(f"cannot read the job's lease: {error!r}")
+            return None
+        self._seen(lease)
+        return lease
+
+    async def _campaign(self) -> None:
+        before = self.election.observed()
+        try:
+            held = await self.election.step()
+        except Exception as error:
+            self._say(f"cannot take or renew the job's lease: {error!r}")
+            held = False
+        if held and self.leader is None:
+            await self._lead(before)
+        elif self.leader is not None and not self.election.leading():
+            await self._stand_down()
+        self._seen(self.election.observed())
+
+    def _seen(self, lease: Lease | None) -> None:
+        if lease is None:
+            return
+        if self.lease is None or (lease.holder, lease.term) != (self.lease.holder, self.lease.term):
+            self.lease = lease
+            self._changed.set()
+
+    async def _lead(self, before: Lease | None) -> None:
+        term = self.election.term
+        leader = self._new_leader(term, self.election.leading)
+        port = self.own.address.rsplit(":", 1)[1]
+        await leader.serve(self._bind, int(port))
+        self.leader = leader
+        previous = before.holder if before is not None else None
+        if previous is not None and previous != self.own:
+            self._say(f"elected leader (term {term}) in place of {previous.machine} (host {previous.host})")
+            leader.take_over(
+                previous, self.own, self._journal(), before.renewed_at if before else time.time()
+            )
+        self.elected(leader)
+
+    async def _stand_down(self) -> None:
+        leader, self.leader = self.leader, None
+        assert leader is not None
+        self._say("lost the job's lease: standing down as leader")
+        leader.stand_down("lost the job's lease")
+        self.deposed()
+        await leader.close()

@@ -1,0 +1,263 @@
+"""Who leads a job, and the term every one of its commands carries.
+
+Any host's supervisor can lead; at any moment the one that holds the job's lease does. The election
+is Kubernetes' own (`kubernetes.leaderelection`, the algorithm client-go's components use): every
+candidate reads the lease each `retry` seconds, a holder renews it, and a candidate takes it over
+once it has seen the same record, unrenewed, for `duration` seconds. The record lives:
+- in a cluster, in a `coordination.k8s.io/v1` Lease named after the job (`KubernetesLeaseLock`);
+- locally (`slicekeeper run`), in a file of the run directory, changed under an exclusive `flock`
+  (`FileLeaseLock`): the same compare-and-swap an API server gives a Lease's resourceVersion.
+
+The holder's identity names its machine, the host it serves and the address of its leader server
+(`Holder`), so members find the new leader from the lease itself. Each change of holder increments
+the lease's transitions: that count is the term, the fencing token. A leader stamps its term on
+every command and a member ignores a command from a term older than the newest it has seen; a
+leader also stops acting the moment it cannot be sure it still holds the lease (`Election.leading`:
+its last renewal is older than `renew_deadline`, e.g. after a pause), before any I/O tells it so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes.leaderelection.electionconfig import Config
+from kubernetes.leaderelection.leaderelection import LeaderElection
+from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
+from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
+
+logging.getLogger("leaderelection").setLevel(logging.WARNING)  # it logs every retry at INFO
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The lease's periods, in whole seconds (the library's rule: duration > deadline > 1.2 retry)."""
+
+    duration: int
+    """A record unrenewed this long is taken over."""
+    renew_deadline: int
+    """A leader whose last renewal is older than this stops acting."""
+    retry: int
+    """How often every candidate reads (and a holder renews) the lease."""
+
+
+LOCAL_TIMING = Timing(duration=3, renew_deadline=2, retry=1)
+"""Locally: every supervisor on one machine; a lost leader is replaced within about 4 s."""
+CLUSTER_TIMING = Timing(duration=8, renew_deadline=5, retry=2)
+"""In a cluster: the API server is shared; a lost leader's pod is replaced within about 10 s."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds the lease: its machine, the host it serves, where its leader server listens, and
+    which run of its supervisor (a supervisor restarted on the same machine is another candidate)."""
+
+    machine: str
+    host: int
+    address: str
+    incarnation: str = field(default_factory=lambda: secrets.token_hex(4))
+
+    def identity(self) -> str:
+        return f"{self.machine}/{self.host}@{self.address}#{self.incarnation}"
+
+    @classmethod
+    def parse(cls, identity: str) -> Holder | None:
+        """None for an identity this job's supervisors did not write."""
+        with contextlib.suppress(ValueError):
+            rest, incarnation = identity.rsplit("#", 1)
+            who, address = rest.rsplit("@", 1)
+            machine, host = who.rsplit("/", 1)
+            return cls(machine, int(host), address, incarnation)
+        return None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One reading of the lease: its holder (None: no valid holder), the term, when it was renewed."""
+
+    holder: Holder | None
+    term: int
+    renewed_at: float
+
+
+class FileLeaseLock:
+    """A lease record in a JSON file, for the candidates of one machine (kubernetes' lock interface).
+
+    `get` remembers the version read; `update` succeeds only if the file still has that version (the
+    check and the write under one exclusive flock), like a Lease's resourceVersion."""
+
+    def __init__(self, path: Path, identity: str) -> None:
+        self.path = path
+        self.name, self.namespace = path.name, ""
+        self.identity = identity
+        self._version: int | None = None
+        self.transitions = 0
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads(self.path.read_text()))
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return None  # a torn file cannot happen (replace is atomic); treat as absent anyway
+
+    def get(self, name: str, namespace: str) -> tuple[bool, Any]:
+        with self._locked():
+            data = self._read()
+        if data is None:
+            return False, _NotFound()
+        self._version, self.transitions = int(data["version"]), int(data["transitions"])
+        return True, LeaderElectionRecord(
+            data["holder"], str(data["duration"]), data["acquire_time"], data["renew_time"]
+        )
+
+    def create(self, name: str, namespace: str, election_record: LeaderElectionRecord) -> bool:
+        with self._locked():
+            if self._read() is not None:
+                return False
+            self._write(election_record, version=1, transitions=0)
+        self._version, self.transitions = 1, 0
+        return True
+
+    def update(self, name: str, namespace: str, updated_record: LeaderElectionRecord) -> bool:
+        with self._locked():
+            data = self._read()
+            if data is None or self._version is None or int(data["version"]) != self._version:
+                return False  # changed since read: another candidate got there first
+            transitions = int(data["transitions"]) + (data["holder"] != updated_record.holder_identity)
+            self._write(updated_record, version=self._version + 1, transitions=transitions)
+        self._version, self.transitions = self._version + 1, transitions
+        return True
+
+    def _write(self, record: LeaderElectionRecord, *, version: int, transitions: int) -> None:
+        data = {
+            "holder": record.holder_identity,
+            "duration": int(record.lease_duration),
+            "acquire_time": record.acquire_time,
+            "renew_time": record.renew_time,
+            "renewed_at": time.time(),
+            "version": version,
+            "transitions": transitions,
+        }
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(data))
+        temporary.replace(self.path)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Any:
+        with open(self.path.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+class _NotFound:
+    """What the library expects of a failed get when the record does not exist (a 404's body)."""
+
+    body = json.dumps({"code": 404})
+    reason = "not found"
+
+
+class KubernetesLeaseLock(LeaseLock):  # type: ignore[misc]
+    """kubernetes' Lease lock, counting the holder changes in `spec.leaseTransitions` (the term),
+    which the library's lock leaves alone."""
+
+    @property
+    def transitions(self) -> int:
+        spec = self.lease_reference.spec if self.lease_reference is not None else None
+        return int(spec.lease_transitions or 0) if spec is not None else 0
+
+    def get_lease_spec(self, leader_election_record: Any, current_spec: Any = None) -> Any:
+        previous = current_spec.holder_identity if current_spec is not None else None
+        transitions = int(current_spec.lease_transitions or 0) if current_spec is not None else 0
+        spec = super().get_lease_spec(leader_election_record, current_spec)
+        changed = previous is not None and previous != leader_election_record.holder_identity
+        spec.lease_transitions = transitions + changed
+        return spec
+
+
+class Election:
+    """One candidate's side of the election. `step()` is one round of the library's algorithm (read,
+    then take or renew the lease if this candidate may); `leading()` says whether it may act now."""
+
+    def __init__(self, lock: FileLeaseLock | KubernetesLeaseLock, timing: Timing) -> None:
+        self.lock = lock
+        self.timing = timing
+        config = Config(lock, timing.duration, timing.renew_deadline, timing.retry, lambda: None, None)
+        self._election = LeaderElection(config)
+        self.renewed_at: float | None = None
+        """Monotonic time of this candidate's last successful take or renewal."""
+        self.term = 0
+        """The term of this candidate's lease while it holds it."""
+
+    @property
+    def identity(self) -> str:
+        return str(self.lock.identity)
+
+    async def step(self) -> bool:
+        """True: this candidate holds the lease now (taken or renewed)."""
+        started = time.monotonic()
+        held = await asyncio.to_thread(self._election.try_acquire_or_renew)
+        if held:
+            self.renewed_at, self.term = started, self.lock.transitions + 1
+        return bool(held)
+
+    def leading(self, now: Callable[[], float] = time.monotonic) -> bool:
+        """Sure to hold the lease still: renewed within the renew deadline (checked before acting)."""
+        return self.renewed_at is not None and now() - self.renewed_at < self.timing.renew_deadline
+
+    def observed(self) -> Lease | None:
+        """The lease as last read (None: not read yet, or nobody holds it)."""
+        record = self._election.observed_record
+        if record is None:
+            return None
+        holder = Holder.parse(record.holder_identity or "")
+        return Lease(holder, self.lock.transitions + 1, self._election.observed_time_milliseconds / 1000)
+
+    async def read(self) -> Lease | None:
+        """Read the lease without taking it (a member finding its leader, a watcher)."""
+        found, record = await asyncio.to_thread(self.lock.get, self.lock.name, self.lock.namespace)
+        if not found:
+            return None
+        holder = Holder.parse(record.holder_identity or "")
+        return Lease(holder, self.lock.transitions + 1, time.time())
+
+
+LEASE_FILE = "leader-lease.json"
+"""Locally: the job's lease, in the run directory."""
+
+
+def local_election(run_dir: Path, holder: Holder) -> Election:
+    return Election(FileLeaseLock(run_dir / LEASE_FILE, holder.identity()), LOCAL_TIMING)
+
+
+def read_lease_file(path: Path) -> Lease | None:
+    """Locally: the lease as it stands (a watcher finding the leader); None before the first leader."""
+    lock = FileLeaseLock(path, "watcher")
+    found, record = lock.get(lock.name, lock.namespace)
+    if not found:
+        return None
+    return Lease(Holder.parse(record.holder_identity or ""), lock.transitions + 1, time.time())
+
+
+def cluster_election(lease_name: str, namespace: str, holder: Holder) -> Election:
+    """In a pod: the client configured from the pod's service account (or KUBECONFIG, as the fake
+    kubelet's pods have it)."""
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return Election(KubernetesLeaseLock(lease_name, namespace, holder.identity()), CLUSTER_TIMING)

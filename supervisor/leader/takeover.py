@@ -1,0 +1,136 @@
+"""A leader elected in place of a lost one: what it gathers before it acts, and how it carries on.
+
+For a moment (`settle`) it only gathers: members reconnecting register again with the newest journal
+each holds and the generation it is in, spares offer themselves again, and every other message is
+kept, in order. Once every active host but the old leader's is back and nobody arrived for
+`QUIET_SECONDS` (at most `SECONDS`), it carries on the newest journal (`carry_on_and_recover`), notes
+the change of leader in the job's memory, takes the registrations, stops again a restart that was
+under way, treats every active host not back (the old leader's) as lost, and only then reads the
+other messages kept: the other hosts' workloads failed because of the lost one, and the restart is
+put down to it, not to them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader.election import Holder
+from slicekeeper.supervisor.leader.journal import JobMemory, JobState, JournalWriter
+from slicekeeper.supervisor.leader.members import HostStatus, Members
+from slicekeeper.supervisor.world import JobWorld
+
+SECONDS = 5.0
+"""At most this long gathering: a member not back by then is taken for lost."""
+QUIET_SECONDS = 0.5
+"""Once every expected host is back, this long without a new arrival (spares, late members)."""
+
+Handle = Callable[[messages.ToLeader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class Takeover:
+    def __init__(
+        self,
+        previous: Holder | None,
+        own: Holder,
+        journal: messages.Journal | None,
+        lost_at: float,
+        *,
+        memory: JobMemory,
+        world: JobWorld,
+        members: Members,
+        status: dict[int, HostStatus],
+        journal_writer: JournalWriter,
+        carry_on: Callable[[dict[str, Any]], None],
+        handle: Handle,
+        host_lost: Callable[[int, str], Awaitable[None]],
+    ) -> None:
+        self.previous = previous
+        self.own = own
+        self.lost_at = lost_at
+        """When the old leader's lease was last seen renewed (Unix seconds)."""
+        self.began = self.last_arrival = time.monotonic()
+        self.journals = [journal] if journal is not None else []
+        self.backlog: list[tuple[messages.ToLeader, asyncio.StreamWriter]] = []
+        self.hosts: set[int] = set()
+        self._memory = memory
+        self._world = world
+        self._members = members
+        self._status = status
+        self._journal_writer = journal_writer
+        self._carry_on = carry_on
+        self._handle = handle
+        self._host_lost = host_lost
+
+    # --- gathering ----------------------------------------------------------------------------
+    def gather(self, message: messages.ToLeader, writer: asyncio.StreamWriter) -> None:
+        self.backlog.append((message, writer))
+        if isinstance(message, (messages.Register, messages.RegisterSpare)):
+            self.last_arrival = time.monotonic()
+        if isinstance(message, messages.Register):
+            self.hosts.add(message.host)
+            if message.journal is not None:
+                self.journals.append(message.journal)
+
+    def newest(self) -> messages.Journal | None:
+        return max(self.journals, key=lambda journal: journal.seq, default=None)
+
+    def settled(self) -> bool:
+        now = time.monotonic()
+        if now - self.began >= SECONDS:
+            return True
+        newest = self.newest()
+        if newest is not None:  # the hosts of the slices active when that journal was written
+            hosts = {h for s in newest.journal["world"]["active"] for h in self._world.hosts_of(int(s))}
+        else:
+            hosts = set(self._world.hosts)
+        expected = hosts - ({self.previous.host} if self.previous else set())
+        return expected <= self.hosts and now - self.last_arrival >= QUIET_SECONDS
+
+    async def settle(self) -> None:
+        while not self.settled():
+            await asyncio.sleep(0.1)
+
+    # --- carrying on --------------------------------------------------------------------------
+    async def carry_on_and_recover(self) -> None:
+        best = self.newest()
+        if best is not None:
+            self._carry_on(best.journal)
+            self._journal_writer.seq = best.seq
+        await self._note_change()
+        joins = (messages.Register, messages.RegisterSpare)
+        for join, member in [(m, w) for m, w in self.backlog if isinstance(m, joins)]:
+            await self._handle(join, member)
+        memory = self._memory
+        if memory.state is JobState.STOPPING and memory.stop_cause is not None:
+            # The restart under way when the leader was lost: every member acks (again) with its holdings.
+            stop = messages.Stop(generation=memory.generation, kind=str(memory.stop_cause["kind"]))
+            await self._members.broadcast(stop)
+        for host in self._world.hosts:
+            if host not in self._members and self._status[host].state != "lost":
+                self._status[host].state = "lost"
+                await self._host_lost(host, self._status[host].machine or f"host-{host}")
+        for message, writer in [(m, w) for m, w in self.backlog if not isinstance(m, joins)]:
+            await self._handle(message, writer)
+        await self._journal_writer.write()
+
+    async def _note_change(self) -> None:
+        previous = self.previous
+        change = {
+            "at": time.time(),
+            "term": self._members.term,
+            "from_host": previous.host if previous else None,
+            "from_machine": previous.machine if previous else None,
+            "to_host": self.own.host,
+            "to_machine": self.own.machine,
+            "leaderless_seconds": round(time.time() - self.lost_at, 3),
+        }
+        self._memory.leader_changes.append(change)
+        await self._members.event(
+            f"leader change: host {change['from_host']} -> host {change['to_host']} (term {change['term']}), "
+            f"{change['leaderless_seconds']:.1f} s without a leader",
+            host=self.own.host,
+        )

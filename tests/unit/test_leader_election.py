@@ -1,0 +1,120 @@
+"""Who leads a job: the lease, its term, and the fence (supervisor/leader/election.py, leader/members.py).
+
+The election is kubernetes' own algorithm run on a lease file locally (the same compare-and-swap a
+Lease's resourceVersion gives in a cluster, tests/operator for that): one holder at a time, a holder
+that stops renewing replaced after the lease's duration with the next term, and a leader that cannot
+be sure it still holds the lease sends nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
+from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader.election import (
+    LEASE_FILE,
+    Election,
+    FileLeaseLock,
+    Holder,
+    Timing,
+    local_election,
+    read_lease_file,
+)
+from slicekeeper.supervisor.leader.members import Members
+
+FAST = Timing(duration=2, renew_deadline=1.5, retry=1)  # type: ignore[arg-type]
+
+
+def candidate(run_dir, machine: str, host: int) -> Election:
+    holder = Holder(machine, host, f"127.0.0.1:{9000 + host}")
+    return Election(FileLeaseLock(run_dir / LEASE_FILE, holder.identity()), FAST)
+
+
+def test_an_identity_names_machine_host_address_and_run_and_reads_back():
+    holder = Holder("spare-0", 2, "10.0.0.7:8490")
+    assert Holder.parse(holder.identity()) == holder
+    assert Holder("spare-0", 2, "10.0.0.7:8490") != holder  # another run of the same supervisor
+    assert Holder.parse("someone-else") is None
+
+
+def test_one_holder_at_a_time_and_a_silent_one_is_replaced_with_the_next_term(tmp_path):
+    async def scenario() -> None:
+        first, second = candidate(tmp_path, "host-0", 0), candidate(tmp_path, "host-1", 1)
+        assert await first.step() and first.term == 1
+        assert not await second.step()  # held, and renewed: not for the taking
+        assert await first.step()  # its last renewal: then it is lost, or paused
+        assert not await second.step()  # the renewal seen: the duration counts from now, on its clock
+        observed = second.observed()
+        assert observed is not None and observed.holder is not None and observed.holder.host == 0
+        await asyncio.sleep(FAST.duration + 0.2)
+        assert await second.step() and second.term == 2
+        assert not await first.step()  # it came back: the lease is no longer its own
+        lease = read_lease_file(tmp_path / LEASE_FILE)
+        assert lease is not None and lease.holder is not None
+        assert (lease.holder.machine, lease.term) == ("host-1", 2)
+
+    asyncio.run(scenario())
+
+
+def test_a_stale_read_cannot_overwrite_a_newer_record(tmp_path):
+    """The compare-and-swap: an update based on a version someone else changed since is refused."""
+    path = tmp_path / LEASE_FILE
+    a, b = FileLeaseLock(path, "a"), FileLeaseLock(path, "b")
+    record = LeaderElectionRecord("a", "2", "t0", "t0")
+    assert a.create("", "", record)
+    assert b.get("", "")[0] and a.get("", "")[0]
+    assert a.update("", "", LeaderElectionRecord("a", "2", "t0", "t1"))  # renewed
+    assert not b.update("", "", LeaderElectionRecord("b", "2", "t1", "t1"))  # read before the renewal
+    assert json.loads(path.read_text())["holder"] == "a"
+    assert b.get("", "")[0] and b.update("", "", LeaderElectionRecord("b", "2", "t1", "t1"))
+    assert json.loads(path.read_text())["transitions"] == 1
+
+
+def test_a_leader_is_sure_of_its_lease_only_within_the_renew_deadline(tmp_path):
+    async def scenario() -> None:
+        election = local_election(tmp_path, Holder("host-0", 0, "127.0.0.1:1"))
+        assert not election.leading()
+        assert await election.step()
+        renewed = time.monotonic()
+        deadline = election.timing.renew_deadline
+        assert election.leading(lambda: renewed + deadline - 0.1)
+        assert not election.leading(lambda: renewed + deadline + 0.1)  # e.g. paused: it stops acting
+
+    asyncio.run(scenario())
+
+
+class Recorder:
+    """A stand-in for a member's connection: what was written to it."""
+
+    def __init__(self) -> None:
+        self.lines: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.lines.append(data)
+
+    async def drain(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("leading", [True, False])
+def test_every_command_carries_the_term_and_a_fenced_leader_sends_nothing(leading):
+    async def scenario() -> list[bytes]:
+        members = Members(term=3, leading=lambda: leading)
+        member, spare = Recorder(), Recorder()
+        members.writers[1] = member  # type: ignore[assignment]
+        await members.broadcast(messages.Stop(generation=4, kind="crash"))
+        await members.send(
+            1, messages.Start(generation=5, coordinator="c", restore_step=None, world=[1], rank=0)
+        )
+        await members.send_to(spare, messages.Assign(host=1, generation=5))  # type: ignore[arg-type]
+        return member.lines + spare.lines
+
+    sent = asyncio.run(scenario())
+    if leading:
+        assert [messages.command(line).term for line in sent] == [3, 3, 3]
+    else:
+        assert sent == []  # the negative control of the fence: nothing at all leaves
