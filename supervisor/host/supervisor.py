@@ -4,9 +4,11 @@
 takes one over), the world it trains in, the goodput accountant and the event log. Each part gets
 only the objects and callables it needs: the workload process (host.workload), the SDK's events
 (host.sdk_events), the restart generation with its exit and hang watches (host.generation,
-host.detectors), the chaos faults (host.chaos), the local or pod specifics (host.site). The
-leader's commands are JSON dicts (`start`, `stop`, `park`, `retire`, `shutdown`, `fail`, `journal`,
-`activity_request`, and `assign` for a spare); the host's end is its `report.json`.
+host.detectors), the chaos faults (host.chaos), the local or pod specifics (host.site), its part
+in the election and the leader it runs while elected (host.leadership), its connection to whoever
+leads (host.membership). Here the leader's commands are carried out (`_obey`: messages.Start, Stop,
+Park, Retire, Shutdown, Failed, Journal, ActivityRequest; Assign for a spare); the host's end is its
+`report.json`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from slicekeeper.supervisor import leader_connection, messages
+from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers
 from slicekeeper.supervisor.culprit import ActivityTracker
 from slicekeeper.supervisor.hang import HangDetector
@@ -32,11 +34,11 @@ from slicekeeper.supervisor.host import site
 from slicekeeper.supervisor.host.chaos import Chaos
 from slicekeeper.supervisor.host.generation import Generation
 from slicekeeper.supervisor.host.leadership import Leadership
+from slicekeeper.supervisor.host.membership import Membership
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
 from slicekeeper.supervisor.host.workload import Workloads, own_cores, workload_argv, workload_env
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import Holder
-from slicekeeper.supervisor.leader.members import send
 from slicekeeper.supervisor.metrics import SupervisorMetrics
 from slicekeeper.supervisor.persistent_tier import PersistentTier
 from slicekeeper.supervisor.plan import JobPlan
@@ -90,12 +92,9 @@ class HostSupervisor:
         self.tiers.host = host
         if self.tiers.persistent is not None:
             self.metrics.count_store_reads(self.tiers.persistent.reads)
-        self._leader_writer: asyncio.StreamWriter | None = None
         self.leadership: Leadership | None = None
+        self.membership: Membership | None = None
         self._leader_tasks: list[asyncio.Task[None]] = []
-        self._term = 0
-        """The newest leader term heard from: commands of older terms are ignored (fencing)."""
-        self._finished_report: dict[str, Any] | None = None
         self._exit_code: int | None = None
         self._finished = asyncio.Event()
         self._world: list[int] = list(range(plan.hosts))
@@ -222,7 +221,7 @@ class HostSupervisor:
         hello["replica_address"] = replica_address
         watchdog = self._spawn_task(self.generation.hangs.run())
         try:
-            await self._membership(hello)
+            await self._follow_leaders(hello)
         finally:
             watchdog.cancel()
             self.workloads.drop_standby()
@@ -306,84 +305,50 @@ class HostSupervisor:
         self._say(f"stopping: {reason}")
         if self._leader is not None:  # before its own member's connection drops
             self._leader.stand_down(reason)
-        if self._leader_writer is not None:
-            self._leader_writer.close()
+        if self.membership is not None:
+            self.membership.close()
         self._finished.set()
 
     async def _report(self, message: dict[str, Any]) -> None:
-        report = {"host": self.host, "t": time.time(), **message}
-        if message.get("type") == "finished":
-            self._finished_report = report  # said again to a leader taking over
-        if self._leader_writer is not None:
-            await send_line(self._leader_writer, report)
+        if self.membership is not None:
+            await self.membership.report({"host": self.host, "t": time.time(), **message})
 
     # --- the leader's commands ----------------------------------------------------------------
-    async def _membership(self, hello: dict[str, Any]) -> None:
-        """Join the job's leader and follow it; when it is lost, find the next one and rejoin, with
-        the newest journal this host holds and the generation it is in."""
-        term = 0
-        joined = False
-        """Joined a leader as a host: a later registration is a rejoin."""
-        while not self._finished.is_set():
-            found = await self._reach_leader(term)
-            if found is None:
-                return
-            reader, self._leader_writer, term = found
-            if self.host < 0:
-                spare = site.spare_index(self.machine)
-                await send(
-                    self._leader_writer, messages.RegisterSpare(spare=spare, chaos=self.joined_by, **hello)
-                )
-                assigned = await self._until_superseded(self._await_assignment(reader), term)
-                if assigned is False:
-                    return
-            else:
-                rejoin = {
-                    "journal": self.journal,
-                    "generation": self.generation.number,
-                    "step": self.accountant.high_water,
-                }
-                rejoin = rejoin if joined else {}
-                await send(self._leader_writer, messages.Register(host=self.host, **hello, **rejoin))
-                if joined and self._finished_report is not None:
-                    await send_line(self._leader_writer, self._finished_report)
-                assigned = True
-            if assigned:
-                joined = True
-                if await self._follow_leader(reader, term):
-                    return
-            self._leader_writer.close()
-            if not self._finished.is_set():
-                self._say(f"lost the leader (term {term}); looking for the next one")
-
-    async def _reach_leader(self, term: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int] | None:
-        """A connection to the leader of term `term` or newer (supervisor.leader_connection); None:
-        given up, with the exit code set (in a pod, the one that asks for a new pod)."""
+    async def _follow_leaders(self, hello: dict[str, Any]) -> None:
+        """Join the job's leader and carry out its commands; rejoin the next one when it is lost
+        (supervisor.host.membership)."""
         assert self.leadership is not None
-        try:
-            return await leader_connection.reach_leader(
-                self.leadership.current, term=term, wait=site.leader_wait(self.plan)
-            )
-        except leader_connection.LeaderUnreachable as unreachable:
-            self._exit_code = site.leader_unreachable_exit_code(self.plan)
-            self._say(f"{unreachable}: exit {self._exit_code}")
-            return None
+        self.membership = Membership(
+            self.leadership,
+            wait=site.leader_wait(self.plan),
+            unreachable_exit_code=site.leader_unreachable_exit_code(self.plan),
+            finished=self._finished,
+            say=self._say,
+        )
+        await self.membership.run(
+            lambda rejoining: self._registration(hello, rejoining),
+            obey=self._obey,
+            assigned=lambda assign: self._adopt(assign.host, set(assign.fired)),
+        )
+        if self._exit_code is None:
+            self._exit_code = self.membership.exit_code
 
-    async def _await_assignment(self, reader: asyncio.StreamReader) -> bool | None:
-        """As a spare: wait until the leader hands over a lost host's identity (False: not needed;
-        None: the leader was lost, this spare offers itself to the next one)."""
-        while line := await _read_line(reader):
-            message = messages.command(line)
-            if message.term < self._term:
-                continue
-            self._term = message.term
-            if isinstance(message, messages.Assign):
-                self._adopt(message.host, set(message.fired))
-                return True
-            if isinstance(message, (messages.Shutdown, messages.Failed)):
-                self._exit_code = 0  # the job ended without needing this spare
-                return False
-        return None
+    def _registration(
+        self, hello: dict[str, Any], rejoining: bool
+    ) -> messages.Register | messages.RegisterSpare:
+        """How this supervisor joins a leader: as a spare, as a host, or as a host rejoining after
+        its leader was lost (with what a leader taking over needs from it)."""
+        if self.host < 0:
+            return messages.RegisterSpare(spare=site.spare_index(self.machine), chaos=self.joined_by, **hello)
+        if not rejoining:
+            return messages.Register(host=self.host, **hello)
+        return messages.Register(
+            host=self.host,
+            **hello,
+            journal=self.journal,
+            generation=self.generation.number,
+            step=self.accountant.high_water,
+        )
 
     def _adopt(self, host: int, fired: set[str]) -> None:
         """Become `host`: its identity, its chaos faults not yet fired, a fresh account of time."""
@@ -396,64 +361,34 @@ class HostSupervisor:
         self._log({"source": "leader", "type": "assign", "host": host, "machine": self.machine})
         print(f"[{self.machine}] taking over host {host}", file=sys.stderr, flush=True)
 
-    async def _follow_leader(self, reader: asyncio.StreamReader, term: int) -> bool:
-        """Follow the leader of `term` until this host's part ends (True) or a newer leader is seen or
-        the connection drops (False: rejoin)."""
-        ended = await self._until_superseded(self._leader_lines(reader), term)
-        return bool(ended) or self._finished.is_set()
-
-    async def _until_superseded(self, reading: Coroutine[Any, Any, bool | None], term: int) -> bool | None:
-        """`reading` the leader of `term`'s lines, until it returns, this supervisor ends, or a leader
-        of a newer term is seen in the lease (None: then follow that one)."""
-        assert self.leadership is not None
-        lines = asyncio.create_task(reading)
-        finished = asyncio.create_task(self._finished.wait())
-        superseded = asyncio.create_task(self.leadership.superseded(term))
-        await asyncio.wait({lines, finished, superseded}, return_when=asyncio.FIRST_COMPLETED)
-        finished.cancel()
-        superseded.cancel()
-        if not lines.done():
-            lines.cancel()
-            return None
-        if not lines.cancelled() and lines.exception() is not None:
-            traceback.print_exception(lines.exception(), file=sys.stderr)
-            self._exit_code = 1
-            return True
-        return None if lines.cancelled() else lines.result()
-
-    async def _leader_lines(self, reader: asyncio.StreamReader) -> bool:
-        """The leader's commands, carried out in order; True: this host's part ended."""
-        while line := await _read_line(reader):
-            message = messages.command(line)
-            if message.term < self._term:
-                continue  # a leader of an older term: fenced
-            self._term = message.term
-            match message:
-                case messages.Start() as start:
-                    self._world, self._rank = list(start.world), start.rank
-                    await self.generation.start(start, self._world)
-                case messages.Stop() as stop:  # the fault is this host's when the leader named it so
-                    await self.generation.stop(stop, blamed=stop.host == self.host)
-                case messages.Journal() as journal:
-                    self.journal = journal  # the leader's newest: what a leader taking over carries on
-                case messages.ActivityRequest():
-                    snapshot = self.activity.snapshot(time.time()).to_message()
-                    await self._report({"type": "activity", "generation": self.generation.number, **snapshot})
-                case messages.Park() as park:
-                    self.generation.park(park)
-                case messages.Retire(reason=reason):
-                    await self._retire(reason)
-                    return True
-                case messages.Shutdown():
-                    self._exit_code = 0
-                    return True
-                case messages.Failed(reason=reason):
-                    self.accountant.interrupt(time.time())
-                    self._say(f"job failed: {reason}")
-                    self._exit_code = 1
-                    return True
-                case messages.Assign():
-                    pass  # only a spare waiting for a host is assigned one
+    async def _obey(self, command: messages.Command) -> bool:
+        """Carry out one of the leader's commands; True: this host's part in the job ended."""
+        match command:
+            case messages.Start() as start:
+                self._world, self._rank = list(start.world), start.rank
+                await self.generation.start(start, self._world)
+            case messages.Stop() as stop:  # the fault is this host's when the leader named it so
+                await self.generation.stop(stop, blamed=stop.host == self.host)
+            case messages.Journal() as journal:
+                self.journal = journal  # the leader's newest: what a leader taking over carries on
+            case messages.ActivityRequest():
+                snapshot = self.activity.snapshot(time.time()).to_message()
+                await self._report({"type": "activity", "generation": self.generation.number, **snapshot})
+            case messages.Park() as park:
+                self.generation.park(park)
+            case messages.Retire(reason=reason):
+                await self._retire(reason)
+                return True
+            case messages.Shutdown():
+                self._exit_code = 0
+                return True
+            case messages.Failed(reason=reason):
+                self.accountant.interrupt(time.time())
+                self._say(f"job failed: {reason}")
+                self._exit_code = 1
+                return True
+            case messages.Assign():
+                pass  # only a spare waiting for a host is assigned one
         return False
 
     async def _retire(self, reason: str) -> None:
@@ -495,11 +430,3 @@ class HostSupervisor:
         }
         (self._dir / "report.json").write_text(json.dumps(report, indent=1))
         self._events.close()
-
-
-async def _read_line(reader: asyncio.StreamReader) -> bytes:
-    """The next line from the leader; b"" when its connection ended."""
-    try:
-        return await reader.readline()
-    except ConnectionError:
-        return b""

@@ -1,0 +1,166 @@
+"""This host's membership of its job: joining the leader, following its commands, rejoining the next.
+
+A host's supervisor joins the leader the job's lease names (supervisor.leader_connection), registers
+(a spare offers itself and waits to be assigned a host), then reads the leader's commands in order,
+ignoring any of a term older than the newest it has seen (fencing, supervisor.leader.election), and
+hands each to the supervisor to carry out. When the leader is lost (its connection ends, or a leader
+of a newer term appears in the lease) it finds the next one and registers again, now as a rejoining
+member: with the newest journal it holds, the generation it is in and the furthest step it completed,
+and it repeats its `finished` report if its workload finished meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import traceback
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from slicekeeper.supervisor import leader_connection, messages
+from slicekeeper.supervisor.host.leadership import Leadership
+from slicekeeper.supervisor.leader.members import send
+
+from slicekeeper import protocol
+
+Obey = Callable[[messages.Command], Awaitable[bool]]
+"""Carries out one command; True: this host's part in the job ended."""
+
+
+class Membership:
+    def __init__(
+        self,
+        leadership: Leadership,
+        *,
+        wait: float,
+        unreachable_exit_code: int,
+        finished: asyncio.Event,
+        say: Callable[[str], None],
+    ) -> None:
+        self._leadership = leadership
+        self._wait = wait
+        """How long a leader is looked for (supervisor.leader_connection)."""
+        self._unreachable_exit_code = unreachable_exit_code
+        self._finished = finished
+        self._say = say
+        self.writer: asyncio.StreamWriter | None = None
+        """The connection to the current leader: reports go there."""
+        self.term = 0
+        """The newest leader term heard from: commands of older terms are ignored."""
+        self.finished_report: dict[str, Any] | None = None
+        """This host's `finished` report, said again to a leader taking over."""
+        self.exit_code: int | None = None
+        """Set when no leader could be reached, or reading the leader failed."""
+
+    async def report(self, message: dict[str, Any]) -> None:
+        """A report to the leader (a dict of messages.MemberReport's fields)."""
+        if message.get("type") == "finished":
+            self.finished_report = message
+        if self.writer is not None:
+            self.writer.write(protocol.encode(message))
+            with contextlib.suppress(ConnectionError):
+                await self.writer.drain()
+
+    async def run(
+        self,
+        register: Callable[[bool], messages.Register | messages.RegisterSpare],
+        *,
+        obey: Obey,
+        assigned: Callable[[messages.Assign], None],
+    ) -> None:
+        """Join and follow leaders until this host's part ends. `register(rejoining)`: the message
+        that joins a leader; a spare's (`RegisterSpare`) waits for `assign`."""
+        term, joined = 0, False
+        while not self._finished.is_set():
+            found = await self._reach(term)
+            if found is None:
+                return
+            reader, self.writer, term = found
+            joining = register(joined)
+            await send(self.writer, joining)
+            if isinstance(joining, messages.RegisterSpare):
+                outcome = await self._until_superseded(self._await_assignment(reader, assigned), term)
+                if outcome is False:
+                    return
+            else:
+                if joined and self.finished_report is not None:
+                    await self.report(self.finished_report)
+                outcome = True
+            if outcome:
+                joined = True
+                ended = await self._until_superseded(self._commands(reader, obey), term)
+                if ended or self._finished.is_set():
+                    return
+            self.writer.close()
+            if not self._finished.is_set():
+                self._say(f"lost the leader (term {term}); looking for the next one")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    async def _reach(self, term: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int] | None:
+        try:
+            return await leader_connection.reach_leader(self._leadership.current, term=term, wait=self._wait)
+        except leader_connection.LeaderUnreachable as unreachable:
+            self.exit_code = self._unreachable_exit_code
+            self._say(f"{unreachable}: exit {self.exit_code}")
+            return None
+
+    def _current(self, line: bytes) -> messages.Command | None:
+        """The command on `line`, unless a leader of an older term said it (fenced)."""
+        message = messages.command(line)
+        if message.term < self.term:
+            return None
+        self.term = message.term
+        return message
+
+    async def _await_assignment(
+        self, reader: asyncio.StreamReader, assigned: Callable[[messages.Assign], None]
+    ) -> bool | None:
+        """As a spare: True once assigned a host; False: the job ended without needing it; None: the
+        leader was lost (the spare offers itself to the next one)."""
+        while line := await _read_line(reader):
+            match self._current(line):
+                case messages.Assign() as assign:
+                    assigned(assign)
+                    return True
+                case messages.Shutdown() | messages.Failed():
+                    self.exit_code = 0  # the job ended without needing this spare
+                    return False
+        return None
+
+    async def _commands(self, reader: asyncio.StreamReader, obey: Obey) -> bool:
+        """The leader's commands, carried out in order; True: this host's part ended."""
+        while line := await _read_line(reader):
+            command = self._current(line)
+            if command is not None and await obey(command):
+                return True
+        return False
+
+    async def _until_superseded(self, reading: Coroutine[Any, Any, bool | None], term: int) -> bool | None:
+        """`reading` the leader of `term`, until it returns, this supervisor ends, or a leader of a
+        newer term is seen in the lease (None: then follow that one)."""
+        lines = asyncio.create_task(reading)
+        finished = asyncio.create_task(self._finished.wait())
+        superseded = asyncio.create_task(self._leadership.superseded(term))
+        await asyncio.wait({lines, finished, superseded}, return_when=asyncio.FIRST_COMPLETED)
+        finished.cancel()
+        superseded.cancel()
+        if not lines.done():
+            lines.cancel()
+            return None
+        if not lines.cancelled() and lines.exception() is not None:
+            traceback.print_exception(lines.exception(), file=sys.stderr)
+            self.exit_code = 1
+            return True
+        return None if lines.cancelled() else lines.result()
+
+
+async def _read_line(reader: asyncio.StreamReader) -> bytes:
+    """The next line from the leader; b"" when its connection ended."""
+    try:
+        return await reader.readline()
+    except ConnectionError:
+        return b""
