@@ -47,6 +47,7 @@ test: lint typecheck layers
 
 bench: install
 	$(BIN)/python benchmarks/recovery.py
+	$(BIN)/python benchmarks/handover.py
 	$(BIN)/python benchmarks/checkpoint.py
 	$(BIN)/python benchmarks/policy.py
 	$(BIN)/python benchmarks/layout.py

@@ -5,7 +5,8 @@ Two sources, both on the pods (the operator never talks to the supervisors):
 - the pods themselves: how many slices have every pod Running (`slicesReady`), how many times the
   operator replaced a host's pod (the `slicekeeper.dev/hot-swaps` annotation each replacement
   carries, summed into `restarts.replace`), whether every pod Succeeded;
-- the leader's view, which the supervisor of slice 0 worker 0 publishes on its own pod (annotation
+- the leader's view, which the leading supervisor (slice 0 worker 0's at the start, any host's after
+  a hand-over; the newest term's view counts) publishes on its own pod (annotation
   `slicekeeper.dev/status`, supervisor/own_pod.py): the training step, the slices taking part
   (`slicesActive`, fewer after a scale-down), in-job restarts by kind, the newest restorable
   checkpoint step, goodput, and whether the job is restarting or finished.
@@ -68,17 +69,20 @@ def with_condition(conditions: list[dict[str, Any]], new: dict[str, str]) -> lis
 
 
 def leader_view(job: TrainingJob, pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """What the leader's supervisor last published on its pod, or None (not yet, or unreadable)."""
-    leader = pod_name(str(job.metadata.name), 0, 0)
+    """What the job's leader last published on its pod, or None (not yet, or unreadable). Any host's
+    supervisor may lead (the job's Lease elects it): the view of the newest term wins, so a leader
+    replaced (and fenced) leaves a stale view behind that no longer counts."""
+    views = []
     for pod in pods:
-        if pod["metadata"]["name"] == leader:
-            text = (pod["metadata"].get("annotations") or {}).get(protocol.ANNOTATION_STATUS)
-            try:
-                view = json.loads(text) if text else None
-            except ValueError:
-                return None
-            return view if isinstance(view, dict) else None
-    return None
+        text = (pod["metadata"].get("annotations") or {}).get(protocol.ANNOTATION_STATUS)
+        try:
+            view = json.loads(text) if text else None
+        except ValueError:
+            continue
+        if isinstance(view, dict):
+            first = pod["metadata"]["name"] == pod_name(str(job.metadata.name), 0, 0)
+            views.append((int(view.get("term") or 0), first, view))
+    return max(views, key=lambda found: found[:2])[2] if views else None
 
 
 def _phase(pod: dict[str, Any]) -> str | None:

@@ -140,6 +140,11 @@ class Leadership:
             )
         self.elected(leader)
 
+    async def release(self) -> None:
+        """This supervisor is ending: if it leads, the lease goes to the next candidate at once."""
+        if self.leader is not None:
+            await self.election.release()
+
     async def _stand_down(self) -> None:
         leader, self.leader = self.leader, None
         assert leader is not None

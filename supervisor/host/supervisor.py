@@ -237,6 +237,7 @@ class HostSupervisor:
             self._stop_leading()
             campaign.cancel()
             if leader is not None:
+                await self.leadership.release()
                 await leader.close()
         return self._exit_code if self._exit_code is not None else 1
 

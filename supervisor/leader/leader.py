@@ -405,9 +405,10 @@ class Leader:
         return views.status_line(self.memory, self.status)
 
     def cluster_status(self) -> dict[str, Any]:
-        return views.cluster_status(
+        view = views.cluster_status(
             self.memory, self.world, self.restore_plan().step, self.capacity.awaiting()
         )
+        return {**view, "term": self.members.term}
 
     def summary(self) -> dict[str, Any]:
         fingerprints = {h: f.fingerprint for h, f in self.generations.finished.items()}

@@ -97,9 +97,14 @@ class Takeover:
     # --- carrying on --------------------------------------------------------------------------
     async def carry_on_and_recover(self) -> None:
         best = self.newest()
-        if best is not None:
-            self._carry_on(best.journal)
-            self._journal_writer.seq = best.seq
+        if best is None:
+            # Nobody holds a journal: the lease outlived a job that is starting anew (e.g. resumed
+            # after a suspension, its pods all gone). Nothing to carry on: a first start.
+            for message, writer in self.backlog:
+                await self._handle(message, writer)
+            return
+        self._carry_on(best.journal)
+        self._journal_writer.seq = best.seq
         await self._note_change()
         joins = (messages.Register, messages.RegisterSpare)
         for join, member in [(m, w) for m, w in self.backlog if isinstance(m, joins)]:

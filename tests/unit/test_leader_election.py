@@ -118,3 +118,17 @@ def test_every_command_carries_the_term_and_a_fenced_leader_sends_nothing(leadin
         assert [messages.command(line).term for line in sent] == [3, 3, 3]
     else:
         assert sent == []  # the negative control of the fence: nothing at all leaves
+
+
+def test_a_released_lease_is_taken_at_once_by_the_next_candidate(tmp_path):
+    async def scenario() -> None:
+        first, second = candidate(tmp_path, "host-0", 0), candidate(tmp_path, "host-1", 1)
+        assert await first.step()
+        assert not await second.step()  # held
+        await first.release()  # its process is ending
+        assert not first.leading()
+        assert await second.step()  # no need to wait out the duration
+        lease = read_lease_file(tmp_path / LEASE_FILE)
+        assert lease is not None and lease.holder is not None and lease.holder.machine == "host-1"
+
+    asyncio.run(scenario())
