@@ -36,6 +36,11 @@ class FaultKind(StrEnum):
     from step S on, for as long as that machine serves, across in-job restarts. Slowness belongs to
     the machine, not the host index: a spare that later takes over host H runs at normal speed (the
     fault has fired; a host replaced before it reached step S hands the unfired fault on, as usual)."""
+    CRASH_SUPERVISOR = "crash-supervisor"
+    """The host's supervisor process dies (SIGKILL), its workload with it; the machine is intact, so
+    its disk keeps the local tier and the peer replicas it held. Locally the runtime restarts the
+    supervisor on the same machine, as a kubelet restarts a container; when the host led the job, a
+    leader is elected again meanwhile."""
     SPARE = "spare"
     """`spare:+N@step=S`: N new spare machines join the job when the job reaches step S (capacity
     returned, e.g. after an elastic scale-down). Aims at no host."""
@@ -45,7 +50,7 @@ class FaultKind(StrEnum):
         """Whether the fault stops the workload by itself, so that a detection can be attributed to
         it: corrupt waits for the next restore, slow only slows (the straggler detector's business,
         not the hang detector's), spare adds capacity."""
-        return self in {FaultKind.KILL, FaultKind.HANG, FaultKind.LOSE}
+        return self in {FaultKind.KILL, FaultKind.HANG, FaultKind.LOSE, FaultKind.CRASH_SUPERVISOR}
 
 
 _BARE = "value"
@@ -66,6 +71,7 @@ RULES: dict[FaultKind, KindRules] = {
     FaultKind.LOSE: KindRules(frozenset({"host"})),
     FaultKind.CORRUPT: KindRules(frozenset({"host"})),
     FaultKind.SLOW: KindRules(frozenset({"host", "factor"})),
+    FaultKind.CRASH_SUPERVISOR: KindRules(frozenset({"host"})),
     FaultKind.SPARE: KindRules(frozenset({_BARE})),
 }
 

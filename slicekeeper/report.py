@@ -4,7 +4,8 @@ Built from what each host's supervisor accounted and what the leader recorded. J
 are the mean over hosts, so `goodput + sum(badput_seconds) / wall_seconds == 1`; time a host did
 not account for (the runtime starting and stopping supervisors) counts as `other`. After a hot-swap
 a host identity was served by two machines (the lost one, then the spare): their accounts are added
-up. A spare that was never needed is not a host of the job and does not count. Reads from the
+up, and so are the accounts of a supervisor that crashed and of the one started again after it. A
+spare that was never needed is not a host of the job and does not count. Reads from the
 persistent tier are the tier's own counts, from every machine's supervisor, not the restores' labels.
 """
 
@@ -29,8 +30,13 @@ def merge_machines(machines: list[dict[str, Any]]) -> list[dict[str, Any]]:
             by_host.setdefault(int(report["host"]), []).append(report)
     merged = []
     for host in sorted(by_host):
-        # the machines that left (lost or replaced while alive) first, the one serving at the end last
-        parts = sorted(by_host[host], key=lambda r: bool(r.get("lost") or r.get("retired")), reverse=True)
+        # the machines that left (lost or replaced while alive) and supervisors that crashed first,
+        # the one serving at the end last
+        parts = sorted(
+            by_host[host],
+            key=lambda r: bool(r.get("lost") or r.get("retired") or r.get("crashed")),
+            reverse=True,
+        )
         last = parts[-1]
         merged.append(
             {

@@ -41,11 +41,20 @@ def main(argv: list[str] | None = None) -> int:
     role.add_argument("--host", type=int, help="this host's index (JAX process id)")
     role.add_argument("--spare", type=int, help="this spare's index: it waits to take over a lost host")
     parser.add_argument("--joined-by", help="the chaos fault that brought this spare in (spare:+N@step=S)")
+    parser.add_argument(
+        "--restart",
+        type=int,
+        default=0,
+        help="how many supervisors ran on this machine before this one (0: its first start)",
+    )
     args = parser.parse_args(argv)
     plan = JobPlan.read(args.plan)
     if args.host is not None:
-        return asyncio.run(HostSupervisor(plan, f"host-{args.host}", args.host).run())
-    return asyncio.run(HostSupervisor(plan, f"spare-{args.spare}", None, joined_by=args.joined_by).run())
+        machine, host = f"host-{args.host}", args.host
+    else:
+        machine, host = f"spare-{args.spare}", None
+    supervisor = HostSupervisor(plan, machine, host, joined_by=args.joined_by, restart=args.restart)
+    return asyncio.run(supervisor.run())
 
 
 sys.exit(main())

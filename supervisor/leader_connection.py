@@ -72,8 +72,8 @@ async def reach_leader(
     give_up = now() + wait
     tried = "the job's lease names no leader"
     lease = await leases(newer_than=term - 1, timeout=wait)
-    while lease is not None and lease.holder is not None:
-        holder = lease.holder
+    while lease is not None and lease.leader is not None:
+        holder = lease.leader
         host, port = holder.address.rsplit(":", 1)
         with contextlib.suppress(OSError, TimeoutError):
             reader, writer = await asyncio.wait_for(open_connection(host, int(port)), ATTEMPT_SECONDS)

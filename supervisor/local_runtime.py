@@ -2,8 +2,10 @@
 
 The local runtime plays the operator's part with processes: it lays the job out (topology.local_layout),
 starts one supervisor per host (each runs one workload process), watches the leader's status to
-show live progress, and at the end gathers every host's accounting into the report. Ctrl-C stops
-every process it started: supervisors get SIGTERM, then SIGKILL; workloads die with them.
+show live progress, and at the end gathers every host's accounting into the report. A supervisor
+killed by a signal while the job runs is started again on its machine, as a kubelet restarts a
+container. Ctrl-C stops every process it started: supervisors get SIGTERM, then SIGKILL; workloads
+die with them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ DEFAULT_CACHE = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slicekeeper" / "jax-compilation-cache"
 )
 STOP_GRACE_SECONDS = 5.0
+MACHINE_RESTARTS = 3
+"""How often one machine's supervisor is started again after dying of a signal, at most."""
 
 
 def _check_writable(path: Path, what: str) -> None:
@@ -96,7 +100,11 @@ class LocalRuntime:
         self._machines: list[str] = []
         self._capacity = [f for f in self.faults if f.kind is FaultKind.SPARE]
         """Chaos `spare:+N@step=S`: spare machines that join when the job reaches step S."""
+        self._spares: list[asyncio.Task[int]] = []
+        """The spare machines' supervisors (kept running like the hosts')."""
         self._interrupted = False
+        self._stopping = False
+        """The run is over: supervisors ending now are not started again."""
         self._printed_ports = False
 
     def _say(self, text: str) -> None:
@@ -137,21 +145,24 @@ class LocalRuntime:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._interrupt)
         try:
-            for machine in plan.machines:
-                await self._launch(plan, plan_path, machine)
+            hosts = [self._keep(plan, plan_path, machine) for machine in plan.machines[: plan.hosts]]
+            for machine in plan.machines[plan.hosts :]:
+                self._spares.append(self._keep(plan, plan_path, machine))
             watcher = asyncio.create_task(self._watch(plan, plan_path))
-            hosts = self._supervisors[: plan.hosts]
-            codes = list(await asyncio.gather(*(p.wait() for p in hosts)))
+            codes = list(await asyncio.gather(*hosts))
             # The job is over once every host's supervisor ended. Spares end when the leader says so;
             # one that joined too late to hear it is stopped below (_stop_all), after a short grace.
-            spares = [p.wait() for p in self._supervisors[plan.hosts :] if p.returncode is None]
+            spares = [keeper for keeper in self._spares if not keeper.done()]
             if spares:
-                await asyncio.wait([asyncio.ensure_future(w) for w in spares], timeout=STOP_GRACE_SECONDS)
+                await asyncio.wait(spares, timeout=STOP_GRACE_SECONDS)
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
         finally:
+            self._stopping = True
             await self._stop_all()
+            for keeper in self._spares:
+                keeper.cancel()
             shutil.rmtree(self.checkpoint_root, ignore_errors=True)
         wall = time.time() - started
         report = self._gather(plan, started, wall)
@@ -178,8 +189,8 @@ class LocalRuntime:
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"state": "failed"}
         hosts = []
         for machine in self._machines:
-            path = plan.machine_dir(machine) / "report.json"
-            if path.exists():
+            # report.json, and the reports of supervisors that ran on the machine before it
+            for path in sorted(plan.machine_dir(machine).glob("report*.json")):
                 hosts.append(json.loads(path.read_text()))
         report = build_report(
             job_name=self.job.metadata.name,
@@ -191,14 +202,42 @@ class LocalRuntime:
         report["run_dir"] = str(self.run_dir)
         return report
 
-    async def _launch(
+    def _keep(
         self, plan: JobPlan, plan_path: Path, machine: str, joined_by: str | None = None
-    ) -> None:
+    ) -> asyncio.Task[int]:
+        """Run one machine's supervisor until it ends; its exit code."""
+        self._machines.append(machine)
+        return asyncio.create_task(self._keep_running(plan, plan_path, machine, joined_by))
+
+    async def _keep_running(self, plan: JobPlan, plan_path: Path, machine: str, joined_by: str | None) -> int:
+        """A supervisor killed by a signal is started again on its machine, as a kubelet restarts a
+        container (its disk intact), at most MACHINE_RESTARTS times; one that exited (done, failed,
+        its machine lost) is not."""
+        restart = 0
+        while True:
+            process = await self._launch(plan, plan_path, machine, joined_by, restart)
+            code = await process.wait()
+            if self._stopping or self._interrupted or code >= 0 or -code in (signal.SIGTERM, signal.SIGINT):
+                return code
+            if restart >= MACHINE_RESTARTS:
+                died = signal.Signals(-code).name
+                self._say(f"  {machine}: its supervisor died again ({died}); not started again")
+                return code
+            restart += 1
+            self._say(
+                f"  [{time.strftime('%H:%M:%S')}] {machine}: its supervisor died "
+                f"({signal.Signals(-code).name}); starting it again on the same machine"
+            )
+
+    async def _launch(
+        self, plan: JobPlan, plan_path: Path, machine: str, joined_by: str | None, restart: int
+    ) -> asyncio.subprocess.Process:
         """Start one machine's supervisor, in its own process group, logging to its machine folder."""
         machine_dir = plan.machine_dir(machine)
         machine_dir.mkdir(parents=True, exist_ok=True)
         role, index = machine.rsplit("-", 1)
         extra = ["--joined-by", joined_by] if joined_by else []
+        extra += ["--restart", str(restart)] if restart else []
         with (machine_dir / "supervisor.log").open("ab") as log:
             self._supervisors.append(
                 await asyncio.create_subprocess_exec(
@@ -217,7 +256,7 @@ class LocalRuntime:
                     preexec_fn=die_with_parent,
                 )
             )
-        self._machines.append(machine)
+        return self._supervisors[-1]
 
     async def _capacity_returns(self, plan: JobPlan, plan_path: Path, step: int) -> None:
         """Chaos `spare:+N@step=S`: the job reached step S, N new spare machines join it."""
@@ -226,7 +265,7 @@ class LocalRuntime:
             for _ in range(fault.count):
                 spare = f"spare-{sum(1 for m in self._machines if m.startswith('spare-'))}"
                 self._say(f"  [{time.strftime('%H:%M:%S')}] chaos: {fault}: {spare} joins")
-                await self._launch(plan, plan_path, spare, joined_by=str(fault))
+                self._spares.append(self._keep(plan, plan_path, spare, joined_by=str(fault)))
 
     def _interrupt(self) -> None:
         if not self._interrupted:
@@ -278,8 +317,8 @@ class LocalRuntime:
                     return
                 await asyncio.sleep(0.2)
                 lease = await asyncio.to_thread(read_lease_file, lease_file)
-                if lease is not None and lease.holder is not None:
-                    address = lease.holder.address
+                if lease is not None and lease.leader is not None:
+                    address = lease.leader.address
                 continue
             writer.write(messages.Watch().encode())
             await self._show(plan, plan_path, reader)

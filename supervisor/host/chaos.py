@@ -3,9 +3,12 @@
 `slicekeeper run --chaos kill:host=1@step=30,...` (slicekeeper/chaos.py parses the specs) has every
 supervisor fire the faults aimed at its own host when its workload begins the named step, each
 exactly once: kill (SIGKILL), hang (SIGSTOP), slow (the SDK slows this machine's own work),
-corrupt (bytes flipped in the newest local checkpoint) and lose (the whole machine gone, processes
-and disk). A spare taking over a host takes over that host's faults not fired yet. Job-wide faults
-(`spare`) are the local runtime's.
+corrupt (bytes flipped in the newest local checkpoint), lose (the whole machine gone, processes
+and disk) and crash-supervisor (this supervisor process gone, its machine intact: the local runtime
+starts it again). A spare taking over a host takes over that host's faults not fired yet. Each fault
+is noted in the machine's record before it is inflicted (supervisor.host.machine_record), so a
+supervisor started again on the same machine never fires it twice. Job-wide faults (`spare`) are the
+local runtime's.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
 from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers, Log
+from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.host.workload import Spawn
 from slicekeeper.supervisor.workload_process import WorkloadProcess
 
@@ -26,7 +30,9 @@ from slicekeeper.chaos import Fault, FaultKind, parse_chaos
 from slicekeeper.goodput import GoodputAccountant
 
 LOST_EXIT_CODE = 137
-"""How a supervisor whose machine a `lose` fault took ends (as if SIGKILLed)."""
+"""How a supervisor whose machine a `lose` fault took ends (as if SIGKILLed). A `crash-supervisor`
+fault SIGKILLs the supervisor for real: the local runtime starts again a supervisor killed by a
+signal, never one that exited (supervisor.local_runtime)."""
 
 ReportTask = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]
 """Sends a message to the leader (a coroutine, so that it can run as a task of its own)."""
@@ -51,10 +57,11 @@ class Chaos:
         host: int | None,
         *,
         machine: str,
+        record: MachineRecord,
         tiers: CheckpointTiers,
         accountant: Callable[[], GoodputAccountant],
         kill_workload: Callable[[], None],
-        write_report: Callable[[], None],
+        write_report: Callable[[str], None],
         log: Log,
         report: ReportTask,
         spawn: Spawn,
@@ -62,9 +69,11 @@ class Chaos:
     ) -> None:
         """`specs`: the job's faults (plan.chaos); `host` None: a spare, aimed at by none yet;
         `accountant`: the current one; `kill_workload`: SIGKILLs the workload and its standby;
-        `write_report`: this host's report, as a lost machine's."""
+        `write_report(end)`: this host's report, as a "lost" machine's or a "crashed" supervisor's;
+        `record`: the machine's own record of the faults it fired."""
         self._specs = specs
         self._machine = machine
+        self._record = record
         self._tiers = tiers
         self._accountant = accountant
         self._kill_workload = kill_workload
@@ -74,14 +83,14 @@ class Chaos:
         self._spawn = spawn
         self._leading = leading
         """Whether this supervisor leads the job now."""
-        self.faults = faults_of(specs, host, fired=set())
-        self.slow: float | None = None
+        self.faults = faults_of(specs, host, fired=set(record.fired))
+        self.slow: float | None = record.slow
         """Chaos `slow`: this machine's work factor once fired (a machine property: a spare taking
         over is not slow)."""
 
     def aim_at(self, host: int, fired: set[str]) -> None:
         """This machine takes over `host`: its faults not `fired` yet are now this machine's."""
-        self.faults = faults_of(self._specs, host, fired)
+        self.faults = faults_of(self._specs, host, fired | set(self._record.fired))
 
     def slow_spec(self) -> str:
         """Chaos `slow` for the workload (protocol.ENV_CHAOS_SLOW): `F@S` before it fired, `F@0`
@@ -95,6 +104,7 @@ class Chaos:
         """Fire the chaos faults aimed at this host and this step (each exactly once)."""
         for fault in [f for f in self.faults if f.step == step]:
             self.faults.remove(fault)
+            self._record.fire(str(fault), slow=fault.factor if fault.kind is FaultKind.SLOW else None)
             assert workload is not None
             chaos: dict[str, Any] = {
                 "type": "chaos",
@@ -121,21 +131,38 @@ class Chaos:
             elif fault.kind is FaultKind.LOSE:
                 self._spawn(self._lose_machine(chaos))
                 continue
+            elif fault.kind is FaultKind.CRASH_SUPERVISOR:
+                self._spawn(self._crash_supervisor(chaos))
+                continue
             self._log({"source": "chaos", **chaos})
             self._spawn(self._report(chaos))
 
-    async def _lose_machine(self, chaos: dict[str, Any]) -> NoReturn:
-        """Chaos `lose`: this machine is gone for good, processes and disk; the leader sees it vanish."""
+    async def _said(self, chaos: dict[str, Any]) -> None:
+        """The fault logged and reported before this supervisor goes."""
         self._log({"source": "chaos", **chaos})
         await self._report(chaos)
         if self._leading():
             # A simulation's courtesy: the leader in this very process journals the fault on the
-            # members before the machine vanishes, so that it fires once, whoever leads next (the
+            # members before it goes, so that the job's memory has it whoever leads next (the
             # workload lives on meanwhile: killed now, its exit would be reported as a crash).
             await asyncio.sleep(JOURNAL_GRACE_SECONDS)
+
+    async def _crash_supervisor(self, chaos: dict[str, Any]) -> NoReturn:
+        """Chaos `crash-supervisor`: this process dies at once; its workload dies with it (they are
+        bound to it, supervisor.workload_process), its disk stays."""
+        await self._said(chaos)
+        self._accountant().interrupt(time.time())
+        self._write_report("crashed")  # a simulation's courtesy: the time it accounted still counts
+        print(f"[{self._machine}] supervisor crashed (chaos {chaos['fault']})", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable: SIGKILL cannot be caught")
+
+    async def _lose_machine(self, chaos: dict[str, Any]) -> NoReturn:
+        """Chaos `lose`: this machine is gone for good, processes and disk; the leader sees it vanish."""
+        await self._said(chaos)
         self._kill_workload()
         self._tiers.wipe()
         self._accountant().interrupt(time.time())
-        self._write_report()  # a simulation's courtesy: the time this host trained still counts
+        self._write_report("lost")  # a simulation's courtesy: the time this host trained still counts
         print(f"[{self._machine}] lost (chaos {chaos['fault']})", file=sys.stderr, flush=True)
         os._exit(LOST_EXIT_CODE)

@@ -36,6 +36,7 @@ class Leadership:
         *,
         candidate: bool,
         first: bool,
+        successor: bool = False,
         new_leader: NewLeader,
         journal: Callable[[], messages.Journal | None],
         bind: str,
@@ -47,6 +48,9 @@ class Leadership:
         """A host's supervisor may lead; a spare only watches."""
         self.first = first
         """The job's first leader: takes the lease at once (the others wait for it to exist)."""
+        self.successor = successor
+        """This supervisor was started again on its machine: a lease its dead predecessor still
+        holds is released at once instead of waiting out its duration."""
         self._new_leader = new_leader
         self._journal = journal
         self._bind = bind
@@ -65,7 +69,7 @@ class Leadership:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             lease = self.lease
-            if lease is not None and lease.holder is not None and lease.term > newer_than:
+            if lease is not None and lease.leader is not None and lease.term > newer_than:
                 return lease
             self._changed.clear()
             left = None if deadline is None else deadline - time.monotonic()
@@ -89,6 +93,8 @@ class Leadership:
             # for new pods (supervisor/leader_connection.py).
             while await self._read() is None:
                 await asyncio.sleep(WATCH_SECONDS)
+        if self.successor:
+            await self._release_predecessor()
         while True:
             if self.candidate:
                 await self._campaign()
@@ -96,6 +102,15 @@ class Leadership:
             else:
                 await self._read()  # a spare: offered to a new leader before it decides what to do
                 await asyncio.sleep(WATCH_SECONDS)
+
+    async def _release_predecessor(self) -> None:
+        try:
+            released = await self.election.release_predecessor(self.own)
+        except Exception as error:  # the lease expires anyway
+            self._say(f"cannot release the lease of this machine's previous supervisor: {error!r}")
+            return
+        if released is not None:
+            self._say(f"released the lease (term {released.term}) of this machine's previous supervisor")
 
     async def _read(self) -> Lease | None:
         try:
@@ -107,14 +122,13 @@ class Leadership:
         return lease
 
     async def _campaign(self) -> None:
-        before = self.election.observed()
         try:
             held = await self.election.step()
         except Exception as error:
             self._say(f"cannot take or renew the job's lease: {error!r}")
             held = False
         if held and self.leader is None:
-            await self._lead(before)
+            await self._lead(self.election.taken_from)
         elif self.leader is not None and not self.election.leading():
             await self._stand_down()
         self._seen(self.election.observed())
@@ -122,7 +136,7 @@ class Leadership:
     def _seen(self, lease: Lease | None) -> None:
         if lease is None:
             return
-        if self.lease is None or (lease.holder, lease.term) != (self.lease.holder, self.lease.term):
+        if self.lease is None or (lease.leader, lease.term) != (self.lease.leader, self.lease.term):
             self.lease = lease
             self._changed.set()
 
@@ -133,11 +147,12 @@ class Leadership:
         await leader.serve(self._bind, int(port))
         self.leader = leader
         previous = before.holder if before is not None else None
-        if previous is not None and previous != self.own:
-            self._say(f"elected leader (term {term}) in place of {previous.machine} (host {previous.host})")
-            leader.take_over(
-                previous, self.own, self._journal(), before.renewed_at if before else time.time()
-            )
+        if previous != self.own and (previous is not None or term > 1):
+            # Someone led before (a record unreadable as a holder still counted a term): take over.
+            whom = f"{previous.machine} (host {previous.host})" if previous else "an unknown holder"
+            self._say(f"elected leader (term {term}) in place of {whom}")
+            lost_at = before.renewed_at if before else time.time()
+            leader.take_over(previous, self.own, self._journal(), lost_at)
         self.elected(leader)
 
     async def release(self) -> None:

@@ -57,7 +57,7 @@ class Membership:
         """A report to the leader (a dict of messages.MemberReport's fields)."""
         if message.get("type") == "finished":
             self.finished_report = message
-        if self.writer is not None:
+        if self.writer is not None and not self.writer.is_closing():  # between leaders: said again later
             self.writer.write(protocol.encode(message))
             with contextlib.suppress(ConnectionError):
                 await self.writer.drain()

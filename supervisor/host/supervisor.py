@@ -34,6 +34,7 @@ from slicekeeper.supervisor.host import site
 from slicekeeper.supervisor.host.chaos import Chaos
 from slicekeeper.supervisor.host.generation import Generation
 from slicekeeper.supervisor.host.leadership import Leadership
+from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.host.membership import Membership
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
 from slicekeeper.supervisor.host.workload import Workloads, own_cores, workload_argv, workload_env
@@ -60,13 +61,39 @@ async def send_line(writer: asyncio.StreamWriter, message: dict[str, Any]) -> No
         await writer.drain()
 
 
+REPORT_FILE = "report.json"
+
+
 class HostSupervisor:
-    def __init__(self, plan: JobPlan, machine: str, host: int | None, joined_by: str | None = None) -> None:
+    def __init__(
+        self,
+        plan: JobPlan,
+        machine: str,
+        host: int | None,
+        joined_by: str | None = None,
+        *,
+        restart: int = 0,
+    ) -> None:
         """`host` None: a spare, which takes a host's identity when the leader assigns one
-        (`joined_by`: the chaos fault that brought it in, for the report)."""
+        (`joined_by`: the chaos fault that brought it in, for the report). `restart`: how many
+        supervisors ran on this machine before this one (their process died, the machine did not):
+        this one serves the host its machine's record names (supervisor.host.machine_record)."""
         self.plan = plan
         self.joined_by = joined_by
         self.machine = machine
+        self.restart = restart
+        self._dir = plan.machine_dir(machine)
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self.record = MachineRecord.of(self._dir)
+        if restart and self.record.host is not None:
+            host = self.record.host
+        if host is not None and self.record.host != host:
+            self.record.serve(host)
+        if restart:
+            # The supervisor before this one ended with a report of its own: kept, for the run's account.
+            previous = self._dir / REPORT_FILE
+            if previous.exists():
+                previous.replace(self._dir / f"report.before-restart-{restart}.json")
         self.host = host if host is not None else -1
         self.job = plan.training_job
         self.layout = plan.layout
@@ -100,8 +127,6 @@ class HostSupervisor:
         self._world: list[int] = list(range(plan.hosts))
         self._rank = max(self.host, 0)
         self._retired = False
-        self._dir = plan.machine_dir(machine)
-        self._dir.mkdir(parents=True, exist_ok=True)
         self._socket_path = self._dir / "sdk.sock"
         self._tasks: set[asyncio.Task[None]] = set()
         self._events = (self._dir / "events.jsonl").open("a", buffering=1)
@@ -110,10 +135,11 @@ class HostSupervisor:
             plan.chaos,
             host,
             machine=machine,
+            record=self.record,
             tiers=self.tiers,
             accountant=lambda: self.accountant,
             kill_workload=lambda: self.workloads.kill(),
-            write_report=lambda: self._write_report(lost=True),
+            write_report=lambda end: self._write_report(end),
             log=self._log,
             report=self._report,
             spawn=self._spawn_task,
@@ -253,6 +279,7 @@ class HostSupervisor:
             own,
             candidate=self.host >= 0,
             first=self.host == 0 and self.joined_by is None,
+            successor=self.restart > 0,
             new_leader=self._new_leader,
             journal=lambda: self.journal,
             bind=bind,
@@ -342,7 +369,7 @@ class HostSupervisor:
         if self.host < 0:
             return messages.RegisterSpare(spare=site.spare_index(self.machine), chaos=self.joined_by, **hello)
         if not rejoining:
-            return messages.Register(host=self.host, **hello)
+            return messages.Register(host=self.host, **hello, restarted=self.restart > 0)
         return messages.Register(
             host=self.host,
             **hello,
@@ -356,6 +383,7 @@ class HostSupervisor:
         self.host = host
         self.identity = self.layout.host(host)
         self.tiers.host = host
+        self.record.serve(host)
         self.chaos.aim_at(host, fired)
         self.accountant = GoodputAccountant(time.time())
         self.accountant.switch(Category.INFRASTRUCTURE_RECOVERY, time.time())
@@ -406,12 +434,14 @@ class HostSupervisor:
         print(f"[{self.machine}] retired: {reason}", file=sys.stderr, flush=True)
 
     # --- the end ------------------------------------------------------------------------------
-    def _write_report(self, lost: bool = False) -> None:
+    def _write_report(self, end: str | None = None) -> None:
+        """This supervisor's account; `end`: "lost" (its machine gone) or "crashed" (this process)."""
         now = time.time()
         seconds = self.accountant.seconds(now)
         report = {
             "machine": self.machine,
-            "lost": lost,
+            "lost": end == "lost",
+            "crashed": end == "crashed",
             "retired": self._retired,
             "host": self.host if self.host >= 0 else None,
             "slice": self.identity.slice,
@@ -429,5 +459,5 @@ class HostSupervisor:
             "exit_code": self._exit_code,
             "persistent_reads": asdict(self.tiers.persistent.reads) if self.tiers.persistent else None,
         }
-        (self._dir / "report.json").write_text(json.dumps(report, indent=1))
+        (self._dir / REPORT_FILE).write_text(json.dumps(report, indent=1))
         self._events.close()

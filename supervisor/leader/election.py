@@ -14,6 +14,11 @@ the lease's transitions: that count is the term, the fencing token. A leader sta
 every command and a member ignores a command from a term older than the newest it has seen; a
 leader also stops acting the moment it cannot be sure it still holds the lease (`Election.leading`:
 its last renewal is older than `renew_deadline`, e.g. after a pause), before any I/O tells it so.
+
+A lease is given up by writing its holder back marked released (`RELEASED`): a leader whose process
+ends releases its own, and a supervisor started again on the same machine releases the one its dead
+predecessor held (`release_predecessor`). As in client-go, a released lease is free at once, and the
+record still says who held it last, so the next leader knows whose host to treat as lost.
 """
 
 from __future__ import annotations
@@ -81,13 +86,30 @@ class Holder:
         return None
 
 
+RELEASED = "released:"
+"""Prefixed to the identity of a lease's last holder when the lease was given up."""
+
+
 @dataclass(frozen=True)
 class Lease:
-    """One reading of the lease: its holder (None: no valid holder), the term, when it was renewed."""
+    """One reading of the lease: its holder (None: no valid holder), the term, when it was renewed;
+    `released`: the holder gave it up (nobody leads; the next candidate takes it at once)."""
 
     holder: Holder | None
     term: int
     renewed_at: float
+    released: bool = False
+
+    @property
+    def leader(self) -> Holder | None:
+        """Who leads according to this reading: its holder, unless it released the lease."""
+        return None if self.released else self.holder
+
+    @classmethod
+    def of(cls, identity: str | None, term: int, renewed_at: float) -> Lease:
+        identity = identity or ""
+        released = identity.startswith(RELEASED)
+        return cls(Holder.parse(identity.removeprefix(RELEASED)), term, renewed_at, released)
 
 
 class FileLeaseLock:
@@ -202,6 +224,9 @@ class Election:
         """Monotonic time of this candidate's last successful take or renewal."""
         self.term = 0
         """The term of this candidate's lease while it holds it."""
+        self.taken_from: Lease | None = None
+        """The lease as this candidate last saw it before its latest take or renewal (its holder: the
+        leader this one replaces, when it just took the lease)."""
 
     @property
     def identity(self) -> str:
@@ -210,10 +235,30 @@ class Election:
     async def step(self) -> bool:
         """True: this candidate holds the lease now (taken or renewed)."""
         started = time.monotonic()
-        held = await asyncio.to_thread(self._election.try_acquire_or_renew)
+        held = await asyncio.to_thread(self._take_or_renew)
         if held:
             self.renewed_at, self.term = started, self.lock.transitions + 1
         return bool(held)
+
+    def _take_or_renew(self) -> bool:
+        election = self._election
+        prior = election.observed_record, election.observed_time_milliseconds
+        held = bool(election.try_acquire_or_renew())
+        observed = election.observed_record
+        if not held and observed is not None and (observed.holder_identity or "").startswith(RELEASED):
+            # client-go takes a lease nobody holds at once; this library would wait out its duration.
+            prior = observed, election.observed_time_milliseconds
+            election.observed_time_milliseconds = 0
+            held = bool(election.try_acquire_or_renew())
+        if held:
+            record, observed_ms = prior
+            self.taken_from = None
+            if record is not None:
+                # A released lease says when its holder last led; otherwise: when it was seen unrenewed.
+                identity = record.holder_identity or ""
+                last = _record_time(record.renew_time) if identity.startswith(RELEASED) else None
+                self.taken_from = Lease.of(identity, self.lock.transitions, last or observed_ms / 1000)
+        return held
 
     async def release(self) -> None:
         """Give the lease up (this leader's process is ending): the next candidate takes it at once
@@ -221,10 +266,31 @@ class Election:
         if not self.leading():
             return
         self.renewed_at = None
-        now = str(datetime.datetime.now())
-        released = LeaderElectionRecord(None, "1", now, now)
         with contextlib.suppress(Exception):  # best effort: the lease expires anyway
-            await asyncio.to_thread(self.lock.update, self.lock.name, self.lock.namespace, released)
+            await asyncio.to_thread(self._write_released, self.identity)
+
+    async def release_predecessor(self, own: Holder) -> Lease | None:
+        """This supervisor was started again on its machine: if the lease's holder is its predecessor
+        (the same machine and host, another incarnation), that process is dead; release its lease.
+        Returns the lease released (None: the lease names someone else, or changed meanwhile)."""
+        found, record = await asyncio.to_thread(self.lock.get, self.lock.name, self.lock.namespace)
+        if not found:
+            return None
+        lease = Lease.of(record.holder_identity, self.lock.transitions + 1, time.time())
+        holder = lease.leader
+        if holder is None or (holder.machine, holder.host) != (own.machine, own.host):
+            return None
+        if holder.incarnation == own.incarnation:
+            return None
+        # The record keeps the predecessor's last renewal: the job was leaderless from then on.
+        written = await asyncio.to_thread(self._write_released, holder.identity(), record.renew_time)
+        return lease if written else None
+
+    def _write_released(self, identity: str, renewed: str | None = None) -> bool:
+        """The lease's holder `identity` marked released (a compare-and-swap on the last read)."""
+        now = str(datetime.datetime.now())
+        released = LeaderElectionRecord(RELEASED + identity, "1", now, renewed or now)
+        return bool(self.lock.update(self.lock.name, self.lock.namespace, released))
 
     def leading(self, now: Callable[[], float] = time.monotonic) -> bool:
         """Sure to hold the lease still: renewed within the renew deadline (checked before acting)."""
@@ -235,16 +301,23 @@ class Election:
         record = self._election.observed_record
         if record is None:
             return None
-        holder = Holder.parse(record.holder_identity or "")
-        return Lease(holder, self.lock.transitions + 1, self._election.observed_time_milliseconds / 1000)
+        observed_at = self._election.observed_time_milliseconds / 1000
+        return Lease.of(record.holder_identity, self.lock.transitions + 1, observed_at)
 
     async def read(self) -> Lease | None:
         """Read the lease without taking it (a member finding its leader, a watcher)."""
         found, record = await asyncio.to_thread(self.lock.get, self.lock.name, self.lock.namespace)
         if not found:
             return None
-        holder = Holder.parse(record.holder_identity or "")
-        return Lease(holder, self.lock.transitions + 1, time.time())
+        return Lease.of(record.holder_identity, self.lock.transitions + 1, time.time())
+
+
+def _record_time(text: Any) -> float | None:
+    """A lease record's time (the library writes local, naive `str(datetime)`), as Unix seconds."""
+    try:
+        return datetime.datetime.fromisoformat(str(text)).timestamp()
+    except ValueError:
+        return None
 
 
 LEASE_FILE = "leader-lease.json"
@@ -261,7 +334,7 @@ def read_lease_file(path: Path) -> Lease | None:
     found, record = lock.get(lock.name, lock.namespace)
     if not found:
         return None
-    return Lease(Holder.parse(record.holder_identity or ""), lock.transitions + 1, time.time())
+    return Lease.of(record.holder_identity, lock.transitions + 1, time.time())
 
 
 def cluster_election(lease_name: str, namespace: str, holder: Holder) -> Election:

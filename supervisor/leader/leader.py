@@ -285,6 +285,9 @@ class Leader:
         if report.generation is not None and self.memory.state in (JobState.RUNNING, JobState.STOPPING):
             await self._rejoin(report, writer)
             return
+        if report.restarted and self.memory.state in (JobState.RUNNING, JobState.STOPPING):
+            await self._restarted(report, writer)
+            return
         if self.memory.state is not JobState.REGISTERING:
             if self.memory.state is JobState.SUCCEEDED:
                 await self.members.send_to(writer, messages.Shutdown())  # too late: the job is over
@@ -316,11 +319,12 @@ class Leader:
         host, generation = report.host, report.generation
         serving = self.members.writers.get(host)
         if serving is not None and serving is not writer:
-            reason = f"host {host} was taken over while its supervisor was away"
-            await self.members.send_to(
-                writer, messages.Retire(generation=self.memory.generation, reason=reason)
-            )
-            return
+            if self.status[host].machine != (report.machine or f"host-{host}"):
+                reason = f"host {host} was taken over while its supervisor was away"
+                retire = messages.Retire(generation=self.memory.generation, reason=reason)
+                await self.members.send_to(writer, retire)
+                return
+            serving.close()  # the same member again (it followed a newer term): its older connection
         self.memory.high_water = max(self.memory.high_water, report.step or 0)
         lost = self.status[host].state == "lost"
         status = self.status[host]
@@ -344,6 +348,37 @@ class Leader:
                 f"host {host} rejoined in generation {generation} while the job runs {self.memory.generation}"
             )
             await self.generations.stop(host, "host_lost", detail, time.time())
+
+    async def _restarted(self, report: messages.Register, writer: asyncio.StreamWriter) -> None:
+        """A host's supervisor started again on its machine: its workload died with the one before.
+        Unless another machine took the host over meanwhile, it serves on, and the generation it
+        missed is stopped as a crash (its disk, local checkpoints included, is intact)."""
+        host, machine = report.host, report.machine or f"host-{report.host}"
+        serving = self.members.writers.get(host)
+        if serving is not None and serving is not writer and self.status[host].machine != machine:
+            reason = f"host {host} was taken over while the supervisor of {machine} restarted"
+            retire = messages.Retire(generation=self.memory.generation, reason=reason)
+            await self.members.send_to(writer, retire)
+            return
+        if serving is not None and serving is not writer:
+            serving.close()  # the connection of the supervisor that died, not closed yet
+        status = self.status[host]
+        self.members.writers[host] = writer
+        status.metrics_port, status.replica_address = report.metrics_port, report.replica_address
+        status.machine = machine
+        await self.members.event(f"host {host}'s supervisor restarted on {machine}", host=host)
+        if host not in self.world.hosts:
+            await self.members.send(host, messages.Park(generation=self.memory.generation))
+            status.state = "parked"
+            await self.remediation.rejoined(host)
+        elif self.memory.state is JobState.STOPPING:
+            status.state = "stopping"
+            kind = str((self.memory.stop_cause or {}).get("kind", "crash"))
+            await self.members.send(host, messages.Stop(generation=self.memory.generation, kind=kind))
+        else:
+            status.state = "stopping"
+            detail = f"the supervisor of {machine} restarted; its workload died with the one before"
+            await self.generations.stop(host, "crash", detail, time.time())
 
     async def _spare(self, spare: messages.RegisterSpare, writer: asyncio.StreamWriter) -> None:
         if not await self.capacity.offer(spare, writer):

@@ -3,14 +3,29 @@
 The leader runs in one host's supervisor (host 0 at the start). When that host is lost, another host
 takes the job's lease (supervisor.leader.election), carries on the newest journal a member holds, and
 treats host 0 like any lost host: a stop, the policy's decision (here: a spare takes over), the next
-generation. The job ends as if nothing happened to its parameters, and the report shows the hand-over.
+generation. When only host 0's supervisor process dies (chaos `crash-supervisor`), the runtime starts
+it again on the same machine, the lease its predecessor held is released at once, and the restart is
+a crash of host 0, restored from the disks every machine kept. Either way the job ends as if nothing
+happened to its parameters, and the report shows the hand-over.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import sys
+from pathlib import Path
 
-from tests.support.cli_runs import ROOT, processes_mentioning, run_job
+from tests.support.cli_runs import (
+    ROOT,
+    processes_mentioning,
+    read_report,
+    run_job,
+    sdk_loop_job,
+    started_cli,
+    supervisor_of,
+)
 from tests.support.recovery_checks import problems
 
 STEPS = 40  # run_job's default
@@ -49,3 +64,60 @@ def test_the_hosts_stalled_by_the_lost_leader_are_not_blamed(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert report["restarts"] == {"host_lost": 1}
     assert len(report["leader_changes"]) == 1 and report["hot_swaps"]["hosts"] == [0]
+
+
+def test_a_crashed_leader_supervisor_is_started_again_and_the_job_goes_on(tmp_path, clean_fingerprint):
+    spec = "crash-supervisor:host=0@step=15"
+    result, report = run_job(tmp_path, "--chaos", spec)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert problems(report, fingerprint=clean_fingerprint, steps=STEPS) == []
+    assert report["restarts"] == {"crash": 1} and report["hot_swaps"]["count"] == 0  # the machine serves on
+    [change] = report["leader_changes"]
+    assert (change["from_host"], change["from_machine"]) == (0, "host-0") and change["term"] >= 2
+    assert "host-0: its supervisor died (SIGKILL); starting it again on the same machine" in result.stdout
+    # Fired once: the machine noted it before its supervisor died of it, so the next one on that
+    # machine, which reaches step 15 again, does not fire it again.
+    [fault] = report["faults"]
+    assert (fault["kind"], fault["detected_as"]) == ("crash-supervisor", "crash")
+    host_0 = Path(report["run_dir"]) / "host-0"
+    assert json.loads((host_0 / "machine.json").read_text())["fired"] == [spec]
+    # Both supervisors' accounts of host 0 count: the one that crashed and the one after it.
+    assert report["hosts"][0]["machines"] == ["host-0", "host-0"]
+    assert processes_mentioning(report["run_dir"]) == []
+
+
+def test_a_crash_loop_that_loses_its_leader_midway_still_fails_after_exactly_its_restart_budget(tmp_path):
+    """The budget lives in the job's memory, which the next leader carries on: killing the leader
+    cannot buy a crash loop more restarts. Every start crashes (after 2 s, without a step); once the
+    third generation started, host 0's supervisor (the leader) is killed; the runtime starts it again
+    and a leader is elected again. The loss costs a restart of its own, and the budget of 3 still
+    ends the job at the next crash."""
+    crash_loop = [sys.executable, "-c", "import sys, time; time.sleep(2); sys.exit(3)"]
+    job = sdk_loop_job(
+        tmp_path / "job.yaml",
+        workload={"command": crash_loop},
+        health={"maxRestarts": 3, "maxRestartsWithoutProgress": 10},
+    )
+    report_path = tmp_path / "report.json"
+    with started_cli("run", str(job), "--report", str(report_path)) as process:
+        assert process.stdout is not None
+        run_dir = None
+        for line in process.stdout:
+            if "run directory:" in line:
+                run_dir = line.split("run directory:")[1].split()[0]
+            if "generation 2 starting" in line:
+                break
+        assert run_dir is not None
+        os.kill(supervisor_of(run_dir, 0), signal.SIGKILL)  # the leader, in the middle of the loop
+        _, err = process.communicate(timeout=120)
+    assert process.returncode == 1, err[-3000:]
+    report = read_report(report_path)
+    assert sum(report["restarts"].values()) == 3, report["restarts"]
+    # Counted apart from the leaders' memory: the stops host 1 itself carried out, and the generations.
+    host_1 = json.loads((Path(run_dir) / "host-1" / "report.json").read_text())
+    assert sum(host_1["restarts"].values()) == 3, host_1["restarts"]
+    assert report["generations"] == 4
+    assert "restart budget spent: 3 in-job restarts (spec.health.maxRestarts)" in err
+    [change] = report["leader_changes"]
+    assert change["from_host"] == 0
+    assert processes_mentioning(run_dir) == []

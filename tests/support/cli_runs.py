@@ -312,3 +312,16 @@ def processes_mentioning(text: str) -> list[int]:
         if text.encode() in blob and state != "Z":
             found.append(int(entry.name))
     return found
+
+
+def supervisor_of(run_dir: str, host: int) -> int:
+    """The pid of the supervisor a local run started for `host` (the first one, not a restart)."""
+    wanted = [b"slicekeeper.supervisor", run_dir.encode(), b"--host\x00" + str(host).encode() + b"\x00"]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            command = (entry / "cmdline").read_bytes()
+            if all(part in command for part in wanted) and b"--restart" not in command:
+                return int(entry.name)
+    raise LookupError(f"no supervisor of host {host} runs for {run_dir}")

@@ -65,8 +65,19 @@ def test_lose_and_corrupt_parse_like_the_other_kinds():
 
 
 def test_every_kind_round_trips_through_its_text():
-    spec = "kill:host=1@step=3,hang:host=2@step=4,lose:host=3@step=5,corrupt:host=0@step=6"
+    spec = (
+        "kill:host=1@step=3,hang:host=2@step=4,lose:host=3@step=5,corrupt:host=0@step=6,"
+        "crash-supervisor:host=0@step=7"
+    )
     assert ",".join(str(f) for f in parse_chaos(spec)) == spec
+
+
+def test_a_supervisor_crash_aims_at_one_host_any_of_them():
+    [fault] = parse_chaos("crash-supervisor:host=0@step=12")
+    assert (fault.kind, fault.host, fault.step) == (FaultKind.CRASH_SUPERVISOR, 0, 12)
+    check_hosts([fault], 4)
+    with pytest.raises(UserError, match="missing host="):
+        parse_chaos("crash-supervisor:@step=3")
 
 
 @pytest.mark.parametrize(
@@ -195,4 +206,5 @@ def test_slow_and_spare_round_trip_with_the_other_kinds():
 
 
 def test_only_faults_that_stop_the_workload_are_disruptive():
-    assert {k for k in FaultKind if k.disruptive} == {FaultKind.KILL, FaultKind.HANG, FaultKind.LOSE}
+    disruptive = {FaultKind.KILL, FaultKind.HANG, FaultKind.LOSE, FaultKind.CRASH_SUPERVISOR}
+    assert {k for k in FaultKind if k.disruptive} == disruptive

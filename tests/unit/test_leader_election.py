@@ -132,3 +132,47 @@ def test_a_released_lease_is_taken_at_once_by_the_next_candidate(tmp_path):
         assert lease is not None and lease.holder is not None and lease.holder.machine == "host-1"
 
     asyncio.run(scenario())
+
+
+def test_a_leader_taking_a_released_lease_knows_whom_it_replaces_and_since_when(tmp_path):
+    async def scenario() -> None:
+        first, second = candidate(tmp_path, "host-0", 0), candidate(tmp_path, "host-1", 1)
+        assert await first.step()
+        assert not await second.step()
+        await first.release()
+        released = read_lease_file(tmp_path / LEASE_FILE)
+        assert released is not None and released.released and released.leader is None  # nobody to follow
+        assert released.holder is not None and released.holder.machine == "host-0"
+        assert await second.step()
+        taken = second.taken_from
+        assert taken is not None and taken.holder is not None and taken.holder.machine == "host-0"
+        assert abs(taken.renewed_at - time.time()) < 5
+
+    asyncio.run(scenario())
+
+
+def test_a_supervisor_started_again_releases_the_lease_its_dead_predecessor_held(tmp_path):
+    """Only its own machine's predecessor (same machine, same host, another run): a restarted
+    supervisor never releases another machine's lease (the negative control)."""
+
+    async def scenario() -> None:
+        predecessor = Holder("host-0", 0, "127.0.0.1:9000")
+        other = Holder("host-1", 1, "127.0.0.1:9001")
+        restarted = Holder("host-0", 0, "127.0.0.1:9000")  # a new incarnation
+        lease_path = tmp_path / LEASE_FILE
+        held = Election(FileLeaseLock(lease_path, predecessor.identity()), FAST)
+        assert await held.step()
+        await asyncio.sleep(0.05)
+        # Another machine's lease is not its to release.
+        bystander = Election(FileLeaseLock(lease_path, other.identity()), FAST)
+        assert await bystander.release_predecessor(other) is None
+        successor = Election(FileLeaseLock(lease_path, restarted.identity()), FAST)
+        released = await successor.release_predecessor(restarted)
+        assert released is not None and released.leader == predecessor
+        assert await successor.step() and successor.term == 3  # released, then taken: two transitions
+        taken = successor.taken_from
+        assert taken is not None and taken.holder == predecessor
+        assert taken.renewed_at < time.time() - 0.04  # the predecessor's last renewal, not the release
+        assert await successor.release_predecessor(restarted) is None  # itself: nothing to release
+
+    asyncio.run(scenario())
