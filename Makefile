@@ -47,7 +47,8 @@ test: lint typecheck layers
 
 bench: install
 	$(BIN)/python benchmarks/recovery.py
-	$(BIN)/python benchmarks/handover.py
+	$(BIN)/python benchmarks/handover.py --fault lose
+	$(BIN)/python benchmarks/handover.py --fault crash-supervisor
 	$(BIN)/python benchmarks/checkpoint.py
 	$(BIN)/python benchmarks/policy.py
 	$(BIN)/python benchmarks/layout.py

@@ -1,8 +1,9 @@
 """What the benchmark scripts share: running `slicekeeper run`, reading what a run leaves, the table.
 
 - running: `slicekeeper_command`, `run_once` (one run in a subprocess, its leader events echoed, stopped
-  like a Ctrl-C on its time limit), `read_run_report`, `finish` (the exit status; the work folder
-  kept when a run failed), `tail`;
+  like a Ctrl-C on its time limit), `measure_runs` (a benchmark's runs, each analysed, failures
+  collected), `read_run_report`, `finish` (the exit status; the work folder kept when a run
+  failed), `tail`;
 - a run's artifacts: its hosts' events.jsonl (`read_events`), their completed steps
   (`step_intervals`, `step_durations`) and checkpoint save phases (`checkpoint_save_seconds`);
 - the table: `Row` (one metric over runs, with its target), `format_value`, `format_table`.
@@ -24,9 +25,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_JOB = REPO / "examples" / "trainingjob.yaml"
@@ -102,6 +104,61 @@ def run_once(argv: list[str], log_path: Path, timeout: float, echo_prefix: str) 
         finally:
             timer.cancel()
     return status, time.monotonic() - started, timed_out.is_set()
+
+
+class Figures(Protocol):
+    run_dir: str
+
+
+F = TypeVar("F", bound=Figures)
+
+
+@dataclass
+class Measured(Generic[F]):
+    """What `measure_runs` gathered: the figures of the runs that worked, why the others did not."""
+
+    figures: list[F]
+    failures: list[str]
+    keep: bool
+    """Keep the work folder (asked for, or a run failed)."""
+
+
+def measure_runs(
+    runs: int,
+    command: Callable[[Path], list[str]],
+    analyse: Callable[[int, dict[str, Any]], F],
+    *,
+    work: Path,
+    timeout: float,
+    keep: bool,
+    describe: Callable[[F], str],
+) -> Measured[F]:
+    """`runs` runs of `command(report_path)`, each report turned into figures by `analyse` (RunFailed:
+    no figures from that run, its files kept); `describe` says what one run showed."""
+    measured: Measured[F] = Measured([], [], keep)
+    for run in range(1, runs + 1):
+        report_path, log_path = work / f"report-{run}.json", work / f"run-{run}.log"
+        argv = command(report_path)
+        say(f"run {run}/{runs}: {' '.join(argv[1:])}")
+        status, seconds, timed_out = run_once(argv, log_path, timeout, f"  run {run}:")
+        report: dict[str, Any] | None = None
+        try:
+            report = read_run_report(report_path, status, timed_out, timeout)
+            figures = analyse(run, report)
+            if status != 0:
+                raise RunFailed(f"slicekeeper exited with {status}")
+        except RunFailed as error:
+            where = f"; run directory {report['run_dir']}" if report and report.get("run_dir") else ""
+            measured.failures.append(f"run {run}: {error}{where}")
+            measured.keep = True
+            say(f"run {run}/{runs}: FAILED after {seconds:.0f} s: {error}; log {log_path}")
+            say("    " + tail(log_path).replace("\n", "\n    "))
+            continue
+        measured.figures.append(figures)
+        say(f"run {run}/{runs}: ok in {seconds:.0f} s; {describe(figures)}")
+        if not keep:
+            shutil.rmtree(figures.run_dir, ignore_errors=True)
+    return measured
 
 
 def read_run_report(report_path: Path, status: int, timed_out: bool, timeout: float) -> dict[str, Any]:

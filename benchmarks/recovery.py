@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
 import sys
 import tempfile
@@ -52,13 +51,11 @@ from harness import (
     checkpoint_save_seconds,
     finish,
     format_table,
+    measure_runs,
     read_events,
-    read_run_report,
-    run_once,
     say,
     slicekeeper_command,
     step_durations,
-    tail,
 )
 
 DEFAULT_CHAOS = "kill:host=2@step=40,hang:host=0@step=80"
@@ -274,12 +271,17 @@ def main(argv: list[str] | None = None) -> int:
     say(f"recovery benchmark: {args.runs} run(s) of {args.steps} steps, chaos '{args.chaos}'")
     say(f"  started {started_at} on {machine}; load average {os.getloadavg()[0]:.2f}; work dir {work}")
 
-    figures: list[RunFigures] = []
-    failures: list[str] = []
-    keep_work = args.keep
-    for run in range(1, args.runs + 1):
-        report_path, log_path = work / f"report-{run}.json", work / f"run-{run}.log"
-        command = [
+    def describe(run: RunFigures) -> str:
+        kill, hang = run.fault("kill"), run.fault("hang")
+        return (
+            f"step {run.typical_step_seconds * 1000:.0f} ms; "
+            f"crash detected in {kill.detection_seconds:.2f} s, productive {kill.productive_seconds:.2f} s "
+            f"later; hang detected in {hang.detection_seconds:.2f} s, productive "
+            f"{hang.productive_seconds:.2f} s later"
+        )
+
+    def command(report_path: Path) -> list[str]:
+        return [
             *slicekeeper_command(),
             "run",
             str(args.job),
@@ -290,32 +292,11 @@ def main(argv: list[str] | None = None) -> int:
             "--report",
             str(report_path),
         ]
-        say(f"run {run}/{args.runs}: {' '.join(command[1:])}")
-        status, seconds, timed_out = run_once(command, log_path, args.timeout, f"  run {run}:")
-        report: dict[str, Any] | None = None
-        try:
-            report = read_run_report(report_path, status, timed_out, args.timeout)
-            run_figures = analyse(run, report)
-            if status != 0:
-                raise RunFailed(f"slicekeeper exited with {status}")
-        except RunFailed as error:
-            where = f"; run directory {report['run_dir']}" if report and report.get("run_dir") else ""
-            failures.append(f"run {run}: {error}{where}")
-            keep_work = True
-            say(f"run {run}/{args.runs}: FAILED after {seconds:.0f} s: {error}; log {log_path}")
-            say("    " + tail(log_path).replace("\n", "\n    "))
-            continue
-        figures.append(run_figures)
-        kill, hang = run_figures.fault("kill"), run_figures.fault("hang")
-        step_ms = run_figures.typical_step_seconds * 1000
-        say(
-            f"run {run}/{args.runs}: ok in {seconds:.0f} s; step {step_ms:.0f} ms; "
-            f"crash detected in {kill.detection_seconds:.2f} s, productive {kill.productive_seconds:.2f} s "
-            f"later; hang detected in {hang.detection_seconds:.2f} s, productive "
-            f"{hang.productive_seconds:.2f} s later"
-        )
-        if not args.keep:
-            shutil.rmtree(run_figures.run_dir, ignore_errors=True)
+
+    measured = measure_runs(
+        args.runs, command, analyse, work=work, timeout=args.timeout, keep=args.keep, describe=describe
+    )
+    figures, failures = measured.figures, measured.failures
 
     rows = build_rows(figures) if figures else []
     if rows:
@@ -341,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         say(f"raw figures: {args.json}")
-    return finish(failures, work, keep_work)
+    return finish(failures, work, measured.keep)
 
 
 if __name__ == "__main__":

@@ -114,7 +114,7 @@ def derive(job: TrainingJob, pods: list[dict[str, Any]], previous: dict[str, Any
         "slicesTotal": job.spec.slices,
         "restarts": {**(previous.get("restarts") or {}), **(view.get("restarts") or {}), "replace": swaps},
     }
-    for key in ("step", "slicesActive", "lastCheckpointStep", "lastRestore", "goodput"):
+    for key in ("step", "slicesActive", "lastCheckpointStep", "lastRestore", "goodput", "paramsFingerprint"):
         if view.get(key) is not None:
             status[key] = view[key]
     derived = DerivedStatus(status)

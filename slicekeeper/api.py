@@ -344,6 +344,9 @@ class TrainingJobStatus(Model):
     last_checkpoint_step: int | None = None
     last_restore: LastRestore | None = None
     goodput: float | None = Field(default=None, ge=0.0, le=1.0)
+    params_fingerprint: str | None = None
+    """Once the job succeeded: the digest of its final parameters every host agreed on (a run with
+    faults ends with the fault-free run's)."""
 
 
 class TrainingJob(Model):

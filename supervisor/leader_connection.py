@@ -66,8 +66,8 @@ async def reach_leader(
     wait: float,
     open_connection: Connect = open_control_connection,
     now: Callable[[], float] = time.monotonic,
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int]:
-    """A connection to the leader the lease names, of term `term` or newer, and its term.
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int, str]:
+    """A connection to the leader the lease names, of term `term` or newer, its term and address.
     LeaderUnreachable once `wait` seconds passed without one."""
     give_up = now() + wait
     tried = "the job's lease names no leader"
@@ -77,7 +77,7 @@ async def reach_leader(
         host, port = holder.address.rsplit(":", 1)
         with contextlib.suppress(OSError, TimeoutError):
             reader, writer = await asyncio.wait_for(open_connection(host, int(port)), ATTEMPT_SECONDS)
-            return reader, writer, lease.term
+            return reader, writer, lease.term, holder.address
         tried = f"the leader of term {lease.term}, {holder.machine} at {holder.address}, does not answer"
         if now() >= give_up:
             break

@@ -22,7 +22,8 @@ from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import Election, Holder, Lease
 
 WATCH_SECONDS = 0.2
-"""How often a spare (which only watches) reads the lease, and a candidate before the lease exists."""
+"""How often a spare (which only watches) reads the lease, and a candidate before the lease exists
+or while its member looks for a new leader (`looking`)."""
 
 NewLeader = Callable[[int, Callable[[], bool]], Leader]
 """Makes this supervisor's leader for a term, given the check that it still holds the lease."""
@@ -56,6 +57,8 @@ class Leadership:
         self._bind = bind
         self._say = say
         self.leader: Leader | None = None
+        self.looking = False
+        """This host's member lost its leader and looks for the next: the lease is read more often."""
         self.lease: Lease | None = None
         """The lease as last seen: whom to follow."""
         self._changed = asyncio.Event()
@@ -78,11 +81,17 @@ class Leadership:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), left)
 
-    async def superseded(self, term: int) -> Lease:
-        """Returns once a holder of a newer term than `term` is seen."""
-        lease = await self.current(newer_than=term)
-        assert lease is not None
-        return lease
+    async def superseded(self, term: int, address: str | None = None) -> Lease:
+        """Returns once a leader of a newer term than `term` is seen elsewhere than at `address`. A
+        newer leader at `address` itself is the one a member connected there is reading already (a
+        connection cannot outlive the process it was made to: e.g. a restarted supervisor serving
+        again on its predecessor's address)."""
+        while True:
+            lease = await self.current(newer_than=term)
+            assert lease is not None and lease.leader is not None
+            if lease.leader.address != address:
+                return lease
+            term = lease.term
 
     async def run(self) -> None:
         """Campaign (or watch) for as long as the supervisor runs."""
@@ -98,7 +107,7 @@ class Leadership:
         while True:
             if self.candidate:
                 await self._campaign()
-                await asyncio.sleep(retry if self.lease is not None else WATCH_SECONDS)
+                await asyncio.sleep(retry if self.lease is not None and not self.looking else WATCH_SECONDS)
             else:
                 await self._read()  # a spare: offered to a new leader before it decides what to do
                 await asyncio.sleep(WATCH_SECONDS)

@@ -76,11 +76,12 @@ class Membership:
             found = await self._reach(term)
             if found is None:
                 return
-            reader, self.writer, term = found
+            reader, self.writer, term, address = found
             joining = register(joined)
             await send(self.writer, joining)
             if isinstance(joining, messages.RegisterSpare):
-                outcome = await self._until_superseded(self._await_assignment(reader, assigned), term)
+                assignment = self._await_assignment(reader, assigned)
+                outcome = await self._until_superseded(assignment, term, address)
                 if outcome is False:
                     return
             else:
@@ -89,7 +90,7 @@ class Membership:
                 outcome = True
             if outcome:
                 joined = True
-                ended = await self._until_superseded(self._commands(reader, obey), term)
+                ended = await self._until_superseded(self._commands(reader, obey), term, address)
                 if ended or self._finished.is_set():
                     return
             self.writer.close()
@@ -100,13 +101,16 @@ class Membership:
         if self.writer is not None:
             self.writer.close()
 
-    async def _reach(self, term: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int] | None:
+    async def _reach(self, term: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int, str] | None:
+        self._leadership.looking = True
         try:
             return await leader_connection.reach_leader(self._leadership.current, term=term, wait=self._wait)
         except leader_connection.LeaderUnreachable as unreachable:
             self.exit_code = self._unreachable_exit_code
             self._say(f"{unreachable}: exit {self.exit_code}")
             return None
+        finally:
+            self._leadership.looking = False
 
     def _current(self, line: bytes) -> messages.Command | None:
         """The command on `line`, unless a leader of an older term said it (fenced)."""
@@ -139,12 +143,14 @@ class Membership:
                 return True
         return False
 
-    async def _until_superseded(self, reading: Coroutine[Any, Any, bool | None], term: int) -> bool | None:
-        """`reading` the leader of `term`, until it returns, this supervisor ends, or a leader of a
-        newer term is seen in the lease (None: then follow that one)."""
+    async def _until_superseded(
+        self, reading: Coroutine[Any, Any, bool | None], term: int, address: str
+    ) -> bool | None:
+        """`reading` the leader of `term` at `address`, until it returns, this supervisor ends, or a
+        leader of a newer term elsewhere is seen in the lease (None: then follow that one)."""
         lines = asyncio.create_task(reading)
         finished = asyncio.create_task(self._finished.wait())
-        superseded = asyncio.create_task(self._leadership.superseded(term))
+        superseded = asyncio.create_task(self._leadership.superseded(term, address))
         await asyncio.wait({lines, finished, superseded}, return_when=asyncio.FIRST_COMPLETED)
         finished.cancel()
         superseded.cancel()

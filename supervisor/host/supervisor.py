@@ -239,6 +239,10 @@ class HostSupervisor:
         bind = site.bind_address(self.plan, leader_host)
         metrics_port = self.metrics.serve(site.metrics_port(self.plan, self.host, self.machine), bind)
         sdk_server = await self.sdk.serve(self._socket_path)
+        if self.restart and self.host >= 0:
+            # Its workload died with the supervisor before it: the restart it rejoins needs one, and
+            # the imports are done while the leader decides.
+            self._spawn_task(self.workloads.prestart(0))
         advertise = site.advertised_address(self.layout, self.identity, bind)
         replica_address = await self.tiers.serve(bind, advertise=advertise)
         self.leadership = self._leadership(bind, advertise)

@@ -12,6 +12,7 @@ until a restart promotes it with `go` and that generation's variables (`protocol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -155,6 +156,10 @@ def workload_argv(workload: WorkloadSpec, local: bool) -> list[str]:
     return argv
 
 
+STANDBY_WAIT_SECONDS = 20.0
+"""How long a launch waits for a standby that is still importing before starting afresh."""
+
+
 @dataclass
 class Standby:
     """A pre-started workload process: imports done, blocked in `connect()` until `go`."""
@@ -210,8 +215,14 @@ class Workloads:
 
     async def launch(self, generation: int, coordinator: str, restore_step: int | None) -> WorkloadProcess:
         """Generation `generation`'s process: the standby if it is ready (sent `go`), else a fresh
-        one. OSError: it could not be started (no current process then)."""
+        one. A standby still importing is waited for (up to STANDBY_WAIT_SECONDS): a fresh process
+        would have the same imports ahead of it. OSError: it could not be started (no current
+        process then)."""
         standby = self.standby
+        if standby is not None and not standby.ready.is_set() and standby.process.running:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(standby.ready.wait(), STANDBY_WAIT_SECONDS)
+            standby = self.standby
         if standby is not None and standby.ready.is_set() and standby.process.running and standby.writer:
             self.standby = None
             standby.generation = generation

@@ -3,11 +3,12 @@
 For a moment (`settle`) it only gathers: members reconnecting register again with the newest journal
 each holds and the generation it is in, spares offer themselves again, and every other message is
 kept, in order. Once every active host but the old leader's is back and nobody arrived for
-`QUIET_SECONDS` (at most `SECONDS`), it carries on the newest journal (`carry_on_and_recover`), notes
-the change of leader in the job's memory, takes the registrations, stops again a restart that was
-under way, treats every active host not back (the old leader's) as lost, and only then reads the
-other messages kept: the other hosts' workloads failed because of the lost one, and the restart is
-put down to it, not to them.
+`QUIET_SECONDS` (at most `SECONDS`; at once when the old leader's host is back too, its supervisor
+restarted), it carries on the newest journal (`carry_on_and_recover`), notes the change of leader in
+the job's memory, takes the registrations, stops again a restart that was under way, treats every
+active host not back (the old leader's) as lost, and only then reads the other messages kept: the
+other hosts' workloads failed because of the lost one, and the restart is put down to it, not to
+them.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class Takeover:
             hosts = {h for s in newest.journal["world"]["active"] for h in self._world.hosts_of(int(s))}
         else:
             hosts = set(self._world.hosts)
+        if hosts <= self.hosts:
+            return True  # every host is back, the old leader's too (its supervisor restarted)
         expected = hosts - ({self.previous.host} if self.previous else set())
         return expected <= self.hosts and now - self.last_arrival >= QUIET_SECONDS
 
@@ -107,6 +110,9 @@ class Takeover:
         self._journal_writer.seq = best.seq
         await self._note_change()
         joins = (messages.Register, messages.RegisterSpare)
+        # The furthest step any member completed, before a registration stops the job on it.
+        steps = [m.step for m, _ in self.backlog if isinstance(m, messages.Register) and m.step is not None]
+        self._memory.high_water = max([self._memory.high_water, *steps])
         for join, member in [(m, w) for m, w in self.backlog if isinstance(m, joins)]:
             await self._handle(join, member)
         memory = self._memory

@@ -4,7 +4,8 @@ local processes by the fake scheduler and kubelet (tests/support/fake_kubelet.py
 A TrainingJob is applied and trains (JAX on CPU, one process per TPU host pod); a node is taken away
 and the host is hot-swapped onto a spare node of its slice's pool; the next node loss leaves no
 capacity, so after spec.health.replacementTimeoutSeconds the job scales down to one slice; a new
-node brings the slice back (scale-up); deleting the job ends every process.
+node brings the slice back (scale-up); deleting the job ends every process. A short job succeeds,
+and so does the same job whose leader's pod is deleted mid-training, with the same parameters.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 STARTUP = 180.0
 """Seconds for four JAX processes to start and compile on two shared cores."""
+
+SHORT_STEPS = 30
+FAULT_FREE: dict[int, str] = {}
+"""steps -> the fault-free short job's final parameters' fingerprint (the first test records it)."""
 
 
 def training_job(tmp: Path, steps: int) -> dict[str, Any]:
@@ -122,14 +127,21 @@ async def test_a_job_trains_in_pods_survives_node_losses_and_scales_down_and_bac
         )
 
 
-async def test_a_short_job_succeeds_in_pods(tmp_path: Path):
+async def short_job(
+    tmp_path: Path, steps: int = SHORT_STEPS, *, delete_leader_at: int | None = None
+) -> dict[str, Any]:
+    """The example job of `steps` steps run to its end on four pods; with `delete_leader_at`, the pod of
+    the job's first leader (host 0) is deleted once training passed that step. Returns the final status."""
     async with (
         emulated_cluster() as kube,
         FakeTpuCluster(kube, tmp_path / "cluster", V5P_16_LABELS) as cluster,
         operator(kube),
     ):
         await cluster.add_pools({"pool-a": ["a-0", "a-1"], "pool-b": ["b-0", "b-1"]})
-        await kube.apply(training_job(tmp_path, steps=30))
+        await kube.apply(training_job(tmp_path, steps=steps))
+        if delete_leader_at is not None:
+            await trains_past(kube, cluster, delete_leader_at)
+            await kube.delete_pod(NS, "tiny-lm-s0-w0")  # SIGTERM to its supervisor: the leader
         try:
             done = await eventually(
                 lambda: status(kube).get("phase") in ("Succeeded", "Failed") and status(kube),
@@ -139,10 +151,35 @@ async def test_a_short_job_succeeds_in_pods(tmp_path: Path):
         except AssertionError:
             print(cluster.log_of("tiny-lm-s0-w0")[-4000:])
             raise
-        assert done["phase"] == "Succeeded", done
-        assert done["step"] == 30 and done["lastCheckpointStep"] is not None
-        assert 0 < done["goodput"] <= 1
         await eventually(
             lambda: {p["status"]["phase"] for p in kube.pods(NS).values()} == {"Succeeded"},
             what="every pod Succeeded (its supervisor exited 0)",
         )
+        return done
+
+
+async def fault_free_fingerprint(tmp_path: Path, steps: int) -> str:
+    if steps not in FAULT_FREE:
+        done = await short_job(tmp_path / "fault-free", steps)
+        FAULT_FREE[steps] = done["paramsFingerprint"]
+    return FAULT_FREE[steps]
+
+
+async def test_a_short_job_succeeds_in_pods(tmp_path: Path):
+    done = await short_job(tmp_path)
+    assert done["phase"] == "Succeeded", done
+    assert done["step"] == SHORT_STEPS and done["lastCheckpointStep"] is not None
+    assert 0 < done["goodput"] <= 1
+    assert len(done["paramsFingerprint"]) == 64  # every host's final parameters agree
+    FAULT_FREE[SHORT_STEPS] = done["paramsFingerprint"]
+
+
+async def test_the_leaders_pod_deleted_mid_training_hands_the_job_over_with_nothing_lost(tmp_path: Path):
+    """The leader's supervisor stands down and releases the job's Lease as its pod is deleted; another
+    host's supervisor takes the Lease at once, carries on the job's memory and treats host 0 as lost;
+    the operator's new pod for host 0 joins and the job ends as the fault-free run does."""
+    done = await short_job(tmp_path, delete_leader_at=8)
+    assert done["phase"] == "Succeeded", done
+    assert done["step"] == SHORT_STEPS
+    assert done["restarts"].get("host_lost", 0) >= 1, done["restarts"]
+    assert done["paramsFingerprint"] == await fault_free_fingerprint(tmp_path, SHORT_STEPS)

@@ -75,7 +75,7 @@ class TestReachLeader:
         found = await reach_leader(
             Leases(lease(2, "b")), term=1, wait=5, open_connection=Answering("10.0.0.2:8490")
         )
-        assert found == ("reader", "writer", 2)
+        assert found == ("reader", "writer", 2, "10.0.0.2:8490")
 
     async def test_a_leader_that_does_not_answer_is_left_for_the_next_one_elected(self):
         leases = Leases(lease(1, "a"), None, lease(2, "b"))
@@ -84,6 +84,7 @@ class TestReachLeader:
             "reader",
             "writer",
             2,
+            "10.0.0.2:8490",
         )
         # term 1 is tried again after a pause with no newer leader, then the newer one is joined
         assert connections.tried == ["10.0.0.1:8490", "10.0.0.1:8490", "10.0.0.2:8490"]
