@@ -337,6 +337,10 @@ class HostSupervisor:
         self._say(f"stopping: {reason}")
         if self._leader is not None:  # before its own member's connection drops
             self._leader.stand_down(reason)
+            # It acts no more: the lease goes to the next candidate now, not once this process ends
+            # (a pod's grace period may end it first).
+            if self.leadership is not None:
+                self._spawn_task(self.leadership.release())
         if self.membership is not None:
             self.membership.close()
         self._finished.set()

@@ -30,6 +30,7 @@ import fcntl
 import json
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -227,6 +228,10 @@ class Election:
         self.taken_from: Lease | None = None
         """The lease as this candidate last saw it before its latest take or renewal (its holder: the
         leader this one replaces, when it just took the lease)."""
+        self._mutex = threading.Lock()
+        """One lease operation at a time (they run in threads and share the lock's last read)."""
+        self._withdrawn = False
+        """This candidate released the lease (its process is ending): it never takes it again."""
 
     @property
     def identity(self) -> str:
@@ -241,6 +246,10 @@ class Election:
         return bool(held)
 
     def _take_or_renew(self) -> bool:
+        with self._mutex:
+            return False if self._withdrawn else self._take_or_renew_now()
+
+    def _take_or_renew_now(self) -> bool:
         election = self._election
         prior = election.observed_record, election.observed_time_milliseconds
         held = bool(election.try_acquire_or_renew())
@@ -263,28 +272,41 @@ class Election:
     async def release(self) -> None:
         """Give the lease up (this leader's process is ending): the next candidate takes it at once
         instead of after its duration (client-go's ReleaseOnCancel)."""
-        if not self.leading():
-            return
+        leading = self.leading()
         self.renewed_at = None
-        with contextlib.suppress(Exception):  # best effort: the lease expires anyway
-            await asyncio.to_thread(self._write_released, self.identity)
+        await asyncio.to_thread(self._withdraw, leading)
+
+    def _withdraw(self, leading: bool) -> None:
+        """Out of the race for good (a step in flight ends first); the lease released if it held it."""
+        with self._mutex:
+            self._withdrawn = True
+            if leading:
+                with contextlib.suppress(Exception):  # best effort: the lease expires anyway
+                    # Read first: the compare-and-swap is against the lease as it is now (the
+                    # library's Lease lock keeps the version of its last read, not of its last write).
+                    found, record = self.lock.get(self.lock.name, self.lock.namespace)
+                    if found and record.holder_identity == self.identity:
+                        self._write_released(self.identity)
 
     async def release_predecessor(self, own: Holder) -> Lease | None:
         """This supervisor was started again on its machine: if the lease's holder is its predecessor
         (the same machine and host, another incarnation), that process is dead; release its lease.
         Returns the lease released (None: the lease names someone else, or changed meanwhile)."""
-        found, record = await asyncio.to_thread(self.lock.get, self.lock.name, self.lock.namespace)
-        if not found:
-            return None
-        lease = Lease.of(record.holder_identity, self.lock.transitions + 1, time.time())
-        holder = lease.leader
-        if holder is None or (holder.machine, holder.host) != (own.machine, own.host):
-            return None
-        if holder.incarnation == own.incarnation:
-            return None
-        # The record keeps the predecessor's last renewal: the job was leaderless from then on.
-        written = await asyncio.to_thread(self._write_released, holder.identity(), record.renew_time)
-        return lease if written else None
+        return await asyncio.to_thread(self._release_predecessor, own)
+
+    def _release_predecessor(self, own: Holder) -> Lease | None:
+        with self._mutex:
+            found, record = self.lock.get(self.lock.name, self.lock.namespace)
+            if not found:
+                return None
+            lease = Lease.of(record.holder_identity, self.lock.transitions + 1, time.time())
+            holder = lease.leader
+            if holder is None or (holder.machine, holder.host) != (own.machine, own.host):
+                return None
+            if holder.incarnation == own.incarnation:
+                return None
+            # The record keeps the predecessor's last renewal: the job was leaderless from then on.
+            return lease if self._write_released(holder.identity(), record.renew_time) else None
 
     def _write_released(self, identity: str, renewed: str | None = None) -> bool:
         """The lease's holder `identity` marked released (a compare-and-swap on the last read)."""

@@ -225,7 +225,8 @@ class Leader:
             while line := await reader.readline():
                 if not self.leading():
                     self.stand_down("no longer sure to hold the job's lease")
-                    continue  # fenced: it reads on (its members' connections stay open) and acts no more
+                if self._standing_down:
+                    continue  # it reads on (its members' connections stay open) and acts no more
                 try:
                     message = messages.to_leader(line)
                     if self._takeover is not None and not isinstance(message, messages.Watch):

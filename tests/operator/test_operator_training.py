@@ -137,7 +137,8 @@ async def short_job(
         FakeTpuCluster(kube, tmp_path / "cluster", V5P_16_LABELS) as cluster,
         operator(kube),
     ):
-        await cluster.add_pools({"pool-a": ["a-0", "a-1"], "pool-b": ["b-0", "b-1"]})
+        spare = ["a-2"] if delete_leader_at is not None else []  # a node for host 0's new pod
+        await cluster.add_pools({"pool-a": ["a-0", "a-1", *spare], "pool-b": ["b-0", "b-1"]})
         await kube.apply(training_job(tmp_path, steps=steps))
         if delete_leader_at is not None:
             await trains_past(kube, cluster, delete_leader_at)

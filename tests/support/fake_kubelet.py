@@ -14,7 +14,8 @@ control plane and kubelets would, through the same API the operator watches:
   paths and its emptyDirs, and a private supervisor run directory (/tmp/slicekeeper: logs, the SDK
   socket, the job summary; the rest of /tmp is shared, as a bucket is). Every pod gets a new IP, a
   loopback address (127.x.y.z), so every pod has its own ports as on a real cluster, and a
-  replacement pod is not where its predecessor was. The
+  replacement pod is not where its predecessor was. Each node lends its pods' own work one core of
+  this machine (`SLICEKEEPER_OWN_WORK_CORE`, as the local runtime does for its hosts). The
   status goes through the pod's status subresource: Running with its IP, then the process's exit as
   the phase and the container's exit code (and termination message, as `terminationMessagePolicy`
   says); a deleted pod's process is killed;
@@ -52,6 +53,7 @@ import aiohttp
 import yaml
 from slicekeeper.supervisor.pod_plan import RUN_DIR
 
+from slicekeeper import protocol
 from tests.support.operator_harness import TRANSIENT_STATUSES, ApiError, Kube
 
 V5P_16_LABELS = {
@@ -75,6 +77,9 @@ class FakeNode:
     name: str
     pool: str
     labels: dict[str, str]
+    core: int = 0
+    """The core of this machine its pods' own work runs on (separate machines never compete for
+    one while they compute; see docs/supervisor.md, "Straggler detection")."""
     ready: bool = True
     cordoned: bool = False
 
@@ -137,7 +142,7 @@ class FakeTpuCluster:
 
     # --- the test's controls ------------------------------------------------------------------
     async def add_node(self, name: str, pool: str) -> None:
-        node = FakeNode(name, pool, dict(self.tpu_labels))
+        node = FakeNode(name, pool, dict(self.tpu_labels), core=len(self.nodes) % (os.cpu_count() or 1))
         self.nodes[name] = node
         await self.kube.put_node(node.manifest())
 
@@ -347,6 +352,7 @@ class FakeTpuCluster:
             "HOME": "/tmp",
             "KUBECONFIG": str(self._kubeconfig),
             "PYTHONUNBUFFERED": "1",
+            protocol.ENV_OWN_WORK_CORE: str(self.nodes[pod["spec"]["nodeName"]].core),
         }
         for variable in container.get("env") or []:
             if "value" in variable:

@@ -176,3 +176,19 @@ def test_a_supervisor_started_again_releases_the_lease_its_dead_predecessor_held
         assert await successor.release_predecessor(restarted) is None  # itself: nothing to release
 
     asyncio.run(scenario())
+
+
+def test_a_leader_that_released_the_lease_never_takes_it_back(tmp_path):
+    """A released lease is free at once, to anyone but the process that gave it up (its campaign may
+    still be running while it ends): the negative control is a fresh candidate, which takes it."""
+
+    async def scenario() -> None:
+        leaving = candidate(tmp_path, "host-0", 0)
+        assert await leaving.step()
+        await leaving.release()
+        assert not await leaving.step()  # withdrawn for good
+        lease = read_lease_file(tmp_path / LEASE_FILE)
+        assert lease is not None and lease.released
+        assert await candidate(tmp_path, "host-1", 1).step()
+
+    asyncio.run(scenario())

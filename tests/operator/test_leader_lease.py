@@ -1,0 +1,75 @@
+"""The job's Lease on an API server (the emulated one): the lock every supervisor of a pod campaigns on.
+
+The election's algorithm is tested on the lease file (tests/unit/test_leader_election.py); here the
+same steps run on `coordination.k8s.io/v1` Leases through the official client, whose replace is a
+compare-and-swap on the resourceVersion the lock last read: a leader's renewals and its release
+must each be based on the lease as it is, or the API server refuses them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client, config
+from slicekeeper.supervisor.leader.election import Election, Holder, KubernetesLeaseLock, Timing
+
+from tests.support.operator_example import NS
+from tests.support.operator_harness import Kube, emulated_cluster
+
+pytestmark = pytest.mark.asyncio
+
+FAST = Timing(duration=3, renew_deadline=2, retry=1)
+LEASE = "tiny-lm-leader"
+
+
+@pytest.fixture(autouse=True)
+def _default_client_configuration():
+    """The official client's default configuration, as it was before the test."""
+    saved = client.Configuration.get_default_copy()
+    yield
+    client.Configuration.set_default(saved)
+
+
+def use_emulated_api_server(kube: Kube, tmp_path: Path) -> None:
+    """The official client configured as a pod of the fake kubelet is (KUBECONFIG)."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "emulated", "cluster": {"server": kube.url}}],
+                "users": [{"name": "pod", "user": {}}],
+                "contexts": [{"name": "emulated", "context": {"cluster": "emulated", "user": "pod"}}],
+                "current-context": "emulated",
+            }
+        )
+    )
+    config.load_kube_config(str(path))
+
+
+def candidate(machine: str, host: int) -> Election:
+    holder = Holder(machine, host, f"10.0.0.{host}:8490")
+    return Election(KubernetesLeaseLock(LEASE, NS, holder.identity()), FAST)
+
+
+async def test_a_leader_that_renewed_releases_its_lease_and_the_next_takes_it_at_once(tmp_path: Path):
+    async with emulated_cluster(watch_seconds=None) as kube:
+        use_emulated_api_server(kube, tmp_path)
+        first, second = candidate("a-0", 0), candidate("a-1", 1)
+        assert await first.step() and first.term == 1  # created
+        assert await first.step() and await first.step()  # renewed twice: newer resourceVersions
+        assert not await second.step()  # held
+        await first.release()
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{LEASE}"
+        released = await kube.request("GET", path)
+        assert released["spec"]["holderIdentity"] == "released:" + first.identity
+        assert await second.step()  # no need to wait out the duration
+        taken = second.taken_from
+        assert taken is not None and taken.holder is not None and taken.holder.machine == "a-0"
+        lease = await kube.request("GET", path)
+        assert lease["spec"]["holderIdentity"] == second.identity
+        assert lease["spec"]["leaseTransitions"] == 2 and second.term == 3  # released, then taken
+        assert not await first.step()  # it gave the lease up: never again
