@@ -40,6 +40,8 @@ DEFAULT_CACHE = (
 STOP_GRACE_SECONDS = 5.0
 MACHINE_RESTARTS = 3
 """How often one machine's supervisor is started again after dying of a signal, at most."""
+LONE_FAILURE_SECONDS = 60.0
+"""How long the other hosts' supervisors may go on after one failed on its own (see _hosts_ended)."""
 
 
 def _check_writable(path: Path, what: str) -> None:
@@ -149,7 +151,7 @@ class LocalRuntime:
             for machine in plan.machines[plan.hosts :]:
                 self._spares.append(self._keep(plan, plan_path, machine))
             watcher = asyncio.create_task(self._watch(plan, plan_path))
-            codes = list(await asyncio.gather(*hosts))
+            codes = await self._hosts_ended(hosts)
             # The job is over once every host's supervisor ended. Spares end when the leader says so;
             # one that joined too late to hear it is stopped below (_stop_all), after a short grace.
             spares = [keeper for keeper in self._spares if not keeper.done()]
@@ -201,6 +203,24 @@ class LocalRuntime:
         )
         report["run_dir"] = str(self.run_dir)
         return report
+
+    async def _hosts_ended(self, hosts: list[asyncio.Task[int]]) -> list[int]:
+        """Every host's supervisor's exit code, once all ended. One that failed on its own (exit 1)
+        while the others still run after the time a leader is waited for means the run is broken
+        (e.g. it died before it registered, and the job waits for it): every other is stopped."""
+        while not all(host.done() for host in hosts):
+            await asyncio.wait([h for h in hosts if not h.done()], return_when=asyncio.FIRST_COMPLETED)
+            failed = [h for h in hosts if h.done() and h.result() == protocol.EXIT_JOB_FAILED]
+            if failed and not all(host.done() for host in hosts):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.gather(*hosts), LONE_FAILURE_SECONDS)
+                if not all(host.done() for host in hosts):
+                    machine = self._machines[hosts.index(failed[0])]
+                    self._say(f"slicekeeper: {machine}'s supervisor failed and the others went on; stopping")
+                    self._stopping = True
+                    await self._stop_all()
+                    await asyncio.gather(*hosts)
+        return [host.result() for host in hosts]
 
     def _keep(
         self, plan: JobPlan, plan_path: Path, machine: str, joined_by: str | None = None

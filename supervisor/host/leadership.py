@@ -1,18 +1,20 @@
 """This host's part in who leads the job: campaigning for the lease, leading while it holds it, and
 knowing which leader to follow.
 
-Every host's supervisor is a candidate (supervisor.leader.election); a spare only watches the lease.
-At the start the first host (host 0) takes the lease and the others wait for it to exist, so a job
-starts with the leader it always had. Afterwards whoever sees the lease unrenewed for its duration
-takes it: the new leader serves on this supervisor's leader address and takes over from the old one
-(supervisor.leader.Leader.take_over). A leader that cannot renew in time stands down and closes its
-server, so its members go looking for the new one.
+Every host's supervisor is a candidate (supervisor.leader.election); a spare only watches the lease
+until it takes a host over (`adopt`). At the start the first host (host 0) takes the lease and the
+others wait for it to exist, so a job starts with the leader it always had. Afterwards whoever sees
+the lease unrenewed for its duration, or released, takes it: the new leader serves on this
+supervisor's leader address and takes over from the old one (supervisor.leader.Leader.take_over). A
+leader that cannot renew in time stands down and closes its server, so its members go looking for
+the new one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +43,7 @@ class Leadership:
         new_leader: NewLeader,
         journal: Callable[[], messages.Journal | None],
         bind: str,
+        reserved: socket.socket | None = None,
         say: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True),
     ) -> None:
         self.election = election
@@ -55,6 +58,9 @@ class Leadership:
         self._new_leader = new_leader
         self._journal = journal
         self._bind = bind
+        self._reserved = reserved
+        """The socket bound to this supervisor's leader address at start-up, listened on when it is
+        first elected (None: bound then, on the address's port)."""
         self._say = say
         self.leader: Leader | None = None
         self.looking = False
@@ -153,7 +159,8 @@ class Leadership:
         term = self.election.term
         leader = self._new_leader(term, self.election.leading)
         port = self.own.address.rsplit(":", 1)[1]
-        await leader.serve(self._bind, int(port))
+        reserved, self._reserved = self._reserved, None
+        await leader.serve(self._bind, int(port), sock=reserved)
         self.leader = leader
         previous = before.holder if before is not None else None
         if previous != self.own and (previous is not None or term > 1):
@@ -163,6 +170,12 @@ class Leadership:
             lost_at = before.renewed_at if before else time.time()
             leader.take_over(previous, self.own, self._journal(), lost_at)
         self.elected(leader)
+
+    def adopt(self, election: Election, own: Holder) -> None:
+        """This spare took a host over: from now on it is a candidate like every host, as `own`
+        (the host it serves named in its identity) on `election`. It never held the lease, so
+        nothing is given up."""
+        self.election, self.own, self.candidate = election, own, True
 
     async def release(self) -> None:
         """This supervisor is ending: if it leads, the lease goes to the next candidate at once."""

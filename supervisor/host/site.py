@@ -1,24 +1,29 @@
-"""Where a host's supervisor runs, on one machine with the other hosts or in a pod of its own.
+"""Where a host's supervisor runs: on one machine with the other hosts, or in a pod of its own.
 
-What differs between the two, for one host: the addresses its servers listen and are reached at,
-where the workloads' JAX coordinator is, how patiently the leader is reached, and the pod's
-annotations, a pod's only door to the API server (supervisor/own_pod.py). Locally every supervisor
-shares the loopback address of the leader and serves its metrics on a port of its own; in a pod
-each has the pod's IP and is reached by its host name through the job's headless Service, and the
-leader's supervisor publishes the job's progress on its own pod for the operator's TrainingJob
-status.
+Chosen once, at start-up (`site_of`): a `LocalSite` for `slicekeeper run`, a `PodSite` in a cluster.
+Everything that differs between the two for one host is a question to that object, never a flag
+read here and there: the addresses its servers listen and are reached at, where the workloads' JAX
+coordinator is, the job's lease and how patiently the leader is reached, the machine's cores for the
+workload's own work, whether the leader's events go to the log, and the pod's annotations (a pod's
+only door to the API server, supervisor/own_pod.py). Locally every supervisor shares the loopback
+address of the leader and serves its metrics on a port of its own; in a pod each has the pod's IP
+and is reached by its host name through the job's headless Service, and the leader's supervisor
+publishes the job's progress on its own pod for the operator's TrainingJob status.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import sys
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor import leader_connection
+from slicekeeper.supervisor.host.workload import own_cores
 from slicekeeper.supervisor.leader.election import Election, Holder, cluster_election, local_election
 from slicekeeper.supervisor.own_pod import OwnPod
 from slicekeeper.supervisor.plan import JobPlan, free_port
@@ -38,74 +43,183 @@ def spare_index(machine: str) -> int:
     return int(machine.rsplit("-", 1)[-1])
 
 
-def metrics_port(plan: JobPlan, host: int, machine: str) -> int:
-    """The port of this machine's metrics (0: a free one). Local machines share one address: host i
-    on port + i, spare j after the hosts, on port + hosts + j (a spare keeps its port when it takes
-    over a host); pods each have theirs."""
-    port = plan.metrics_port
-    if port and plan.local:
-        port += host if host >= 0 else plan.hosts + spare_index(machine)
-    return port
-
-
-def bind_address(plan: JobPlan, leader_host: str) -> str:
-    """Where this supervisor's servers listen: locally the leader's loopback host; in a pod its IP
-    (every pod has its own), or all interfaces when the pod's IP is not given."""
-    if plan.local:
-        return leader_host
-    return plan.address or "0.0.0.0"
-
-
-def advertised_address(layout: JobLayout, identity: HostId, bind: str) -> str:
-    """The host peers reach this supervisor's servers at."""
-    if bind != "0.0.0.0":
-        return bind
-    return f"{layout.hostname(identity)}.{layout.job_name}"
-
-
-def coordinator_address(plan: JobPlan, layout: JobLayout, rank0: int) -> str:
-    """Where the workloads of a generation whose rank 0 is host `rank0` find JAX's coordinator."""
-    if plan.local:
-        return f"127.0.0.1:{free_port()}"
-    # JAX's coordinator runs in rank 0's workload; peers reach it through the headless Service.
-    return f"{layout.hostname(layout.host(rank0))}.{layout.job_name}:{COORDINATOR_PORT}"
-
-
-def leader_address(plan: JobPlan, host: int, advertised: str) -> str:
-    """Where this supervisor's leader server listens if it is elected. Locally the first leader
-    (host 0) serves on the plan's leader address and every other on a free port of its own; in a
-    pod every supervisor uses the plan's leader port on its own address."""
-    leader_host, port = plan.leader.rsplit(":", 1)
-    if plan.local:
-        return plan.leader if host == 0 else f"{leader_host}:{free_port(leader_host)}"
-    return f"{advertised}:{port}"
-
-
-def election(plan: JobPlan, own: Holder) -> Election:
-    """This supervisor's candidacy: on a lease file in the run directory locally, on the job's
-    coordination.k8s.io Lease in a pod (named after the job, in the pod's namespace)."""
-    if plan.local:
-        return local_election(Path(plan.run_dir), own)
-    namespace = os.environ.get(protocol.ENV_POD_NAMESPACE) or "default"
-    return cluster_election(lease_name(plan.layout.job_name), namespace, own)
-
-
 def lease_name(job_name: str) -> str:
     """The job's leader-election Lease (the operator grants its supervisors this one alone)."""
     return f"{job_name}-leader"
 
 
-def leader_wait(plan: JobPlan) -> float:
-    """How long a supervisor looks for a leader before giving up: locally a minute (the run is
-    broken); in a pod spec.health.replacementTimeoutSeconds (supervisor/leader_connection.py)."""
-    if plan.local or plan.replacement_timeout is None:
+class Site(ABC):
+    """One host's supervisor's surroundings; `plan.leader` is `host:port` of the first leader."""
+
+    local: bool
+    """A local run: the workload runs on CPU devices (supervisor.host.workload)."""
+    log_events: bool
+    """The leader's events also go to its log (a pod's log is all an operator of the cluster reads)."""
+
+    def __init__(self, plan: JobPlan) -> None:
+        self.plan = plan
+        self.leader_host, self.leader_port = plan.leader.rsplit(":", 1)
+
+    @abstractmethod
+    def metrics_port(self, host: int, machine: str) -> int:
+        """The port of this machine's metrics (0: a free one)."""
+
+    @abstractmethod
+    def bind_address(self) -> str:
+        """Where this supervisor's servers listen."""
+
+    def advertised_address(self, layout: JobLayout, identity: HostId, bind: str) -> str:
+        """The host peers reach this supervisor's servers at."""
+        if bind != "0.0.0.0":
+            return bind
+        return f"{layout.hostname(identity)}.{layout.job_name}"
+
+    @abstractmethod
+    def coordinator_address(self, layout: JobLayout, rank0: int) -> str:
+        """Where the workloads of a generation whose rank 0 is host `rank0` find JAX's coordinator."""
+
+    @abstractmethod
+    def leader_address(self, host: int, advertised: str) -> tuple[str, socket.socket | None]:
+        """Where this supervisor's leader server listens if it is elected, and the socket bound to
+        it now when the port is taken at start-up (None: the port is the pod's own)."""
+
+    @abstractmethod
+    def election(self, own: Holder) -> Election:
+        """This supervisor's candidacy on the job's lease."""
+
+    @property
+    @abstractmethod
+    def leader_wait(self) -> float:
+        """How long a supervisor looks for a leader before giving up (supervisor.leader_connection)."""
+
+    @property
+    @abstractmethod
+    def leader_unreachable_exit_code(self) -> int:
+        """How a supervisor that found no leader ends."""
+
+    @property
+    @abstractmethod
+    def replacement_timeout(self) -> float | None:
+        """How long the leader awaits a lost host's new pod; None: spare supervisors stand in
+        (supervisor.leader.capacity)."""
+
+    @abstractmethod
+    def cores(self) -> list[int]:
+        """The machine's cores, of which each host's own work gets one when hosts share the machine."""
+
+    @abstractmethod
+    def pod(self, machine: str) -> PodAnnotations | None:
+        """What this supervisor writes on its own pod (None: no pod)."""
+
+
+class LocalSite(Site):
+    """`slicekeeper run`: every host's supervisor a process of one machine."""
+
+    local = True
+    log_events = False
+
+    def metrics_port(self, host: int, machine: str) -> int:
+        """Local machines share one address: host i on port + i, spare j after the hosts, on port +
+        hosts + j (a spare keeps its port when it takes over a host)."""
+        port = self.plan.metrics_port
+        if port:
+            port += host if host >= 0 else self.plan.hosts + spare_index(machine)
+        return port
+
+    def bind_address(self) -> str:
+        return self.leader_host  # the loopback address of the run
+
+    def coordinator_address(self, layout: JobLayout, rank0: int) -> str:
+        return f"127.0.0.1:{free_port()}"
+
+    def leader_address(self, host: int, advertised: str) -> tuple[str, socket.socket | None]:
+        """A port bound now, so that no other process of the machine takes it before an election:
+        the plan's leader port for the first leader (host 0) if it is still free, any port otherwise
+        (members find the leader's address in the lease)."""
+        wanted = int(self.leader_port) if host == 0 else 0
+        reserved = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # no SO_REUSEADDR: nobody shares it
+        try:
+            reserved.bind((self.leader_host, wanted))
+        except OSError:
+            reserved.bind((self.leader_host, 0))  # taken meanwhile by another process of the machine
+        return f"{self.leader_host}:{reserved.getsockname()[1]}", reserved
+
+    def election(self, own: Holder) -> Election:
+        """On a lease file in the run directory."""
+        return local_election(Path(self.plan.run_dir), own)
+
+    @property
+    def leader_wait(self) -> float:
+        """A minute: the leader is a process on the same machine; not there by then, the run is broken."""
         return leader_connection.LOCAL_WAIT_SECONDS
-    return plan.replacement_timeout
+
+    @property
+    def leader_unreachable_exit_code(self) -> int:
+        return protocol.EXIT_JOB_FAILED
+
+    @property
+    def replacement_timeout(self) -> float | None:
+        return None
+
+    def cores(self) -> list[int]:
+        return own_cores()
+
+    def pod(self, machine: str) -> PodAnnotations | None:
+        return None
 
 
-def leader_unreachable_exit_code(plan: JobPlan) -> int:
-    """Locally: the run failed (1). In a pod: ask the operator for a new pod."""
-    return 1 if plan.local else leader_connection.LEADER_UNREACHABLE_EXIT_CODE
+class PodSite(Site):
+    """In a cluster: one pod per TPU host, each with its own IP, reached through the headless Service."""
+
+    local = False
+    log_events = True
+
+    def metrics_port(self, host: int, machine: str) -> int:
+        return self.plan.metrics_port  # every pod has its own address
+
+    def bind_address(self) -> str:
+        """The pod's IP, or all interfaces when it is not given."""
+        return self.plan.address or "0.0.0.0"
+
+    def coordinator_address(self, layout: JobLayout, rank0: int) -> str:
+        """JAX's coordinator runs in rank 0's workload; peers reach it through the headless Service."""
+        return f"{layout.hostname(layout.host(rank0))}.{layout.job_name}:{COORDINATOR_PORT}"
+
+    def leader_address(self, host: int, advertised: str) -> tuple[str, socket.socket | None]:
+        return f"{advertised}:{self.leader_port}", None
+
+    def election(self, own: Holder) -> Election:
+        """On the job's coordination.k8s.io Lease (named after the job, in the pod's namespace)."""
+        namespace = os.environ.get(protocol.ENV_POD_NAMESPACE) or "default"
+        return cluster_election(lease_name(self.plan.layout.job_name), namespace, own)
+
+    @property
+    def leader_wait(self) -> float:
+        """spec.health.replacementTimeoutSeconds: the time a leader gives a lost host's new pod."""
+        if self.plan.replacement_timeout is None:
+            return leader_connection.LOCAL_WAIT_SECONDS
+        return self.plan.replacement_timeout
+
+    @property
+    def leader_unreachable_exit_code(self) -> int:
+        """Ask the operator for a new pod (exit 1 would mean the job failed)."""
+        return leader_connection.LEADER_UNREACHABLE_EXIT_CODE
+
+    @property
+    def replacement_timeout(self) -> float | None:
+        return self.plan.replacement_timeout
+
+    def cores(self) -> list[int]:
+        return []  # the pod's machine is its own
+
+    def pod(self, machine: str) -> PodAnnotations | None:
+        own = OwnPod.from_env(os.environ)
+        return PodAnnotations(own, machine) if own is not None else None
+
+
+def site_of(plan: JobPlan) -> Site:
+    """The site a plan describes, decided once."""
+    return LocalSite(plan) if plan.local else PodSite(plan)
 
 
 class PodAnnotations:
@@ -114,12 +228,6 @@ class PodAnnotations:
     def __init__(self, pod: OwnPod, machine: str) -> None:
         self._pod = pod
         self._machine = machine
-
-    @classmethod
-    def of(cls, plan: JobPlan, machine: str) -> PodAnnotations | None:
-        """This supervisor's own pod (None: locally, or outside a pod)."""
-        pod = None if plan.local else OwnPod.from_env(os.environ)
-        return cls(pod, machine) if pod is not None else None
 
     async def _write(self, write: Callable[[Any], str | None], value: Any) -> bool:
         error = await asyncio.to_thread(write, value)

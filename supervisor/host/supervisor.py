@@ -30,14 +30,14 @@ from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers
 from slicekeeper.supervisor.culprit import ActivityTracker
 from slicekeeper.supervisor.hang import HangDetector
-from slicekeeper.supervisor.host import site
 from slicekeeper.supervisor.host.chaos import Chaos
 from slicekeeper.supervisor.host.generation import Generation
 from slicekeeper.supervisor.host.leadership import Leadership
 from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.host.membership import Membership
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
-from slicekeeper.supervisor.host.workload import Workloads, own_cores, workload_argv, workload_env
+from slicekeeper.supervisor.host.site import site_of, spare_index
+from slicekeeper.supervisor.host.workload import Workloads, workload_argv, workload_env
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.metrics import SupervisorMetrics
@@ -130,7 +130,9 @@ class HostSupervisor:
         self._socket_path = self._dir / "sdk.sock"
         self._tasks: set[asyncio.Task[None]] = set()
         self._events = (self._dir / "events.jsonl").open("a", buffering=1)
-        self._pod = site.PodAnnotations.of(plan, machine)
+        self.site = site_of(plan)
+        """Local or pod: decided once (supervisor.host.site)."""
+        self._pod = self.site.pod(machine)
         self.chaos = Chaos(
             plan.chaos,
             host,
@@ -147,9 +149,9 @@ class HostSupervisor:
         )
         self.workloads = Workloads(
             self._dir / "workload.log",
-            argv=workload_argv(self.job.spec.workload, plan.local),
+            argv=workload_argv(self.job.spec.workload, self.site.local),
             env=self._workload_env,
-            local=plan.local,
+            local=self.site.local,
             standby=self.job.spec.workload.standby,
             finished=self._finished,
             send=send_line,
@@ -227,7 +229,7 @@ class HostSupervisor:
             checkpoint_dir=self.tiers.local_dir,
             slow=self.chaos.slow_spec(),
             environ=os.environ,
-            cores=own_cores() if self.plan.local else [],
+            cores=self.site.cores(),
         )
 
     # --- entry --------------------------------------------------------------------------------
@@ -235,15 +237,14 @@ class HostSupervisor:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._terminate, f"received {signum.name}")
-        leader_host, _ = self.plan.leader.rsplit(":", 1)
-        bind = site.bind_address(self.plan, leader_host)
-        metrics_port = self.metrics.serve(site.metrics_port(self.plan, self.host, self.machine), bind)
+        bind = self.site.bind_address()
+        metrics_port = self.metrics.serve(self.site.metrics_port(self.host, self.machine), bind)
         sdk_server = await self.sdk.serve(self._socket_path)
         if self.restart and self.host >= 0:
             # Its workload died with the supervisor before it: the restart it rejoins needs one, and
             # the imports are done while the leader decides.
             self._spawn_task(self.workloads.prestart(0))
-        advertise = site.advertised_address(self.layout, self.identity, bind)
+        advertise = self.site.advertised_address(self.layout, self.identity, bind)
         replica_address = await self.tiers.serve(bind, advertise=advertise)
         self.leadership = self._leadership(bind, advertise)
         campaign = self._spawn_task(self.leadership.run())
@@ -277,9 +278,10 @@ class HostSupervisor:
         return self.leadership.leader if self.leadership is not None else None
 
     def _leadership(self, bind: str, advertise: str) -> Leadership:
-        own = Holder(self.machine, self.host, site.leader_address(self.plan, self.host, advertise))
+        address, reserved = self.site.leader_address(self.host, advertise)
+        own = Holder(self.machine, self.host, address)
         leadership = Leadership(
-            site.election(self.plan, own),
+            self.site.election(own),
             own,
             candidate=self.host >= 0,
             first=self.host == 0 and self.joined_by is None,
@@ -287,6 +289,7 @@ class HostSupervisor:
             new_leader=self._new_leader,
             journal=lambda: self.journal,
             bind=bind,
+            reserved=reserved,
             say=self._say,
         )
         leadership.elected, leadership.deposed = self._lead, self._stop_leading
@@ -311,7 +314,7 @@ class HostSupervisor:
         return Leader(
             plan.hosts,
             spec.health.max_restarts,
-            lambda generation, rank0: site.coordinator_address(plan, self.layout, rank0),
+            lambda generation, rank0: self.site.coordinator_address(self.layout, rank0),
             Path(plan.run_dir) / "job-summary.json",
             spec.health.max_restarts_without_progress,
             persistent=self.tiers.persistent,
@@ -321,8 +324,8 @@ class HostSupervisor:
             devices_per_host=plan.devices_per_host,
             engine=PolicyEngine.from_spec(spec.policy),
             events_path=Path(plan.run_dir) / "policy-events.jsonl",
-            replacement_timeout=plan.replacement_timeout,
-            log_events=not plan.local,
+            replacement_timeout=self.site.replacement_timeout,
+            log_events=self.site.log_events,
             term=term,
             leading=leading,
         )
@@ -356,8 +359,8 @@ class HostSupervisor:
         assert self.leadership is not None
         self.membership = Membership(
             self.leadership,
-            wait=site.leader_wait(self.plan),
-            unreachable_exit_code=site.leader_unreachable_exit_code(self.plan),
+            wait=self.site.leader_wait,
+            unreachable_exit_code=self.site.leader_unreachable_exit_code,
             finished=self._finished,
             say=self._say,
         )
@@ -375,7 +378,7 @@ class HostSupervisor:
         """How this supervisor joins a leader: as a spare, as a host, or as a host rejoining after
         its leader was lost (with what a leader taking over needs from it)."""
         if self.host < 0:
-            return messages.RegisterSpare(spare=site.spare_index(self.machine), chaos=self.joined_by, **hello)
+            return messages.RegisterSpare(spare=spare_index(self.machine), chaos=self.joined_by, **hello)
         if not rejoining:
             return messages.Register(host=self.host, **hello, restarted=self.restart > 0)
         return messages.Register(
@@ -393,6 +396,9 @@ class HostSupervisor:
         self.tiers.host = host
         self.record.serve(host)
         self.chaos.aim_at(host, fired)
+        if self.leadership is not None and not self.leadership.candidate:  # a spare: a candidate now
+            own = Holder(self.machine, host, self.leadership.own.address)
+            self.leadership.adopt(self.site.election(own), own)
         self.accountant = GoodputAccountant(time.time())
         self.accountant.switch(Category.INFRASTRUCTURE_RECOVERY, time.time())
         self._log({"source": "leader", "type": "assign", "host": host, "machine": self.machine})

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -199,10 +200,16 @@ class Leader:
         await takeover.carry_on_and_recover()
 
     # --- the server ---------------------------------------------------------------------------
-    async def serve(self, address: str, port: int) -> int:
-        self._server = await asyncio.start_server(
-            self._connection, address, port, limit=protocol.CONTROL_LINE_LIMIT
-        )
+    async def serve(self, address: str, port: int, sock: socket.socket | None = None) -> int:
+        """Listen on `address:port`, or on `sock` (bound already: a port reserved at start-up)."""
+        if sock is not None:
+            self._server = await asyncio.start_server(
+                self._connection, sock=sock, limit=protocol.CONTROL_LINE_LIMIT
+            )
+        else:
+            self._server = await asyncio.start_server(
+                self._connection, address, port, limit=protocol.CONTROL_LINE_LIMIT
+            )
         return int(self._server.sockets[0].getsockname()[1])
 
     def stand_down(self, reason: str) -> None:

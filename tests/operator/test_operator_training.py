@@ -152,10 +152,16 @@ async def short_job(
         except AssertionError:
             print(cluster.log_of("tiny-lm-s0-w0")[-4000:])
             raise
-        await eventually(
-            lambda: {p["status"]["phase"] for p in kube.pods(NS).values()} == {"Succeeded"},
-            what="every pod Succeeded (its supervisor exited 0)",
-        )
+        try:
+            await eventually(
+                lambda: {p["status"]["phase"] for p in kube.pods(NS).values()} == {"Succeeded"},
+                what="every pod Succeeded (its supervisor exited 0)",
+            )
+        except AssertionError:
+            for name, pod in kube.pods(NS).items():
+                print(name, pod["status"].get("phase"), pod["status"].get("containerStatuses"))
+                print(cluster.log_of(name)[-2000:])
+            raise
         return done
 
 

@@ -1,8 +1,9 @@
 """A real Leader with fake members, fake spares and a watcher of its events, over TCP on 127.0.0.1.
 
 For the leader's tests of spares and hot-swap, of restore sources over the tiers, and of supervisors
-started again on their machines (tests/unit): `job_with_spares` gives a running job, `lose` loses a
-host, `all_stop` and `assigned` check what the leader commands, `FakePersistent` stands in for the
+started again on their machines (tests/unit): `running_job` (no spares) and `job_with_spares` give a
+running job, `restart` and `killed_after_five_steps` take it through a fault, `lose` loses a host,
+`all_stop` and `assigned` check what the leader commands, `FakePersistent` stands in for the
 persistent tier.
 """
 
@@ -201,3 +202,52 @@ async def host_1_swapped_and_restarted(job: Job) -> None:
     for member in (job.members[0], job.spares[0]):
         start = await member.receive()
         assert (start["type"], start["generation"], start["restore_step"]) == ("start", 1, 10)
+
+
+async def running_job(
+    hosts: int = 2, max_restarts: int = 3, max_restarts_without_progress: int = 3
+) -> tuple[Leader, list[Member]]:
+    """A leader with every member registered and the `start` of generation 0 consumed."""
+    leader = Leader(
+        hosts=hosts,
+        max_restarts=max_restarts,
+        coordinator_address=coordinator,
+        max_restarts_without_progress=max_restarts_without_progress,
+    )
+    port = await leader.serve("127.0.0.1", 0)
+    members = await join(port, hosts)
+    for member in members:
+        await member.send("register", metrics_port=9100 + member.host)
+    for member in members:
+        start = await member.receive()
+        assert (start["type"], start["generation"]) == ("start", 0)
+    return leader, members
+
+
+async def restart(members: list[Member], generation: int) -> list[dict[str, Any]]:
+    """Fault on host 0, every member acks the stop; returns the `start` each member received."""
+    await members[0].fault(generation)
+    for member in members:
+        assert (await member.receive())["type"] == "stop"
+    for member in members:
+        await member.send("stopped", generation=generation)
+    return [await member.receive() for member in members]
+
+
+async def killed_after_five_steps() -> tuple[Leader, list[Member]]:
+    """Two hosts, five steps, host 1 killed at step 5 and the crash detected: every member stopping."""
+    leader, members = await running_job(hosts=2)
+    for step in (1, 2, 3, 4, 5):
+        await members[0].progress(0, step=step, t=90.0 + step)
+    await members[1].send("chaos", kind="kill", step=5, t=96.0, generation=0)
+    await eventually(lambda: leader.memory.high_water == 5 and len(leader.memory.faults) == 1)
+    await members[1].fault(0, kind="crash", t=97.5)
+    for member in members:
+        assert (await member.receive())["type"] == "stop"
+    return leader, members
+
+
+async def shut(leader: Leader, members: list[Member]) -> None:
+    for member in members:
+        member.close()
+    await leader.close()

@@ -15,6 +15,8 @@ import time
 import pytest
 from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.host.leadership import Leadership
+from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import (
     LEASE_FILE,
     Election,
@@ -25,6 +27,9 @@ from slicekeeper.supervisor.leader.election import (
     read_lease_file,
 )
 from slicekeeper.supervisor.leader.members import Members
+from slicekeeper.supervisor.plan import free_port
+
+from tests.support.fake_members import coordinator, eventually
 
 FAST = Timing(duration=2, renew_deadline=1.5, retry=1)  # type: ignore[arg-type]
 
@@ -190,5 +195,39 @@ def test_a_leader_that_released_the_lease_never_takes_it_back(tmp_path):
         lease = read_lease_file(tmp_path / LEASE_FILE)
         assert lease is not None and lease.released
         assert await candidate(tmp_path, "host-1", 1).step()
+
+    asyncio.run(scenario())
+
+
+def test_a_spare_only_watches_until_it_takes_a_host_over_then_it_may_lead(tmp_path):
+    """A spare that took host 0 over is a candidate like every host (otherwise hot-swaps would thin the
+    candidates out): here the lease is free, and it takes it only once it serves a host."""
+
+    async def scenario() -> None:
+        old = local_election(tmp_path, Holder("host-0", 0, "127.0.0.1:1"))
+        assert await old.step()
+        await old.release()  # nobody leads: free for the taking
+        watching = Holder("spare-0", -1, f"127.0.0.1:{free_port()}")
+        leadership = Leadership(
+            local_election(tmp_path, watching),
+            watching,
+            candidate=False,
+            first=False,
+            new_leader=lambda term, leading: Leader(hosts=2, max_restarts=3, coordinator_address=coordinator),
+            journal=lambda: None,
+            bind="127.0.0.1",
+            say=lambda text: None,
+        )
+        campaign = asyncio.create_task(leadership.run())
+        await asyncio.sleep(0.6)
+        assert leadership.leader is None  # a spare only watches (the negative control)
+        serving = Holder("spare-0", 0, watching.address)
+        leadership.adopt(local_election(tmp_path, serving), serving)
+        await eventually(lambda: leadership.leader is not None)
+        lease = read_lease_file(tmp_path / LEASE_FILE)
+        assert lease is not None and lease.leader == serving
+        campaign.cancel()
+        assert leadership.leader is not None
+        await leadership.leader.close()
 
     asyncio.run(scenario())

@@ -11,28 +11,7 @@ from slicekeeper.supervisor.host.workload import go_env, standby_env, workload_a
 from slicekeeper.supervisor.plan import JobPlan
 
 from slicekeeper import protocol
-from slicekeeper.api import dump_training_job, load_training_job
-from tests.support.cli_runs import ROOT
-
-EXAMPLE = ROOT / "examples" / "trainingjob.yaml"
-"""tiny-lm: 2 slices x 2 hosts."""
-
-
-def example_plan(tmp_path: Path, *, local: bool) -> JobPlan:
-    job = dump_training_job(load_training_job(EXAMPLE))
-    job["spec"]["workload"]["env"] = [{"name": "FROM_THE_SPEC", "value": "yes"}]
-    return JobPlan(
-        job=job,
-        slices=2,
-        hosts_per_slice=2,
-        devices_per_host=2 if local else 4,
-        run_dir=str(tmp_path / "run"),
-        leader="127.0.0.1:1" if local else "tiny-lm-s0-w0.tiny-lm:8475",
-        total_steps=200,
-        checkpoint_root=str(tmp_path / "disk"),
-        compilation_cache=str(tmp_path / "cache") if local else None,
-        local=local,
-    )
+from tests.support.plans import example_plan
 
 
 def env_of(
