@@ -113,7 +113,12 @@ class Takeover:
         # The furthest step any member completed, before a registration stops the job on it.
         steps = [m.step for m, _ in self.backlog if isinstance(m, messages.Register) and m.step is not None]
         self._memory.high_water = max([self._memory.high_water, *steps])
-        for join, member in [(m, w) for m, w in self.backlog if isinstance(m, joins)]:
+        # Members coming back first, each into its place, then new machines (a replacement pod, a
+        # restarted supervisor) and spares: a newcomer stops the job, and the decision on it must
+        # see every member that is back, not only those registered before it.
+        registrations = [(m, w) for m, w in self.backlog if isinstance(m, joins)]
+        registrations.sort(key=lambda join: not _coming_back(join[0]))  # stable: arrival order kept
+        for join, member in registrations:
             await self._handle(join, member)
         memory = self._memory
         if memory.state is JobState.STOPPING and memory.stop_cause is not None:
@@ -145,3 +150,8 @@ class Takeover:
             f"{change['leaderless_seconds']:.1f} s without a leader",
             host=self.own.host,
         )
+
+
+def _coming_back(join: messages.ToLeader) -> bool:
+    """A member of the job registering again (with the generation its workload is in)."""
+    return isinstance(join, messages.Register) and join.generation is not None

@@ -13,9 +13,12 @@ import asyncio
 
 from slicekeeper.supervisor.host.chaos import faults_of
 from slicekeeper.supervisor.host.machine_record import MachineRecord
+from slicekeeper.supervisor.leader import Leader
+from slicekeeper.supervisor.leader.election import Holder
+from slicekeeper.supervisor.leader.journal import JobState
 
-from tests.support.fake_members import Member, eventually, run
-from tests.support.leader_jobs import all_stop, assigned, job_with_spares, lose
+from tests.support.fake_members import Member, coordinator, eventually, join, run
+from tests.support.leader_jobs import all_stop, assigned, job_with_spares, lose, running_job, shut
 
 SPECS = ["crash-supervisor:host=1@step=5", "slow:host=1,factor=2@step=3", "kill:host=1@step=9"]
 
@@ -101,5 +104,33 @@ def test_a_supervisor_restarted_during_a_restart_is_stopped_with_it_and_counts_n
         assert job.leader.summary()["restarts"] == {"crash": 1}
         job.members[1] = new
         await job.shut()
+
+    run(scenario)
+
+
+def test_a_new_machine_registering_first_with_a_new_leader_is_decided_on_with_every_member_back():
+    """A host's new machine (here: host 0's replacement pod, which reaches the new leader first) stops
+    the job on registering; the decision on it must see host 1, which comes back with the job's
+    memory right after. Handled in arrival order, the decision found host 1 without a machine and
+    failed the job (seen on the fake-kubelet cluster); members coming back are placed first."""
+
+    async def scenario():
+        old, members = await running_job(hosts=2)
+        memory = {"type": "journal", "seq": 3, "journal": old.journal()}
+        await shut(old, members)
+        new = Leader(
+            hosts=2, max_restarts=3, coordinator_address=coordinator, replacement_timeout=10.0, term=2
+        )
+        port = await new.serve("127.0.0.1", 0)
+        new.take_over(Holder("a-0", 0, "10.0.0.1:8475"), Holder("a-2", 0, f"127.0.0.1:{port}"), None, 100.0)
+        fresh, back = await join(port, 2)
+        await fresh.send("register", machine="a-2", metrics_port=9300)  # host 0's new pod, first
+        await eventually(lambda: new._takeover is not None and 0 in new._takeover.hosts)
+        await back.send("register", machine="a-1", metrics_port=9101, generation=0, step=4, journal=memory)
+        for member in (fresh, back):
+            stop = await member.receive()
+            assert (stop["type"], stop["kind"]) == ("stop", "host_lost"), stop
+        assert new.memory.state is JobState.STOPPING and new.memory.leader_changes[0]["from_host"] == 0
+        await shut(new, [fresh, back])
 
     run(scenario)
