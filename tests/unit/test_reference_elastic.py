@@ -127,7 +127,8 @@ from pathlib import Path
 import jax, numpy as np
 from jax.sharding import Mesh
 from slicekeeper.workload.jax_checkpoint import host_shards
-from slicekeeper.workload.reference.model import AXES, ModelConfig, ShardedModel
+from slicekeeper.workload.reference.model import AXES, ShardedModel
+from slicekeeper.workload.reference.transformer import ModelConfig
 
 steps, out = int(sys.argv[1]), Path(sys.argv[2])
 losses, shards = {}, {}

@@ -35,7 +35,8 @@ from slicekeeper.workload.jax_checkpoint import (
     gather,
     replica_agreement,
 )
-from slicekeeper.workload.reference.model import ModelConfig, ShardedModel, host_mesh
+from slicekeeper.workload.reference.model import ShardedModel, host_mesh
+from slicekeeper.workload.reference.transformer import ModelConfig
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -1,0 +1,270 @@
+"""The sections of a TrainingJob's spec (what the user asks for), and the base of every API model.
+
+Import them from `slicekeeper.api`: it re-exports every model here and stays the API's one import
+point and the CRD's source. This module holds the spec (slice shape, workload, checkpoint tiers,
+policy, health, local mode, Kueue) so that `api.py` holds the object around it (metadata, status)
+and how a TrainingJob is read and written.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from slicekeeper import tpu
+
+DEFAULT_COMMAND = ["python", "-m", "slicekeeper.workload.reference.jax_trainer"]
+
+
+class Model(BaseModel):
+    """Base for every API object: camelCase aliases, unknown fields rejected, frozen values."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class TpuSpec(Model):
+    """The slice shape: a TPU type (`v5p-16`) and/or an accelerator with a topology."""
+
+    type: str | None = Field(default=None, description="TPU type, e.g. v5p-16, v5e-16, v4-32, v6e-8.")
+    accelerator: str | None = Field(
+        default=None, description="GKE accelerator label, e.g. tpu-v5p-slice (derived from type if absent)."
+    )
+    topology: str | None = Field(default=None, description="Slice topology, e.g. 2x2x2 or 4x4.")
+    chips_per_host: Literal[1, 4, 8] | None = Field(
+        default=None, description="Chips per VM (v5e/v6e machine type: 1, 4 or 8); derived if absent."
+    )
+
+    @model_validator(mode="after")
+    def _shape_is_real(self) -> TpuSpec:
+        try:
+            self.shape()
+        except tpu.TpuShapeError as error:
+            raise ValueError(str(error)) from None
+        return self
+
+    def shape(self) -> tpu.SliceShape:
+        return tpu.resolve(
+            tpu_type=self.type,
+            accelerator=self.accelerator,
+            topology=self.topology,
+            chips_per_host=self.chips_per_host,
+        )
+
+
+class EnvVar(Model):
+    name: str = Field(min_length=1)
+    value: str = ""
+
+
+class WorkloadSpec(Model):
+    """What runs on every host: the user's training command (the reference JAX trainer by default)."""
+
+    image: str = Field(default="ghcr.io/slicekeeper/slicekeeper:latest", description="Container image.")
+    command: list[str] = Field(default_factory=lambda: list(DEFAULT_COMMAND), min_length=1)
+    args: list[str] = Field(default_factory=list)
+    env: list[EnvVar] = Field(default_factory=list)
+    steps: PositiveInt = Field(default=200, description="Training steps the workload runs in total.")
+    standby: bool = Field(
+        default=False,
+        description="Keep a pre-started workload process (imports done) waiting to replace the workload "
+        "at the next restart. Only for loops that call the SDK's connect() before any work.",
+    )
+
+
+class PeerTierSpec(Model):
+    """Copies of each host's local checkpoints on other hosts, sent over the network between supervisors."""
+
+    replicas: Annotated[int, Field(ge=0)] = Field(
+        default=1, description="Hosts that keep a copy of each host's shard (0 turns the peer tier off)."
+    )
+    max_to_keep: PositiveInt = Field(default=2, description="Replicated steps kept per host and owner.")
+
+
+class PersistentTierSpec(Model):
+    """Rare saves to storage that outlives every host: a directory or an object-store URI."""
+
+    uri: str = Field(
+        min_length=1,
+        description="Directory, file:// or object-store URI (gs://, s3:// with gcsfs or s3fs installed).",
+    )
+    interval: PositiveInt = Field(
+        default=50, description="Steps between persistent saves; a multiple of spec.checkpoint.interval."
+    )
+    max_to_keep: PositiveInt = Field(default=2, description="Persistent checkpoints kept.")
+
+
+class CheckpointSpec(Model):
+    """Checkpoint tiers: local (each host, RAM-backed by default), peer, persistent (optional)."""
+
+    local_dir: str = Field(
+        default="/dev/shm/slicekeeper", description="Per-host local tier directory (RAM disk by default)."
+    )
+    interval: PositiveInt = Field(default=10, description="Steps between local-tier saves.")
+    max_to_keep: PositiveInt = Field(default=3, description="Local-tier checkpoints kept per host.")
+    peer: PeerTierSpec = Field(default_factory=PeerTierSpec)
+    persistent: PersistentTierSpec | None = Field(
+        default=None, description="The persistent tier; absent: no persistent saves."
+    )
+
+    @model_validator(mode="after")
+    def _persistent_saves_are_local_saves(self) -> CheckpointSpec:
+        # The persistent tier uploads a committed local step: only local steps can be persisted.
+        if self.persistent is not None and self.persistent.interval % self.interval:
+            raise ValueError(
+                f"persistent.interval ({self.persistent.interval}) must be a multiple of "
+                f"interval ({self.interval}): a persistent save uploads a local checkpoint"
+            )
+        return self
+
+
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+class LevelBudget(Model):
+    """One rung of the escalation ladder: at most `max` uses within any `windowSeconds`."""
+
+    max: NonNegativeInt = Field(description="Uses allowed within the window (0: never).")
+    window_seconds: PositiveFloat = Field(default=3600.0, description="Length of the sliding window.")
+
+
+class RestartBudget(LevelBudget):
+    max: NonNegativeInt = Field(default=10, description="In-job restarts the policy may order per window.")
+
+
+class ReplaceBudget(LevelBudget):
+    max: NonNegativeInt = Field(default=4, description="Hot-swaps (host replaced by a spare) per window.")
+
+
+class ScaleDownBudget(LevelBudget):
+    max: NonNegativeInt = Field(default=4, description="Elastic scale-downs per window.")
+
+
+class PolicyBudgets(Model):
+    """Budgets of the escalation ladder's levels; spec.health.maxRestarts still caps all restarts."""
+
+    restart: RestartBudget = Field(default_factory=RestartBudget)
+    replace: ReplaceBudget = Field(default_factory=ReplaceBudget)
+    scale_down: ScaleDownBudget = Field(default_factory=ScaleDownBudget)
+
+
+class PolicyRef(Model):
+    """Which remediation policy decides on faults: `default` (the escalation ladder) or a user file."""
+
+    name: str = Field(default="default")
+    file: str | None = Field(
+        default=None,
+        description="Path of a user policy file (local mode; relative to the TrainingJob file).",
+    )
+    config_map: str | None = Field(
+        default=None,
+        description="ConfigMap holding the policy as key policy.py (cluster); pods mount it.",
+    )
+    source: str | None = Field(
+        default=None,
+        description="The policy's Python source, inline; the operator stores it in the job's ConfigMap.",
+    )
+    hook_timeout_seconds: PositiveFloat = Field(
+        default=2.0, description="A hook running longer falls back to the default policy for that decision."
+    )
+    budgets: PolicyBudgets = Field(default_factory=PolicyBudgets)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PolicyRef:
+        given = [
+            name
+            for name, value in (("file", self.file), ("source", self.source), ("configMap", self.config_map))
+            if value is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(f"give the policy one way, not {' and '.join(given)}")
+        return self
+
+
+class HealthSpec(Model):
+    """Detection settings. See docs/supervisor.md for how the hang timeout is derived."""
+
+    max_restarts: Annotated[int, Field(ge=0)] = Field(
+        default=10, description="In-job restarts allowed before the job fails."
+    )
+    max_restarts_without_progress: PositiveInt = Field(
+        default=3, description="Consecutive restarts with no completed step before the job fails."
+    )
+    hang_timeout_floor_seconds: PositiveFloat = Field(
+        default=2.0, description="The hang timeout never goes below this many seconds."
+    )
+    hang_timeout_factor: PositiveFloat = Field(
+        default=3.0, description="Hang timeout = max(floor, factor x typical step time)."
+    )
+    startup_timeout_seconds: PositiveFloat = Field(
+        default=120.0, description="Allowance from process start to the first completed step."
+    )
+    phase_timeout_seconds: PositiveFloat = Field(
+        default=60.0, description="Allowance for a reported non-step phase (checkpoint save, restore)."
+    )
+    replacement_timeout_seconds: PositiveFloat = Field(
+        default=300.0,
+        description="Cluster: how long a lost host's replacement pod may take to join before the policy "
+        "is asked again with no replacement possible (by default: scale down by whole slices).",
+    )
+
+
+class LocalSpec(Model):
+    """How `slicekeeper run` scales the job down to processes on one machine."""
+
+    hosts: PositiveInt | None = Field(
+        default=None, description="Local host processes (default: min(4, hosts of the real job))."
+    )
+    devices_per_host: PositiveInt = Field(default=2, description="CPU devices per local host.")
+    work_dir: str | None = Field(default=None, description="Run directory (default: a new temp dir).")
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] = Field(
+        default=0,
+        description="First supervisor metrics port (host i gets port+i, spare j port+hosts+j); 0 picks "
+        "free ports.",
+    )
+    spares: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="Spare host processes, ready to take over the identity of a lost host."
+    )
+
+
+class KueueSpec(Model):
+    """Gang admission with Kueue plain-pod groups: all of the job's pods are admitted together."""
+
+    queue_name: str = Field(min_length=1, description="Kueue LocalQueue the pods are submitted to.")
+
+
+class TrainingJobSpec(Model):
+    tpu: TpuSpec
+    slices: PositiveInt = Field(default=1, description="Number of TPU slices (multislice over DCN).")
+    min_slices: PositiveInt = Field(
+        default=1, description="Elastic scale-down never leaves the job with fewer slices than this."
+    )
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    policy: PolicyRef = Field(default_factory=PolicyRef)
+    health: HealthSpec = Field(default_factory=HealthSpec)
+    local: LocalSpec = Field(default_factory=LocalSpec)
+    kueue: KueueSpec | None = Field(default=None, description="Admit the pods through Kueue (cluster).")
+    service_account_name: str = Field(
+        default="slicekeeper-supervisor",
+        description="Service account of the pods: the supervisor may mark its own pod (operator/rbac.yaml).",
+    )
+    suspend: bool = Field(
+        default=False,
+        description="Cluster: true deletes the job's pods; set back to false, it resumes from its "
+        "persistent checkpoint.",
+    )
+
+    @model_validator(mode="after")
+    def _min_slices_fit(self) -> TrainingJobSpec:
+        if self.min_slices > self.slices:
+            raise ValueError(
+                f"minSlices ({self.min_slices}) must not exceed slices ({self.slices}): "
+                "scale-down keeps at least minSlices of the job's slices"
+            )
+        return self
