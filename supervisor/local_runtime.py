@@ -212,8 +212,8 @@ class LocalRuntime:
             await asyncio.wait([h for h in hosts if not h.done()], return_when=asyncio.FIRST_COMPLETED)
             failed = [h for h in hosts if h.done() and h.result() == protocol.EXIT_JOB_FAILED]
             if failed and not all(host.done() for host in hosts):
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.gather(*hosts), LONE_FAILURE_SECONDS)
+                # asyncio.wait, not wait_for: a timeout must not cancel the hosts' tasks.
+                await asyncio.wait([h for h in hosts if not h.done()], timeout=LONE_FAILURE_SECONDS)
                 if not all(host.done() for host in hosts):
                     machine = self._machines[hosts.index(failed[0])]
                     self._say(f"slicekeeper: {machine}'s supervisor failed and the others went on; stopping")

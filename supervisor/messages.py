@@ -57,6 +57,8 @@ class Register(Report):
     """Rejoining: the generation this host is in."""
     step: int | None = None
     """Rejoining: the furthest step this host completed (the journal is not written at every step)."""
+    parked: bool = False
+    """Rejoining: this host idles in a slice a scale-down dropped (it was no capacity lost)."""
     restarted: bool = False
     """A supervisor started again on the same machine (the one before it died, and its workload with
     it; the machine's disk, its checkpoints included, is intact)."""

@@ -3,7 +3,7 @@
 Per host, one asyncio loop does everything: it listens to the workload's SDK events on a Unix
 socket, watches the process (exits) and the clock (hangs), accounts goodput, injects the chaos
 faults aimed at this host, serves Prometheus metrics, and obeys the leader's start/stop/shutdown.
-The supervisor of slice 0 worker 0 also runs the leader (supervisor.leader).
+The supervisor holding the job's lease also runs the leader (supervisor.leader); any host's may.
 
 A supervisor runs on a machine (`host-i`, or `spare-j` for a spare). A spare registers with the
 leader and waits; when a host is lost, the leader assigns it that host's identity and it joins the
@@ -21,6 +21,11 @@ The parts, each handed only what it needs:
 - `detectors`: the workload's exit classified, its silence judged;
 - `chaos`: the chaos faults aimed at this host, for local runs;
 - `site`: what differs between a local process and a pod (addresses, the pod's annotations).
+- `leadership`: this host's part in the election, and which leader to follow;
+- `leader_duties`: what this supervisor does while it leads (the term's Leader, the status it publishes);
+- `membership`: the connection to whoever leads, rejoined when a leader is lost;
+- `machine_record`: what the machine remembers across restarts of its supervisor;
+- `host_report`: the supervisor's account at its end.
 """
 
 from slicekeeper.supervisor.host.supervisor import HostSupervisor

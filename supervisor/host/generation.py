@@ -67,6 +67,8 @@ class Generation:
         self.stopping = False
         """The current generation is being stopped (or this host is parked): its workload's word no
         longer counts."""
+        self.parked = False
+        """This host's slice was dropped by a scale-down: it idles until a start brings it back."""
         self.restarts: dict[str, int] = {}
         """Generations stopped, by the kind of fault that stopped them."""
         self.faults: dict[str, int] = {}
@@ -96,6 +98,7 @@ class Generation:
         """The leader's `start`: the generation, its coordinator, the restore step (None: from scratch)
         and where to stage it from, the replica holders' addresses; `world`: the hosts taking part."""
         generation, restore_step = message.generation, message.restore_step
+        self.parked = False
         addresses = dict(message.replica_addresses)
         self._tiers.start_generation(generation, addresses, world)
         await self._start(generation, message.coordinator, restore_step, message.sources)
@@ -187,6 +190,7 @@ class Generation:
         self.number = generation  # an older workload's late words no longer count
         self._metrics.generation.set(generation)
         self.stopping = True
+        self.parked = True
         self._workloads.drop_standby()
         self._tiers.start_generation(generation, {}, [])
         self._tiers.discard_after(restore_step)

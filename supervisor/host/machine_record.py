@@ -49,6 +49,15 @@ class MachineRecord:
             os.fsync(out.fileno())
         temporary.replace(self.path)
 
+    def claim(self, host: int | None, *, restarted: bool) -> int | None:
+        """The host a supervisor starting on this machine serves: on a restart, the one the machine
+        served before (a spare may have taken one over); else `host` (None: a spare)."""
+        if restarted and self.host is not None:
+            return self.host
+        if host is not None and self.host != host:
+            self.serve(host)
+        return host
+
     def serve(self, host: int) -> None:
         self.host = host
         self.save()

@@ -5,25 +5,23 @@ takes one over), the world it trains in, the goodput accountant and the event lo
 only the objects and callables it needs: the workload process (host.workload), the SDK's events
 (host.sdk_events), the restart generation with its exit and hang watches (host.generation,
 host.detectors), the chaos faults (host.chaos), the local or pod specifics (host.site), its part
-in the election and the leader it runs while elected (host.leadership), its connection to whoever
-leads (host.membership). Here the leader's commands are carried out (`_obey`: messages.Start, Stop,
+in the election (host.leadership) and what it does while it leads (host.leader_duties), its
+connection to whoever leads (host.membership), what its machine remembers across supervisor restarts
+(host.machine_record). Here the leader's commands are carried out (`_obey`: messages.Start, Stop,
 Park, Retire, Shutdown, Failed, Journal, ActivityRequest; Assign for a spare); the host's end is its
-`report.json`.
+account (host.host_report).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Coroutine
-from dataclasses import asdict
-from pathlib import Path
+from collections.abc import Coroutine
 from typing import Any
 
 from slicekeeper.supervisor import messages
@@ -32,12 +30,14 @@ from slicekeeper.supervisor.culprit import ActivityTracker
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.chaos import Chaos
 from slicekeeper.supervisor.host.generation import Generation
+from slicekeeper.supervisor.host.host_report import host_report, keep_predecessors_report, write_host_report
+from slicekeeper.supervisor.host.leader_duties import LeaderDuties
 from slicekeeper.supervisor.host.leadership import Leadership
 from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.host.membership import Membership
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
 from slicekeeper.supervisor.host.site import site_of, spare_index
-from slicekeeper.supervisor.host.workload import Workloads, workload_argv, workload_env
+from slicekeeper.supervisor.host.workload import Workloads, send_sdk_line, workload_argv, workload_env
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.metrics import SupervisorMetrics
@@ -46,22 +46,10 @@ from slicekeeper.supervisor.plan import JobPlan
 
 from slicekeeper import protocol
 from slicekeeper.goodput import Category, GoodputAccountant
-from slicekeeper.policy.engine import PolicyEngine
 
 RETIRED_EXIT_CODE = protocol.EXIT_RETIRED
 """In a pod: retired by the leader, replace this pod (its phase becomes Failed even if the annotation
 asking for a replacement could not be written)."""
-
-
-async def send_line(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
-    """A report to the leader (messages.MemberReport's fields, built by the part that reports) or a
-    line to the workload's SDK."""
-    writer.write(protocol.encode(message))
-    with contextlib.suppress(ConnectionError):
-        await writer.drain()
-
-
-REPORT_FILE = "report.json"
 
 
 class HostSupervisor:
@@ -85,15 +73,9 @@ class HostSupervisor:
         self._dir = plan.machine_dir(machine)
         self._dir.mkdir(parents=True, exist_ok=True)
         self.record = MachineRecord.of(self._dir)
-        if restart and self.record.host is not None:
-            host = self.record.host
-        if host is not None and self.record.host != host:
-            self.record.serve(host)
+        host = self.record.claim(host, restarted=restart > 0)
         if restart:
-            # The supervisor before this one ended with a report of its own: kept, for the run's account.
-            previous = self._dir / REPORT_FILE
-            if previous.exists():
-                previous.replace(self._dir / f"report.before-restart-{restart}.json")
+            keep_predecessors_report(self._dir, restart)
         self.host = host if host is not None else -1
         self.job = plan.training_job
         self.layout = plan.layout
@@ -121,7 +103,6 @@ class HostSupervisor:
             self.metrics.count_store_reads(self.tiers.persistent.reads)
         self.leadership: Leadership | None = None
         self.membership: Membership | None = None
-        self._leader_tasks: list[asyncio.Task[None]] = []
         self._exit_code: int | None = None
         self._finished = asyncio.Event()
         self._world: list[int] = list(range(plan.hosts))
@@ -133,6 +114,15 @@ class HostSupervisor:
         self.site = site_of(plan)
         """Local or pod: decided once (supervisor.host.site)."""
         self._pod = self.site.pod(machine)
+        self.duties = LeaderDuties(
+            plan,
+            self.site,
+            persistent=self.tiers.persistent,
+            pod=self._pod,
+            goodput=lambda: self.accountant.goodput(time.time()),
+            spawn=self._spawn_task,
+        )
+        """What this supervisor does while it leads (supervisor.host.leader_duties)."""
         self.chaos = Chaos(
             plan.chaos,
             host,
@@ -154,7 +144,7 @@ class HostSupervisor:
             local=self.site.local,
             standby=self.job.spec.workload.standby,
             finished=self._finished,
-            send=send_line,
+            send=send_sdk_line,
             log=self._log,
             spawn=self._spawn_task,
         )
@@ -261,11 +251,9 @@ class HostSupervisor:
             await self.tiers.close()
             self._write_report()
             leader = self._leader
-            if leader is not None and leader.leading():
-                await asyncio.sleep(0.2)  # let the last broadcast reach the members and watchers
-                if self._pod is not None:
-                    await self._pod.publish_status(self._pod_status(leader))
-            self._stop_leading()
+            if leader is not None:
+                await self.duties.publish_last(leader)
+            self.duties.end()
             campaign.cancel()
             if leader is not None:
                 await self.leadership.release()
@@ -286,52 +274,14 @@ class HostSupervisor:
             candidate=self.host >= 0,
             first=self.host == 0 and self.joined_by is None,
             successor=self.restart > 0,
-            new_leader=self._new_leader,
+            new_leader=self.duties.new_leader,
             journal=lambda: self.journal,
             bind=bind,
             reserved=reserved,
             say=self._say,
         )
-        leadership.elected, leadership.deposed = self._lead, self._stop_leading
+        leadership.elected, leadership.deposed = self.duties.begin, self.duties.end
         return leadership
-
-    def _lead(self, leader: Leader) -> None:
-        """This supervisor leads now: it publishes the job's status (to watchers, on its pod)."""
-        self._stop_leading()
-        self._leader_tasks = [self._spawn_task(leader.publish_status())]
-        if self._pod is not None:
-            status = self._spawn_task(self._pod.keep_status_published(lambda: self._pod_status(leader)))
-            self._leader_tasks.append(status)
-
-    def _stop_leading(self) -> None:
-        for task in self._leader_tasks:
-            task.cancel()
-        self._leader_tasks = []
-
-    def _new_leader(self, term: int, leading: Callable[[], bool]) -> Leader:
-        """The job's leader for `term`, run by this supervisor while it holds the lease."""
-        spec, plan = self.job.spec, self.plan
-        return Leader(
-            plan.hosts,
-            spec.health.max_restarts,
-            lambda generation, rank0: self.site.coordinator_address(self.layout, rank0),
-            Path(plan.run_dir) / "job-summary.json",
-            spec.health.max_restarts_without_progress,
-            persistent=self.tiers.persistent,
-            persistent_keep=spec.checkpoint.persistent.max_to_keep if spec.checkpoint.persistent else 2,
-            hosts_per_slice=plan.hosts_per_slice,
-            min_slices=spec.min_slices,
-            devices_per_host=plan.devices_per_host,
-            engine=PolicyEngine.from_spec(spec.policy),
-            events_path=Path(plan.run_dir) / "policy-events.jsonl",
-            replacement_timeout=self.site.replacement_timeout,
-            log_events=self.site.log_events,
-            term=term,
-            leading=leading,
-        )
-
-    def _pod_status(self, leader: Leader) -> dict[str, Any]:
-        return {**leader.cluster_status(), "goodput": round(self.accountant.goodput(time.time()), 4)}
 
     def _terminate(self, reason: str, exit_code: int = 130) -> None:
         self._exit_code = exit_code
@@ -387,6 +337,7 @@ class HostSupervisor:
             journal=self.journal,
             generation=self.generation.number,
             step=self.accountant.high_water,
+            parked=self.generation.parked,
         )
 
     def _adopt(self, host: int, fired: set[str]) -> None:
@@ -450,28 +401,20 @@ class HostSupervisor:
     # --- the end ------------------------------------------------------------------------------
     def _write_report(self, end: str | None = None) -> None:
         """This supervisor's account; `end`: "lost" (its machine gone) or "crashed" (this process)."""
-        now = time.time()
-        seconds = self.accountant.seconds(now)
-        report = {
-            "machine": self.machine,
-            "lost": end == "lost",
-            "crashed": end == "crashed",
-            "retired": self._retired,
-            "host": self.host if self.host >= 0 else None,
-            "slice": self.identity.slice,
-            "worker": self.identity.worker,
-            "wall_seconds": now - self.accountant.start,
-            "seconds": {c.value: v for c, v in seconds.items()},
-            "high_water": self.accountant.high_water,
-            "productive_step_seconds": self.accountant.productive_step_seconds,
-            "restarts": self.generation.restarts,
-            "faults": self.generation.faults,
-            "journal_seq": self.journal.seq if self.journal else None,
-            "fingerprint": self.sdk.fingerprint,
-            "last_checkpoint_step": self.sdk.last_checkpoint,
-            "typical_step_seconds": self.detector.typical_step_seconds,
-            "exit_code": self._exit_code,
-            "persistent_reads": asdict(self.tiers.persistent.reads) if self.tiers.persistent else None,
-        }
-        (self._dir / REPORT_FILE).write_text(json.dumps(report, indent=1))
+        report = host_report(
+            machine=self.machine,
+            end=end,
+            retired=self._retired,
+            host=self.host,
+            identity=self.identity,
+            accountant=self.accountant,
+            generation=self.generation,
+            journal=self.journal,
+            sdk=self.sdk,
+            detector=self.detector,
+            tiers=self.tiers,
+            exit_code=self._exit_code,
+            now=time.time(),
+        )
+        write_host_report(self._dir, report)
         self._events.close()

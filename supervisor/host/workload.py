@@ -180,6 +180,13 @@ Env = Callable[[int, str, int | None], dict[str, str]]
 """The workload's environment for (generation, coordinator, restore step)."""
 
 
+async def send_sdk_line(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+    """One line to the workload's SDK (e.g. the standby's go-ahead); a workload gone is not an error."""
+    writer.write(protocol.encode(message))
+    with contextlib.suppress(ConnectionError):
+        await writer.drain()
+
+
 class Workloads:
     """This host's workload process and the standby pre-started for the next generation."""
 

@@ -95,12 +95,16 @@ class Registrations:
         status.state = "training" if self.memory.state is JobState.RUNNING else "stopping"
         await self.members.event(f"host {host} rejoined from {status.machine}", host=host)
         if host not in self.world.hosts:
-            # Its slice was dropped while it was away: its workload stops, it waits as an idle host
-            # (the policy may scale back up with it).
+            # Its slice was dropped: it waits as an idle host. Dropped while it was away, its workload
+            # stops, and the policy may scale back up with it; idle already (a leader lost while the
+            # job ran scaled down), no capacity came back.
             await self.members.send(host, messages.Stop(generation=generation or 0, kind="scale_down"))
             await self.members.send(host, messages.Park(generation=self.memory.generation))
             status.state = "parked"
-            await self.remediation.rejoined(host)
+            if not report.parked:
+                await self.remediation.rejoined(host)
+            elif self.memory.state is JobState.STOPPING:
+                await self.generations.start_when_all_stopped()
         elif self.memory.state is JobState.STOPPING:
             kind = str((self.memory.stop_cause or {}).get("kind", "host_lost"))
             await self.members.send(host, messages.Stop(generation=self.memory.generation, kind=kind))
@@ -124,6 +128,7 @@ class Registrations:
         if serving is not None and serving is not writer:
             serving.close()  # the connection of the supervisor that died, not closed yet
         status = self.status[host]
+        idle = status.state == "parked"
         self.members.writers[host] = writer
         status.metrics_port, status.replica_address = report.metrics_port, report.replica_address
         status.machine = machine
@@ -131,15 +136,17 @@ class Registrations:
         if host not in self.world.hosts:
             await self.members.send(host, messages.Park(generation=self.memory.generation))
             status.state = "parked"
-            await self.remediation.rejoined(host)
+            if not idle:  # else it idled before its supervisor died: no capacity came back
+                await self.remediation.rejoined(host)
+            elif self.memory.state is JobState.STOPPING:
+                await self.generations.start_when_all_stopped()
         elif self.memory.state is JobState.STOPPING:
             status.state = "stopping"
             kind = str((self.memory.stop_cause or {}).get("kind", "crash"))
             await self.members.send(host, messages.Stop(generation=self.memory.generation, kind=kind))
         else:
             status.state = "stopping"
-            detail = f"the supervisor of {machine} restarted; its workload died with the one before"
-            await self.generations.stop(host, "crash", detail, time.time())
+            await self.remediation.supervisor_restarted(host, machine)
 
     async def spare(self, spare: messages.RegisterSpare, writer: asyncio.StreamWriter) -> None:
         if not await self.capacity.offer(spare, writer):

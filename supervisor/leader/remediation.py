@@ -162,6 +162,23 @@ class Remediation:
         )
         await self.decide_and_act(event)
 
+    async def supervisor_restarted(self, host: int, machine: str) -> None:
+        """`host`'s supervisor was started again on its machine (its workload died with the one
+        before): a crash of that host, stopped and decided on like any other (SIGKILL, as a container
+        runtime ends a process it restarts)."""
+        now = time.time()
+        detail = f"the supervisor of {machine} restarted; its workload died with the one before"
+        event = policy.Crash(
+            t=now,
+            step=self.memory.high_water,
+            generation=self.memory.generation,
+            host=host,
+            signal="SIGKILL",
+            detail=detail,
+        )
+        if await self.generations.stop(host, "crash", detail, now):
+            await self.decide_and_act(event)
+
     async def no_replacement(self, host: int) -> None:
         """In a cluster, no new pod joined for `host` in time: the policy decides again, with no spare."""
         event = policy.HostLost(

@@ -22,6 +22,7 @@ from tests.support.cli_runs import (
     processes_mentioning,
     read_report,
     run_job,
+    sdk_loop_fingerprint,
     sdk_loop_job,
     started_cli,
     supervisor_of,
@@ -30,6 +31,7 @@ from tests.support.recovery_checks import problems
 
 STEPS = 40  # run_job's default
 LOCKSTEP = ROOT / "tests" / "fixtures" / "lockstep_loop.py"
+ELASTIC_STEPS = 100
 
 
 def test_losing_the_leaders_host_hands_the_job_to_another_host(tmp_path, clean_fingerprint):
@@ -121,3 +123,62 @@ def test_a_crash_loop_that_loses_its_leader_midway_still_fails_after_exactly_its
     [change] = report["leader_changes"]
     assert change["from_host"] == 0
     assert processes_mentioning(run_dir) == []
+
+
+ELASTIC_AND_REMEMBERING = """
+from slicekeeper.policy import Action, CapacityReturned, Context, Crash, Fail, HostLost, Ignore
+from slicekeeper.policy import RestartInJob, ScaleDown, ScaleUp, Straggler
+
+
+def on_host_lost(event: HostLost, context: Context) -> Action:
+    return ScaleDown()
+
+
+def on_crash(event: Crash, context: Context) -> Action:
+    earlier = [d.event.kind for d in context.history]
+    if earlier[:1] != ["host_lost"]:
+        return Fail(reason=f"the history does not start with the scale-down: {earlier}")
+    return RestartInJob()
+
+
+def on_capacity_returned(event: CapacityReturned, context: Context) -> Action:
+    return ScaleUp() if context.can_scale_up() else Ignore()
+
+
+def on_straggler(event: Straggler, context: Context) -> Action:
+    return Ignore()
+"""
+"""Scales down on a lost host, back up with capacity; restarts after a crash only if it remembers
+the scale-down (a successor without the old leader's history fails the job)."""
+
+
+def test_the_leader_lost_while_the_job_runs_scaled_down_leaves_its_successor_the_smaller_world(tmp_path):
+    """A hand-over in the middle of an elastic episode: slice 1 dropped (host 3 lost), then host 0's
+    supervisor, the leader, crashes. Its successor carries on the world as it was (slice 0 active,
+    host 2 parked), restarts slice 0 alone, and scales back up when capacity returns."""
+    policy = tmp_path / "policy.py"
+    policy.write_text(ELASTIC_AND_REMEMBERING)
+    result, report = run_job(
+        tmp_path,
+        "--policy",
+        str(policy),
+        "--chaos",
+        "lose:host=3@step=30,crash-supervisor:host=0@step=45,spare:+1@step=70",
+        steps=ELASTIC_STEPS,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert report is not None
+    [change] = report["leader_changes"]
+    assert change["from_host"] == 0, change
+    decisions = [d for d in report["decisions"] if d["event"]["kind"] != "straggler"]
+    assert [(d["event"]["kind"], d["action"]["name"]) for d in decisions] == [
+        ("host_lost", "scale_down"),
+        ("crash", "restart"),
+        ("capacity_returned", "scale_up"),
+    ], decisions
+    assert [w["hosts"] for w in report["world"]] == [4, 2, 4]
+    # The hand-over itself is no capacity returning: host 2, idle before it, rejoined idle.
+    assert report["restarts"] == {"host_lost": 1, "crash": 1, "capacity_returned": 1}
+    assert report["params_fingerprint"] == sdk_loop_fingerprint(ELASTIC_STEPS)
+    assert report["steps_completed"] == ELASTIC_STEPS
+    assert processes_mentioning(report["run_dir"]) == []

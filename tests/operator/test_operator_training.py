@@ -5,17 +5,27 @@ A TrainingJob is applied and trains (JAX on CPU, one process per TPU host pod); 
 and the host is hot-swapped onto a spare node of its slice's pool; the next node loss leaves no
 capacity, so after spec.health.replacementTimeoutSeconds the job scales down to one slice; a new
 node brings the slice back (scale-up); deleting the job ends every process. A short job succeeds,
-and so does the same job whose leader's pod is deleted mid-training, with the same parameters.
+and so does the same job whose leader's pod is deleted mid-training, or whose leader's supervisor is
+paused (SIGSTOP) until another host took the Lease over, then resumed: with the same parameters, and
+nothing written by the paused leader once it woke up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import json
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from slicekeeper.supervisor.leader.election import Holder
 
+from slicekeeper import protocol
 from tests.support.fake_kubelet import V5P_16_LABELS, FakeTpuCluster
 from tests.support.operator_example import EXAMPLE, NS
 from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
@@ -26,6 +36,9 @@ STARTUP = 180.0
 """Seconds for four JAX processes to start and compile on two shared cores."""
 
 SHORT_STEPS = 30
+LEADER_POD = "tiny-lm-s0-w0"
+"""Host 0's pod: its supervisor is the job's first leader."""
+LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/tiny-lm-leader"
 FAULT_FREE: dict[int, str] = {}
 """steps -> the fault-free short job's final parameters' fingerprint (the first test records it)."""
 
@@ -127,22 +140,28 @@ async def test_a_job_trains_in_pods_survives_node_losses_and_scales_down_and_bac
         )
 
 
+Disruption = Callable[[Kube, FakeTpuCluster], Awaitable[None]]
+"""Something done to a running job once it trained past a step."""
+
+
 async def short_job(
-    tmp_path: Path, steps: int = SHORT_STEPS, *, delete_leader_at: int | None = None
+    tmp_path: Path, steps: int = SHORT_STEPS, *, disrupt: tuple[int, Disruption] | None = None
 ) -> dict[str, Any]:
-    """The example job of `steps` steps run to its end on four pods; with `delete_leader_at`, the pod of
-    the job's first leader (host 0) is deleted once training passed that step. Returns the final status."""
+    """The example job of `steps` steps run to its end on four pods; with `disrupt` (step, what), `what`
+    is done once training passed `step` (a spare node stands by for a pod replaced meanwhile). Returns
+    the final status."""
     async with (
         emulated_cluster() as kube,
         FakeTpuCluster(kube, tmp_path / "cluster", V5P_16_LABELS) as cluster,
         operator(kube),
     ):
-        spare = ["a-2"] if delete_leader_at is not None else []  # a node for host 0's new pod
+        spare = ["a-2"] if disrupt is not None else []  # a node for host 0's new pod
         await cluster.add_pools({"pool-a": ["a-0", "a-1", *spare], "pool-b": ["b-0", "b-1"]})
         await kube.apply(training_job(tmp_path, steps=steps))
-        if delete_leader_at is not None:
-            await trains_past(kube, cluster, delete_leader_at)
-            await kube.delete_pod(NS, "tiny-lm-s0-w0")  # SIGTERM to its supervisor: the leader
+        if disrupt is not None:
+            step, what = disrupt
+            await trains_past(kube, cluster, step)
+            await what(kube, cluster)
         try:
             done = await eventually(
                 lambda: status(kube).get("phase") in ("Succeeded", "Failed") and status(kube),
@@ -165,6 +184,57 @@ async def short_job(
         return done
 
 
+async def delete_the_leaders_pod(kube: Kube, cluster: FakeTpuCluster) -> None:
+    await kube.delete_pod(NS, LEADER_POD)  # SIGTERM to its supervisor: the leader
+
+
+async def lease_holder(kube: Kube) -> str:
+    return (await kube.request("GET", LEASE_PATH))["spec"].get("holderIdentity") or ""
+
+
+class PausedLeader:
+    """Host 0's supervisor stopped (SIGSTOP; its workload runs on) until another supervisor holds the
+    job's Lease, and 2 s more while the new leader carries on; then resumed (SIGCONT). Records the
+    API requests made from then on: whatever the old leader writes would be among them."""
+
+    def __init__(self) -> None:
+        self.paused_for: float | None = None
+        self.holders: tuple[str, str] | None = None
+        """The Lease's holder when host 0 was paused, and when it was resumed."""
+        self.resumed_at_request: int | None = None
+        self.kube: Kube | None = None
+
+    async def __call__(self, kube: Kube, cluster: FakeTpuCluster) -> None:
+        self.kube = kube
+        [pod] = [p for p in cluster.running.values() if p.name == LEADER_POD and p.process.poll() is None]
+        before = await lease_holder(kube)
+        os.kill(pod.process.pid, signal.SIGSTOP)  # the supervisor itself: the pod's command execs it
+        stopped = time.monotonic()
+        try:
+            deadline = stopped + 60
+            while (after := await lease_holder(kube)) in (before, "") and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(2.0)
+        finally:
+            self.resumed_at_request = len(kube.emulator._requests)
+            os.kill(pod.process.pid, signal.SIGCONT)
+            self.paused_for = time.monotonic() - stopped
+        self.holders = (before, after)
+
+    def old_leaders_status_writes(self) -> list[dict[str, Any]]:
+        """Views of the job published on host 0's pod by a leader of term 1 after it was resumed."""
+        assert self.kube is not None and self.resumed_at_request is not None
+        views = []
+        for request in self.kube.emulator._requests[self.resumed_at_request :]:
+            if request.method.value != "PATCH" or not request.url.path.endswith(f"/pods/{LEADER_POD}"):
+                continue
+            annotations = ((request.data or {}).get("metadata") or {}).get("annotations") or {}
+            text = annotations.get(protocol.ANNOTATION_STATUS)
+            if text and int(json.loads(text).get("term") or 0) <= 1:
+                views.append(json.loads(text))
+        return views
+
+
 async def fault_free_fingerprint(tmp_path: Path, steps: int) -> str:
     if steps not in FAULT_FREE:
         done = await short_job(tmp_path / "fault-free", steps)
@@ -185,8 +255,28 @@ async def test_the_leaders_pod_deleted_mid_training_hands_the_job_over_with_noth
     """The leader's supervisor stands down and releases the job's Lease as its pod is deleted; another
     host's supervisor takes the Lease at once, carries on the job's memory and treats host 0 as lost;
     the operator's new pod for host 0 joins and the job ends as the fault-free run does."""
-    done = await short_job(tmp_path, delete_leader_at=8)
+    done = await short_job(tmp_path, disrupt=(8, delete_the_leaders_pod))
     assert done["phase"] == "Succeeded", done
     assert done["step"] == SHORT_STEPS
     assert done["restarts"].get("host_lost", 0) >= 1, done["restarts"]
     assert done["paramsFingerprint"] == await fault_free_fingerprint(tmp_path, SHORT_STEPS)
+
+
+async def test_a_paused_leader_is_replaced_and_once_resumed_writes_nothing(tmp_path: Path):
+    """No split brain in a cluster: the leader's supervisor, paused longer than the Lease's duration,
+    is replaced by another host's (the next term); resumed, it finds its last renewal older than the
+    renew deadline and stands down without publishing its stale view of the job, and its host rejoins
+    the new leader. The job ends as the fault-free run does."""
+    pause = PausedLeader()
+    done = await short_job(tmp_path, disrupt=(8, pause))
+    assert pause.holders is not None and pause.paused_for is not None, "never paused"
+    before, after = pause.holders
+    old, new = Holder.parse(before), Holder.parse(after)
+    assert old is not None and old.host == 0, pause.holders
+    assert new is not None and new.host != 0, pause.holders  # another host's supervisor leads
+    assert done["phase"] == "Succeeded", done
+    assert done["step"] == SHORT_STEPS
+    assert done["paramsFingerprint"] == await fault_free_fingerprint(tmp_path, SHORT_STEPS)
+    assert pause.old_leaders_status_writes() == []
+    logs = [log.read_text() for log in (tmp_path / "cluster" / "pods").glob(f"*/{LEADER_POD}.log")]
+    assert any("standing down as leader" in log for log in logs)  # woken up alive, and fenced

@@ -1,0 +1,82 @@
+"""A local run ends when its hosts' supervisors do, and a supervisor that failed alone ends it too.
+
+`slicekeeper run` waits for every host's supervisor (supervisor/local_runtime.py). One that exits 1
+on its own while the others run on (it died before it registered, say, and the job waits for it
+forever) would leave the run hanging: after LONE_FAILURE_SECONDS the others are stopped, and nothing
+is left running. A failure the others share (the leader failed the job, so every supervisor exits)
+stops nobody early. The supervisors here are real processes standing in for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import sys
+
+import pytest
+
+from slicekeeper.supervisor import local_runtime
+from slicekeeper.supervisor.local_runtime import LocalRuntime
+
+from slicekeeper.api import TrainingJob, dump_training_job, load_training_job
+from tests.support.plans import EXAMPLE
+
+RUNNING = "import time; time.sleep(600)"
+FAILED = "raise SystemExit(1)"
+ENDS_WELL_SOON = "import time; time.sleep(0.5)"
+
+
+def runtime(tmp_path, out: io.StringIO) -> LocalRuntime:
+    spec = dump_training_job(load_training_job(EXAMPLE))
+    spec["spec"]["local"] = {"workDir": str(tmp_path / "runs")}
+    spec["spec"]["checkpoint"]["localDir"] = str(tmp_path / "disk")
+    job = TrainingJob.model_validate(spec)
+    return LocalRuntime(job, layout_hosts=4, slices=2, devices_per_host=2, out=out)
+
+
+async def hosts_ending(run: LocalRuntime, programs: list[str]) -> tuple[list[int], list[int]]:
+    """Each program as a host's supervisor; their exit codes as the runtime saw them, and the pids."""
+    processes = []
+    for program in programs:
+        process = await asyncio.create_subprocess_exec(sys.executable, "-c", program, start_new_session=True)
+        run._supervisors.append(process)
+        run._machines.append(f"host-{len(processes)}")
+        processes.append(process)
+    hosts = [asyncio.create_task(process.wait()) for process in processes]
+    codes = await asyncio.wait_for(run._hosts_ended(hosts), timeout=60)
+    return codes, [process.pid for process in processes]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(autouse=True)
+def short_patience(monkeypatch):
+    monkeypatch.setattr(local_runtime, "LONE_FAILURE_SECONDS", 1.0)
+
+
+def test_a_supervisor_that_failed_alone_stops_the_others_and_leaves_nothing_running(tmp_path):
+    out = io.StringIO()
+    codes, pids = asyncio.run(hosts_ending(runtime(tmp_path, out), [RUNNING, FAILED, RUNNING]))
+    assert codes == [-15, 1, -15]  # the two still running were stopped (SIGTERM)
+    assert "host-1's supervisor failed and the others went on; stopping" in out.getvalue()
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_a_failure_the_others_share_stops_nobody_early(tmp_path):
+    out = io.StringIO()
+    codes, _ = asyncio.run(hosts_ending(runtime(tmp_path, out), [ENDS_WELL_SOON, FAILED, ENDS_WELL_SOON]))
+    assert codes == [0, 1, 0]  # they ended by themselves within the patience given
+    assert "stopping" not in out.getvalue()
+
+
+def test_supervisors_that_all_end_well_end_the_run(tmp_path):
+    out = io.StringIO()
+    codes, _ = asyncio.run(hosts_ending(runtime(tmp_path, out), ["pass", ENDS_WELL_SOON, "pass"]))
+    assert codes == [0, 0, 0] and out.getvalue() == ""
