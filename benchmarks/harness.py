@@ -9,8 +9,8 @@
 - the table: `Row` (one metric over runs, with its target), `format_value`, `format_table`.
 
 A benchmark imports it as `harness` (`python benchmarks/<name>.py` puts this folder on sys.path):
-recovery.py, handover.py, checkpoint.py, policy.py and layout.py. It is a library, not a benchmark: it
-runs nothing.
+recovery.py, handover.py, checkpoint.py, policy.py and layout.py, and the parts of checkpoint.py and
+policy.py. It is a library, not a benchmark: it runs nothing.
 """
 
 from __future__ import annotations

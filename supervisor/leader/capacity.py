@@ -100,9 +100,13 @@ class SparePool(_Crew):
         status: dict[int, HostStatus],
         memory: JobMemory,
         newcomer: Callable[[int], None],
+        write_journal: Callable[[], Awaitable[None]],
     ) -> None:
         super().__init__(members, status, memory, newcomer)
         self.spares: list[Spare] = []
+        self._write_journal = write_journal
+        """The assignment is written down before the spare is told (write-ahead): a leader taking
+        over mid-swap knows the spare serves the host, and counts the swap."""
 
     def for_policy(self) -> int:
         return len(self.spares)
@@ -150,6 +154,7 @@ class SparePool(_Crew):
                 }
             )
         fired = [record.spec for record in self.memory.faults if record.host == host]
+        await self._write_journal()
         await self.members.send_to(
             spare.writer, messages.Assign(host=host, generation=self.memory.generation, fired=fired)
         )

@@ -89,7 +89,9 @@ class Leader:
         )
         self.capacity: Replacement
         if replacement_timeout is None:
-            self.capacity = SparePool(self.members, self.status, self.memory, self._newcomer)
+            self.capacity = SparePool(
+                self.members, self.status, self.memory, self._newcomer, self.journal_writer.write
+            )
         else:
             self.capacity = PodReplacements(
                 self.members,

@@ -182,3 +182,39 @@ def test_the_leader_lost_while_the_job_runs_scaled_down_leaves_its_successor_the
     assert report["params_fingerprint"] == sdk_loop_fingerprint(ELASTIC_STEPS)
     assert report["steps_completed"] == ELASTIC_STEPS
     assert processes_mentioning(report["run_dir"]) == []
+
+
+def test_the_leader_lost_in_the_middle_of_a_hot_swap_lets_its_successor_finish_it(
+    tmp_path, clean_fingerprint
+):
+    """Host 2 is lost and a spare is assigned its identity; while the spare stages host 2's shard
+    from a peer, host 0's supervisor (the leader) is killed. Its successor carries on the journal,
+    which holds the assignment: the spare joins as host 2, the swap is counted once, and the job ends
+    with the fault-free parameters."""
+    job = sdk_loop_job(tmp_path / "job.yaml")
+    report_path = tmp_path / "report.json"
+    chaos = "lose:host=2@step=15"
+    with started_cli(
+        "run", str(job), "--report", str(report_path), "--spares", "1", "--chaos", chaos
+    ) as process:
+        assert process.stdout is not None
+        run_dir = None
+        for line in process.stdout:
+            if "run directory:" in line:
+                run_dir = line.split("run directory:")[1].split()[0]
+            if "hot-swap: spare 0" in line:
+                break
+        assert run_dir is not None
+        os.kill(supervisor_of(run_dir, 0), signal.SIGKILL)  # the leader, the swap under way
+        _, err = process.communicate(timeout=180)
+    assert process.returncode == 0, err[-3000:]
+    report = read_report(report_path)
+    assert problems(report, fingerprint=clean_fingerprint, steps=STEPS) == []
+    # Counted once: journaled before the spare was told, carried on by the successor.
+    assert report["hot_swaps"]["hosts"] == [2] and report["hot_swaps"]["count"] == 1
+    assert report["hosts"][2]["machines"] == ["host-2", "spare-0"]
+    # Host 0's crash, while the job was stopping for host 2, costs that restart or one of its own.
+    assert report["restarts"]["host_lost"] == 1 and set(report["restarts"]) <= {"host_lost", "crash"}
+    [change] = report["leader_changes"]
+    assert change["from_host"] == 0, change
+    assert processes_mentioning(run_dir) == []

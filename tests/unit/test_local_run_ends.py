@@ -64,7 +64,7 @@ def short_patience(monkeypatch):
 def test_a_supervisor_that_failed_alone_stops_the_others_and_leaves_nothing_running(tmp_path):
     out = io.StringIO()
     codes, pids = asyncio.run(hosts_ending(runtime(tmp_path, out), [RUNNING, FAILED, RUNNING]))
-    assert codes == [-15, 1, -15]  # the two still running were stopped (SIGTERM)
+    assert codes[1] == 1 and codes[0] < 0 and codes[2] < 0, codes  # the two still running were stopped
     assert "host-1's supervisor failed and the others went on; stopping" in out.getvalue()
     assert not any(alive(pid) for pid in pids)
 
