@@ -125,7 +125,7 @@ class Leader:
             journal=self.journal_writer,
             spawn=self._spawn,
         )
-        self.generations.holds = self.remediation.holding
+        self.generations.holds = lambda: self._carrying_on or self.remediation.holding()
         self.registrations = Registrations(
             memory=self.memory,
             world=self.world,
@@ -142,6 +142,9 @@ class Leader:
         self._server: asyncio.Server | None = None
         self._takeover: Takeover | None = None
         """While taking over from a lost leader: the re-registrations gathered so far."""
+        self._carrying_on = False
+        """While the gathered registrations and messages are taken in order: no start yet (a member
+        taken in early, an idle one say, must not start the job before the others are back)."""
 
     @property
     def done(self) -> asyncio.Event:
@@ -199,7 +202,12 @@ class Leader:
     async def _take_over(self, takeover: Takeover) -> None:
         await takeover.settle()
         self._takeover = None  # from now on every message is handled as it comes
-        await takeover.carry_on_and_recover()
+        self._carrying_on = True
+        try:
+            await takeover.carry_on_and_recover()
+        finally:
+            self._carrying_on = False
+        await self.generations.start_when_all_stopped()
 
     # --- the server ---------------------------------------------------------------------------
     async def serve(self, address: str, port: int, sock: socket.socket | None = None) -> int:

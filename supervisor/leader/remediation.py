@@ -333,6 +333,13 @@ class Remediation:
     async def _scale_up(self, event: policy.Event) -> None:
         before = list(self.world.active)
         back = self.world.restorable(self._idle_hosts(), self.capacity.for_scale_up())
+        if back:
+            # The world first: a spare's assignment writes the journal down, and a leader taking over
+            # from it must find the slices back, not a spare serving a host of a dropped slice.
+            self.world.restore(back)
+            self.decisions.scaled(
+                "up", before, self.memory.high_water, self.memory.generation, str(event.kind)
+            )
         for slice_index in back:
             for host in self.world.hosts_of(slice_index):
                 if host not in self.members:
@@ -340,8 +347,4 @@ class Remediation:
                 self.generations.stopped.add(host)  # idle or new: no workload to stop
                 self.checkpoints.joined.add(host)
         if back:
-            self.world.restore(back)
-            self.decisions.scaled(
-                "up", before, self.memory.high_water, self.memory.generation, str(event.kind)
-            )
             await self.members.event(f"scale-up: slice(s) {back} back, {len(self.world.hosts)} hosts")

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.support.cli_runs import (
     ROOT,
@@ -184,6 +185,27 @@ def test_the_leader_lost_while_the_job_runs_scaled_down_leaves_its_successor_the
     assert processes_mentioning(report["run_dir"]) == []
 
 
+def killing_the_leader_at(tmp_path: Path, said: str, *args: str, **spec: Any) -> tuple[dict[str, Any], str]:
+    """`slicekeeper run` of the SDK loop job with `args`; once the runtime says `said`, host 0's
+    supervisor (the leader) is killed (the runtime starts it again). The run must succeed: its report
+    and run directory."""
+    job = sdk_loop_job(tmp_path / "job.yaml", **spec)
+    report_path = tmp_path / "report.json"
+    with started_cli("run", str(job), "--report", str(report_path), *args) as process:
+        assert process.stdout is not None
+        run_dir = None
+        for line in process.stdout:
+            if "run directory:" in line:
+                run_dir = line.split("run directory:")[1].split()[0]
+            if said in line:
+                break
+        assert run_dir is not None
+        os.kill(supervisor_of(run_dir, 0), signal.SIGKILL)
+        _, err = process.communicate(timeout=180)
+    assert process.returncode == 0, err[-3000:]
+    return read_report(report_path), run_dir
+
+
 def test_the_leader_lost_in_the_middle_of_a_hot_swap_lets_its_successor_finish_it(
     tmp_path, clean_fingerprint
 ):
@@ -191,24 +213,8 @@ def test_the_leader_lost_in_the_middle_of_a_hot_swap_lets_its_successor_finish_i
     from a peer, host 0's supervisor (the leader) is killed. Its successor carries on the journal,
     which holds the assignment: the spare joins as host 2, the swap is counted once, and the job ends
     with the fault-free parameters."""
-    job = sdk_loop_job(tmp_path / "job.yaml")
-    report_path = tmp_path / "report.json"
     chaos = "lose:host=2@step=15"
-    with started_cli(
-        "run", str(job), "--report", str(report_path), "--spares", "1", "--chaos", chaos
-    ) as process:
-        assert process.stdout is not None
-        run_dir = None
-        for line in process.stdout:
-            if "run directory:" in line:
-                run_dir = line.split("run directory:")[1].split()[0]
-            if "hot-swap: spare 0" in line:
-                break
-        assert run_dir is not None
-        os.kill(supervisor_of(run_dir, 0), signal.SIGKILL)  # the leader, the swap under way
-        _, err = process.communicate(timeout=180)
-    assert process.returncode == 0, err[-3000:]
-    report = read_report(report_path)
+    report, run_dir = killing_the_leader_at(tmp_path, "hot-swap: spare 0", "--spares", "1", "--chaos", chaos)
     assert problems(report, fingerprint=clean_fingerprint, steps=STEPS) == []
     # Counted once: journaled before the spare was told, carried on by the successor.
     assert report["hot_swaps"]["hosts"] == [2] and report["hot_swaps"]["count"] == 1
@@ -217,4 +223,27 @@ def test_the_leader_lost_in_the_middle_of_a_hot_swap_lets_its_successor_finish_i
     assert report["restarts"]["host_lost"] == 1 and set(report["restarts"]) <= {"host_lost", "crash"}
     [change] = report["leader_changes"]
     assert change["from_host"] == 0, change
+    assert processes_mentioning(run_dir) == []
+
+
+def test_the_leader_lost_in_the_middle_of_a_scale_up_lets_its_successor_finish_it(tmp_path):
+    """Slice 1 dropped (host 3 lost), capacity returns and the policy scales back up: a spare is
+    assigned host 3; then the leader's supervisor is killed. The successor finishes the scale-up."""
+    policy = tmp_path / "policy.py"
+    policy.write_text(ELASTIC_AND_REMEMBERING)
+    chaos = "lose:host=3@step=30,spare:+1@step=60"
+    report, run_dir = killing_the_leader_at(
+        tmp_path, "scale-up: spare", "--policy", str(policy), "--chaos", chaos, steps=ELASTIC_STEPS
+    )
+    assert [(e["kind"], e["from_hosts"], e["to_hosts"]) for e in report["scale_events"]] == [
+        ("down", 4, 2),
+        ("up", 2, 4),
+    ]
+    assert [w["hosts"] for w in report["world"]] == [4, 2, 4]
+    assert report["hot_swaps"]["count"] == 0  # the spare came in through the scale-up
+    assert report["hosts"][3]["machines"][-1] == "spare-0"
+    [change] = report["leader_changes"]
+    assert change["from_host"] == 0, change
+    assert report["params_fingerprint"] == sdk_loop_fingerprint(ELASTIC_STEPS)
+    assert report["steps_completed"] == ELASTIC_STEPS
     assert processes_mentioning(run_dir) == []

@@ -15,7 +15,6 @@ import os
 import sys
 
 import pytest
-
 from slicekeeper.supervisor import local_runtime
 from slicekeeper.supervisor.local_runtime import LocalRuntime
 
