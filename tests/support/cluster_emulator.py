@@ -1,6 +1,7 @@
 """An emulated Kubernetes API server for the operator's tests: kmock's KubernetesEmulator, made to
 behave like a real API server where the operator depends on it (REFERENCES sec. 2 lists what kmock
-leaves out).
+leaves out). This module commits the writes; watches and lists are served by
+tests/support/emulator_reads.py, mixed in here, and both share tests/support/kube_objects.py.
 
 Writes (create, patch, delete) are committed here, not by kmock, one at a time:
 
@@ -19,22 +20,13 @@ Writes (create, patch, delete) are committed here, not by kmock, one at a time:
 - deletion: an object with finalizers gets a `deletionTimestamp` and goes when the last finalizer
   does; the garbage collector then deletes its dependents (owner references, background
   propagation), and an object created for owners that are all gone is collected at once;
-- watches: a watch from a `resourceVersion` replays the changes after it from the resource's history
-  (the last `history_size` events); a version older than the history gets the watch event
-  `ERROR 410 Gone` ("too old resource version"), upon which a client must list again. A watch ends
-  after `watch_seconds` (or the client's `timeoutSeconds`) with a BOOKMARK of the newest version, as
-  the API server's watch timeout ends it; `expire_watches` ends a resource's watches now, and
-  `watch_gap` cuts them off for a while and compacts the history, so the watchers come back to 410;
 - replace (PUT of a named object, as kubernetes' Lease lock renews a Lease): the body's
   `resourceVersion` must be the stored one (else 409 Conflict: the compare-and-swap leader election
   relies on); the object becomes the body, with what only the API server sets kept;
-- lists: label selectors (`key=value`, `key!=value`, `key`, `!key`, comma-joined), pages (`limit`
-  and `continue`, each list a snapshot, as Kubernetes serves them), the list's `resourceVersion`
-  taken with its items; `generateName`.
+- `generateName`: a created object without a name is named by its prefix and five random characters.
 
-Not emulated: field selectors, graceful pod deletion (a deleted pod goes at once), strategic merge of
-lists by key (a strategic merge patch of a built-in resource merges like a merge patch), admission
-webhooks, RBAC.
+Not emulated: graceful pod deletion (a deleted pod goes at once), strategic merge of lists by key (a
+strategic merge patch of a built-in resource merges like a merge patch), admission webhooks, RBAC.
 
 For the tests: `unavailable` makes it answer 503 to everything for a while (an API server
 restarting); `faults` collects what went wrong inside the emulator itself (a bug here would
@@ -42,21 +34,16 @@ otherwise reach the clients as a 500 they retry), and the harness fails the test
 
 Two of kmock's costs grow with what it has served, which a 25,000-pod job (the scale benchmark,
 benchmarks/operator_scale.py) makes quadratic; both are replaced by equivalents that do not walk
-everything: the choice of a reaction for a request (`_DirectDispatch`), and the lookup of the one
-object a fetch, patch or delete names (one dict lookup instead of a walk of every object).
+everything: the choice of a reaction for a request (`_DirectDispatch`, here), and the lookup of the
+one object a fetch, patch or delete names (in tests/support/emulator_reads.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextlib
 import copy
-import datetime
-import itertools
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,61 +51,17 @@ import aiohttp.web
 import jsonpatch
 import jsonpointer
 from kmock import KubernetesEmulator, KubernetesError, resource
-from kmock._internal import dsl, enums, k8s_dicts, rendering
+from kmock._internal import dsl, enums, rendering
 from kmock._internal.apps import RawHandler
 
+from tests.support.emulator_reads import WatchesAndLists
+from tests.support.kube_objects import ObjectKey, content_of, merge_patch, metadata_of, timestamp_now
 from tests.support.structural_schema import StructuralSchema, crd_schema
 
 TRAININGJOBS = "slicekeeper.dev/v1alpha1/trainingjobs"
 PODS, NODES = resource("v1/pods"), resource("v1/nodes")
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "trainingjob.yaml"
-HISTORY_SIZE = 1000
-"""Watch events kept per resource, to replay to a watch that resumes from a resourceVersion."""
-
-ObjectKey = tuple[Any, str | None, str]
-"""(kmock resource, namespace, name): how kmock keys its objects."""
 WRITES = (enums.action.CREATE, enums.action.UPDATE, enums.action.DELETE)
-
-
-def matches(labels: Mapping[str, str], selector: str) -> bool:
-    """Whether `labels` satisfy a label selector's equality and existence terms."""
-    for term in filter(None, (t.strip() for t in selector.split(","))):
-        if "!=" in term:
-            key, value = term.split("!=", 1)
-            if labels.get(key) == value:
-                return False
-        elif "=" in term:
-            key, value = term.replace("==", "=").split("=", 1)
-            if labels.get(key) != value:
-                return False
-        elif term.startswith("!"):
-            if term[1:] in labels:
-                return False
-        elif term not in labels:
-            return False
-    return True
-
-
-def _now() -> str:
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _metadata(obj: Mapping[str, Any]) -> dict[str, Any]:
-    metadata: dict[str, Any] = obj.get("metadata") or {}
-    return metadata
-
-
-def _content(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """What `generation` counts changes of: everything but metadata and status."""
-    return {key: value for key, value in obj.items() if key not in ("metadata", "status")}
-
-
-@dataclass(frozen=True)
-class _WatchEnd:
-    """A bus item that ends watches of its resource: one (`watch`, its number) or all (None)."""
-
-    watch: int | None
-    bookmark: bool
 
 
 def _reaches(view: dsl.View, request: rendering.Request) -> bool:
@@ -172,7 +115,7 @@ class _DirectDispatch(RawHandler):  # type: ignore[misc]
         )
 
 
-class ClusterEmulator(KubernetesEmulator, _DirectDispatch):  # type: ignore[misc]
+class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # type: ignore[misc]
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.resources.load_bundled()
@@ -185,22 +128,10 @@ class ClusterEmulator(KubernetesEmulator, _DirectDispatch):  # type: ignore[misc
         self.schemas: dict[Any, StructuralSchema] = {
             resource(TRAININGJOBS): StructuralSchema(crd_schema(CRD_FILE, "v1alpha1"))
         }
-        self.watch_seconds: float | None = None
-        """A watch ends after this long (None: only when the client or `expire_watches` ends it)."""
-        self.history_size = HISTORY_SIZE
         self.unavailable = False
         """While True, every request is answered 503 (an API server restarting behind its balancer)."""
         self.faults: list[BaseException] = []
         self._latest = 0
-        self._history: dict[Any, collections.deque[tuple[int, dict[str, Any]]]] = collections.defaultdict(
-            collections.deque
-        )
-        self._compacted: dict[Any, int] = collections.defaultdict(int)
-        """Per resource: the newest version the history no longer holds (older watches get 410)."""
-        self._held: dict[Any, asyncio.Event] = {}
-        self._watch_numbers = itertools.count()
-        self._timers: set[asyncio.Task[None]] = set()
-        self._unlisted: dict[str, list[Any]] = {}  # continue token -> the rest of a paged list
         self._by_uid: dict[str, ObjectKey] = {}
         self._dependents: dict[str, set[ObjectKey]] = collections.defaultdict(set)
         """Owner uid -> the objects whose ownerReferences name it."""
@@ -298,7 +229,7 @@ class ClusterEmulator(KubernetesEmulator, _DirectDispatch):  # type: ignore[misc
                 body["status"] = status  # a kubelet registers its node with the node's status
         body = self._admit(res, body)
         metadata = body["metadata"]
-        metadata.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=_now())
+        metadata.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=timestamp_now())
         for field in ("deletionTimestamp", "resourceVersion"):
             metadata.pop(field, None)
         await self._store(key, body, "ADDED")
@@ -327,7 +258,7 @@ class ClusterEmulator(KubernetesEmulator, _DirectDispatch):  # type: ignore[misc
         new = self._admit(res, new)
         if new == old:
             return  # nothing changed: no new version, no event
-        if _content(new) != _content(old):
+        if content_of(new) != content_of(old):
             metadata = new["metadata"]
             metadata["generation"] = int(before.get("generation") or 0) + 1
         if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
@@ -355,12 +286,12 @@ class ClusterEmulator(KubernetesEmulator, _DirectDispatch):  # type: ignore[misc
             )
         if not isinstance(patch, dict):
             raise KubernetesError(status=400, reason="BadRequest", message="a merge patch is an object")
-        wanted = _metadata(patch).get("resourceVersion")
-        if wanted is not None and wanted != _metadata(old).get("resourceVersion"):
+        wanted = metadata_of(patch).get("resourceVersion")
+        if wanted is not None and wanted != metadata_of(old).get("resourceVersion"):
             raise KubernetesError(
                 status=409, reason="Conflict", message="the object has been modified; apply to the latest"
             )
-        return dict(_merge(copy.deepcopy(old), patch))
+        return dict(merge_patch(copy.deepcopy(old), patch))
 
     def _admit(self, res: Any, body: dict[str, Any]) -> dict[str, Any]:
         """The body as the CRD's schema leaves it (pruned, defaulted), or a 422 naming what is wrong."""
@@ -371,7 +302,7 @@ class ClusterEmulator(KubernetesEmulator, _DirectDispatch):  # type: ignore[misc
         errors = schema.errors(admitted)
         if errors:
             kind = self.resources[res].kind or res.plural
-            name = _metadata(body).get("name")
+            name = metadata_of(body).get("name")
             raise KubernetesError(
                 status=422,
                 reason="Invalid",
@@ -390,7 +321,7 @@ class ClusterEmulator(KubernetesEmulator, _DirectDispatch):  # type: ignore[misc
             return  # already being deleted
         if metadata.get("finalizers"):
             marked = copy.deepcopy(obj)
-            marked["metadata"]["deletionTimestamp"] = _now()
+            marked["metadata"]["deletionTimestamp"] = timestamp_now()
             await self._store(key, marked, "MODIFIED")
             return
         await self._erase(key, obj)
@@ -409,18 +340,18 @@ class ClusterEmulator(KubernetesEmulator, _DirectDispatch):  # type: ignore[misc
     async def _collect_if_orphaned(self, key: ObjectKey) -> None:
         if key not in self._objects or self._objects[key].deleted:
             return
-        owners = [ref.get("uid") for ref in _metadata(self._objects[key].raw).get("ownerReferences") or []]
+        owners = [ref.get("uid") for ref in metadata_of(self._objects[key].raw).get("ownerReferences") or []]
         if owners and not any(uid in self._by_uid for uid in owners):
             await self._delete(key)
 
     def _link(self, key: ObjectKey, obj: Mapping[str, Any]) -> None:
-        metadata = _metadata(obj)
+        metadata = metadata_of(obj)
         self._by_uid[metadata["uid"]] = key
         for ref in metadata.get("ownerReferences") or []:
             self._dependents[ref.get("uid")].add(key)
 
     def _unlink(self, key: ObjectKey, obj: Mapping[str, Any]) -> None:
-        metadata = _metadata(obj)
+        metadata = metadata_of(obj)
         self._by_uid.pop(metadata["uid"], None)
         for ref in metadata.get("ownerReferences") or []:
             dependents = self._dependents.get(ref.get("uid"))
@@ -429,7 +360,7 @@ class ClusterEmulator(KubernetesEmulator, _DirectDispatch):  # type: ignore[misc
                 if not dependents:
                     del self._dependents[ref.get("uid")]
 
-    # --- storage and watch events ---------------------------------------------------------------
+    # --- storage -------------------------------------------------------------------------------
     async def _store(self, key: ObjectKey, body: dict[str, Any], event: str) -> None:
         """Keep `body` as the object's state under the next resourceVersion, and tell the watchers."""
         self._latest += 1
@@ -439,187 +370,3 @@ class ClusterEmulator(KubernetesEmulator, _DirectDispatch):  # type: ignore[misc
         self._objects[key] = body  # only the newest state is kept: 25,000 pods patched many times
         self._link(key, body)
         await self._publish(key[0], event, body)
-
-    async def _publish(self, res: Any, kind: str, obj: dict[str, Any]) -> None:
-        event = {"type": kind, "object": obj}
-        history = self._history[res]
-        history.append((self._latest, event))
-        while len(history) > self.history_size:
-            self._compacted[res] = history.popleft()[0]
-        await self._buses[res].put(event)
-
-    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[Any]:
-        """The resource's changes after the request's resourceVersion (replayed from the history, or
-        410 Gone when it is older), then live ones, until the watch ends. Without a resourceVersion:
-        every object as ADDED first, as Kubernetes starts such a watch."""
-        yield b""  # the headers go out at once, as a real API server's do
-        res = request.resource
-        held = self._held.get(res)
-        if held is not None:
-            await held.wait()  # cut off (watch_gap): the request waits for the connection to return
-        since = request.params.get("resourceVersion", "")
-        number = next(self._watch_numbers)
-        async with self._lock:
-            bus = self._buses[res]
-            mark = await bus.mark()
-            if since.isdigit() and int(since) > 0:
-                if int(since) < self._compacted[res]:
-                    backlog = [self._gone(int(since), res)]
-                else:
-                    backlog = [event for version, event in self._history[res] if version > int(since)]
-            else:
-                backlog = [{"type": "ADDED", "object": obj} for obj in self._current(res, request.namespace)]
-        timer = self._end_later(request, number)
-        try:
-            for event in backlog:
-                if event["type"] == "ERROR":
-                    yield event
-                    return
-                if self._watched(request, event):
-                    yield event
-            async with contextlib.aclosing(bus.stream(since=mark)) as events:
-                async for item in events:
-                    if isinstance(item, _WatchEnd):
-                        if item.watch is None or item.watch == number:
-                            if item.bookmark:
-                                yield self._bookmark(res)
-                            return
-                    elif self._watched(request, item):
-                        yield item
-        finally:
-            if timer is not None:
-                timer.cancel()
-            with contextlib.suppress(ValueError):  # already unmarked by a closing bus
-                await bus.unmark(mark)
-
-    def _end_later(self, request: rendering.Request, number: int) -> asyncio.TimerHandle | None:
-        """End this watch after `watch_seconds` or the client's `timeoutSeconds`, whichever is first."""
-        asked = request.params.get("timeoutSeconds", "")
-        limits = [s for s in (self.watch_seconds, float(asked) if asked.isdigit() else None) if s]
-        if not limits:
-            return None
-        bus = self._buses[request.resource]
-
-        def end() -> None:
-            task = asyncio.ensure_future(bus.put(_WatchEnd(number, bookmark=True)))
-            self._timers.add(task)
-            task.add_done_callback(self._timers.discard)
-
-        return asyncio.get_running_loop().call_later(min(limits), end)
-
-    def _watched(self, request: rendering.Request, event: Mapping[str, Any]) -> bool:
-        metadata = _metadata(event.get("object") or {})
-        if request.namespace is not None and metadata.get("namespace") != request.namespace:
-            return False
-        selector = request.params.get("labelSelector")
-        return not selector or matches(metadata.get("labels") or {}, selector)
-
-    def _gone(self, since: int, res: Any) -> dict[str, Any]:
-        message = f"too old resource version: {since} ({self._compacted[res]})"
-        status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
-        return {"type": "ERROR", "object": {**status, "message": message, "reason": "Expired", "code": 410}}
-
-    def _bookmark(self, res: Any) -> dict[str, Any]:
-        kind = self.resources[res].kind if res in self.resources else None
-        version = f"{res.group}/{res.version}" if res.group else res.version
-        return {
-            "type": "BOOKMARK",
-            "object": {
-                "kind": kind,
-                "apiVersion": version,
-                "metadata": {"resourceVersion": str(self._latest)},
-            },
-        }
-
-    async def expire_watches(self, plural: str) -> None:
-        """End every watch of `plural` now, each with a bookmark (as the API server's timeout does)."""
-        await self._buses[resource(plural)].put(_WatchEnd(None, bookmark=True))
-
-    @contextlib.asynccontextmanager
-    async def watch_gap(self, plural: str) -> AsyncIterator[None]:
-        """The watches of `plural` are cut off until the block ends (a network partition between the
-        watchers and the API server): they drop without a bookmark, and a new watch waits. When the
-        block ends, the history is compacted to now: a watcher comes back with a resourceVersion from
-        before the gap, gets 410 Gone, and must list again to learn what changed meanwhile."""
-        res = resource(plural)
-        released = self._held[res] = asyncio.Event()
-        await self._buses[res].put(_WatchEnd(None, bookmark=False))
-        try:
-            yield
-        finally:
-            async with self._lock:
-                self._compacted[res] = self._latest
-                self._history[res].clear()
-            del self._held[res]
-            released.set()
-
-    # --- reads ------------------------------------------------------------------------------------
-    def _current(self, res: Any, namespace: str | None) -> Iterator[dict[str, Any]]:
-        for (kind, ns, _name), obj in self._objects.items():
-            if kind == res and not obj.deleted and (namespace is None or ns == namespace):
-                yield obj.raw
-
-    def _KubernetesEmulator__get_obj(  # kmock's private lookup of the one object a request names
-        self, request: rendering.Request, strict: bool
-    ) -> k8s_dicts.Object | None:
-        """The object a fetch, create, patch or delete names: kmock walks every object to find it
-        (strictly: same resource, namespace and name); with a name, that is one dict lookup."""
-        if strict and request.resource is not None and request.name is not None:
-            key = (request.resource, request.namespace, request.name)
-            if key not in self._objects:  # kmock's ObjectsArray has no get()
-                return None
-            return self._objects[key]
-        found: k8s_dicts.Object | None = super()._KubernetesEmulator__get_obj(request, strict)  # type: ignore[misc]
-        return found
-
-    async def _serve_list(self, request: rendering.Request) -> Any:
-        if request.resource not in self._get_resources():
-            raise KubernetesError(status=404, reason="NotFound", message=f"no resource {request.resource}")
-        async with self._lock:  # the items and the version they are a snapshot of, together
-            items = list(self._current(request.resource, request.namespace))
-            listed: dict[str, Any] = {"metadata": {"resourceVersion": str(self._latest)}, "items": items}
-        selector = request.params.get("labelSelector")
-        if selector:
-            listed["items"] = [
-                item for item in items if matches(_metadata(item).get("labels") or {}, selector)
-            ]
-        limit = request.params.get("limit", "")
-        token = request.params.get("continue")
-        if token or (limit.isdigit() and int(limit) > 0):
-            self._page(listed, int(limit) if limit.isdigit() else 0, token)
-        return listed
-
-    def _page(self, listed: dict[str, Any], limit: int, token: str | None) -> None:
-        """Cut `listed` to one page: the first of a snapshot of its items, or the next of the snapshot
-        `token` names (410 Gone when there is none); `metadata.continue` names the rest, if any."""
-        if token:
-            if token not in self._unlisted:
-                raise KubernetesError(status=410, reason="Expired", message=f"no list continues at {token}")
-            items = self._unlisted.pop(token)
-        else:
-            items = listed["items"]
-        limit = limit if limit > 0 else len(items)
-        listed["items"], rest = items[:limit], items[limit:]
-        if rest:
-            following = uuid.uuid4().hex
-            self._unlisted[following] = rest
-            listed["metadata"]["continue"] = following
-            listed["metadata"]["remainingItemCount"] = len(rest)
-
-    # --- for the harness and the assertions ----------------------------------------------------
-    def live(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        """The objects of `plural` now (copies: a test may change them freely)."""
-        return [copy.deepcopy(obj) for obj in self._current(resource(plural), namespace)]
-
-
-def _merge(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch (`null` removes a key; lists are replaced)."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    merged = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = _merge(merged.get(key), value)
-    return merged

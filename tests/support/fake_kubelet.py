@@ -4,15 +4,11 @@ The emulated API server stores pods; nothing runs them. `FakeTpuCluster` does wh
 control plane and kubelets would, through the same API the operator watches:
 
 - nodes: fake TPU nodes (the GKE TPU labels, one node pool per slice) created as Node objects;
-- scheduling: a pod without a node goes to a Ready, uncordoned node that matches its nodeSelector and
-  required node affinity (`kubernetes.io/hostname NotIn`), in the node pool its slice already uses and
-  not in a pool another slice of its job uses, one TPU pod per node; otherwise PodScheduled=False,
-  reason Unschedulable, as kube-scheduler reports;
-- the kubelet: a bound pod's container command runs as a local process with the pod's environment
-  (downward API fields resolved; `python` is this virtual environment's). Each pod gets its own mount
-  namespace (`unshare`): a private /dev/shm, an /etc overlay, its ConfigMap volumes at their mount
-  paths and its emptyDirs, and a private supervisor run directory (/tmp/slicekeeper: logs, the SDK
-  socket, the job summary; the rest of /tmp is shared, as a bucket is). Every pod gets a new IP, a
+- scheduling: a pod without a node goes to the first node it fits (tests/support/fake_placement.py:
+  Ready, uncordoned, its selectors and affinity met, its slice's node pool, one TPU pod per node);
+  otherwise PodScheduled=False, reason Unschedulable, as kube-scheduler reports;
+- the kubelet: a bound pod's container command runs as a local process with the pod's environment,
+  volumes and a mount namespace of its own (tests/support/pod_launch.py). Every pod gets a new IP, a
   loopback address (127.x.y.z), so every pod has its own ports as on a real cluster, and a
   replacement pod is not where its predecessor was. Each node lends its pods' own work one core of
   this machine (`SLICEKEEPER_OWN_WORK_CORE`, as the local runtime does for its hosts). The
@@ -27,8 +23,6 @@ control plane and kubelets would, through the same API the operator watches:
 - node loss: `lose_node` kills the node's processes (SIGKILL: the machine is gone) and marks the Node
   NotReady, as the node controller would.
 
-Pods reach the API server with a kubeconfig (KUBECONFIG) instead of a service-account token.
-
 The loop tolerates what a restarting or busy API server causes (connection errors, 429 and 5xx, a
 pod deleted or changed meanwhile: the statuses in operator_harness.TRANSIENT_STATUSES) and retries the round;
 any other error is a bug in this fake: it is recorded with `Kube.fail`, which fails the test at once
@@ -40,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -51,52 +44,19 @@ from typing import Any
 
 import aiohttp
 import yaml
-from slicekeeper.supervisor.pod_plan import RUN_DIR
 
-from slicekeeper import protocol
+from tests.support.fake_placement import FakeNode, fits
 from tests.support.operator_harness import TRANSIENT_STATUSES, ApiError, Kube
+from tests.support.pod_launch import mount_script, pod_env, pod_volumes, write_hosts
 
 V5P_16_LABELS = {
     "cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
     "cloud.google.com/gke-tpu-topology": "2x2x2",
 }
 """The TPU labels of the example job's nodes (v5p-16: a 2x2x2 slice of two hosts)."""
-POOL_LABEL = "cloud.google.com/gke-nodepool"
-HOSTNAME_LABEL = "kubernetes.io/hostname"
-TPU_RESOURCE = "google.com/tpu"
 KILL_GRACE_SECONDS = 5.0
 DNS_DELAY_SECONDS = 2.0
 """How long after a pod got its IP other pods resolve its name (a real cluster's DNS lags)."""
-HOSTS_DIR = "/etc/.pod-dns"
-"""Where a pod's mount namespace sees the directory the kubelet keeps its hosts file in (/etc/hosts
-links to the file there, so that the kubelet can replace it while the pod runs)."""
-
-
-@dataclass
-class FakeNode:
-    name: str
-    pool: str
-    labels: dict[str, str]
-    core: int = 0
-    """The core of this machine its pods' own work runs on (separate machines never compete for
-    one while they compute; see docs/supervisor.md, "Straggler detection")."""
-    ready: bool = True
-    cordoned: bool = False
-
-    def manifest(self) -> dict[str, Any]:
-        ready = "True" if self.ready else "False"
-        return {
-            "metadata": {
-                "name": self.name,
-                "labels": {**self.labels, POOL_LABEL: self.pool, HOSTNAME_LABEL: self.name},
-            },
-            "spec": {"unschedulable": self.cordoned},
-            "status": {
-                "capacity": {TPU_RESOURCE: "4"},
-                "allocatable": {TPU_RESOURCE: "4"},
-                "conditions": [{"type": "Ready", "status": ready, "reason": "KubeletReady"}],
-            },
-        }
 
 
 @dataclass
@@ -243,42 +203,10 @@ class FakeTpuCluster:
         return pending and uid not in self.running and node in self.nodes and self.nodes[node].ready
 
     # --- the scheduler ------------------------------------------------------------------------
-    def _fits(self, node: FakeNode, pod: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
-        spec = pod["spec"]
-        labels = node.manifest()["metadata"]["labels"]
-        if not node.ready or node.cordoned:
-            return False
-        if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
-            return False
-        required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        )
-        for term in (required or {}).get("nodeSelectorTerms", []):
-            for expression in term.get("matchExpressions", []):
-                value = labels.get(expression["key"])
-                if expression["operator"] == "NotIn" and value in expression["values"]:
-                    return False
-                if expression["operator"] == "In" and value not in expression["values"]:
-                    return False
-        if any((p.get("spec") or {}).get("nodeName") == node.name for p in pods):
-            return False  # one TPU host pod per node: it takes every chip
-        mine = pod["metadata"]["labels"]
-        job, slice_index = mine["slicekeeper.dev/job"], mine["slicekeeper.dev/slice"]
-        for other in pods:
-            placed = (other.get("spec") or {}).get("nodeName")
-            theirs = other["metadata"]["labels"]
-            if placed not in self.nodes or theirs.get("slicekeeper.dev/job") != job:
-                continue
-            same_slice = theirs.get("slicekeeper.dev/slice") == slice_index
-            same_pool = self.nodes[placed].pool == node.pool
-            if same_slice != same_pool:
-                return False  # a slice is one node pool, and a pool serves one slice
-        return True
-
     async def _schedule(self, pod: dict[str, Any], pods: list[dict[str, Any]]) -> None:
         uid = pod["metadata"]["uid"]
         namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        node = next((n for n in sorted(self.nodes) if self._fits(self.nodes[n], pod, pods)), None)
+        node = next((n for n in sorted(self.nodes) if fits(self.nodes[n], pod, pods, self.nodes)), None)
         if node is None:
             if uid not in self.unschedulable:
                 self.unschedulable.add(uid)
@@ -331,49 +259,8 @@ class FakeTpuCluster:
             if running.process.poll() is None:
                 hosts = self._hosts(running.pod, pods)
                 if hosts != running.hosts:
-                    self._write_hosts(running.dns, hosts)
+                    write_hosts(running.dns, hosts)
                     running.hosts = hosts
-
-    @staticmethod
-    def _write_hosts(directory: Path, hosts: str) -> None:
-        staged = directory / "hosts.new"
-        staged.write_text(hosts)
-        os.replace(staged, directory / "hosts")
-
-    def _env(self, pod: dict[str, Any], container: dict[str, Any], ip: str) -> dict[str, str]:
-        fields = {
-            "metadata.name": pod["metadata"]["name"],
-            "metadata.namespace": pod["metadata"]["namespace"],
-            "status.podIP": ip,
-            "spec.nodeName": pod["spec"]["nodeName"],
-        }
-        env = {
-            "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-            "HOME": "/tmp",
-            "KUBECONFIG": str(self._kubeconfig),
-            "PYTHONUNBUFFERED": "1",
-            protocol.ENV_OWN_WORK_CORE: str(self.nodes[pod["spec"]["nodeName"]].core),
-        }
-        for variable in container.get("env") or []:
-            if "value" in variable:
-                env[variable["name"]] = variable["value"]
-            else:
-                env[variable["name"]] = fields[variable["valueFrom"]["fieldRef"]["fieldPath"]]
-        return env
-
-    def _volumes(self, pod: dict[str, Any], directory: Path) -> dict[str, str]:
-        """volume name -> a directory holding its content (ConfigMaps as files, emptyDirs empty)."""
-        namespace = pod["metadata"]["namespace"]
-        maps = {c["metadata"]["name"]: c for c in self.kube.emulator.live("v1/configmaps", namespace)}
-        sources: dict[str, str] = {}
-        for volume in pod["spec"].get("volumes") or []:
-            path = directory / "volumes" / volume["name"]
-            path.mkdir(parents=True)
-            if "configMap" in volume:
-                for key, text in maps[volume["configMap"]["name"]].get("data", {}).items():
-                    (path / key).write_text(text)
-            sources[volume["name"]] = str(path)
-        return sources
 
     async def _start(self, pod: dict[str, Any], pods: list[dict[str, Any]]) -> None:
         meta, spec = pod["metadata"], pod["spec"]
@@ -385,36 +272,20 @@ class FakeTpuCluster:
         dns = directory / "dns"
         dns.mkdir()
         hosts = self._hosts(pod, pods)
-        self._write_hosts(dns, hosts)
-        sources = self._volumes(pod, directory)
+        write_hosts(dns, hosts)
+        maps = {c["metadata"]["name"]: c for c in self.kube.emulator.live("v1/configmaps", namespace)}
+        sources = pod_volumes(pod, directory, maps)
         run_dir = directory / "run-dir"
         run_dir.mkdir()
-        # In the pod's own mount namespace: private /dev/shm, an /etc overlay, volumes mounted; its
-        # /etc/hosts a link into the directory the kubelet rewrites the file in; the supervisor's run
-        # directory its own, as a container's file system is (the rest of /tmp stays shared: tests
-        # keep "remote" storage there, as a bucket is shared).
-        script = [
-            "set -e",
-            f"mkdir -p {RUN_DIR}",
-            f"mount --bind {shlex.quote(str(run_dir))} {RUN_DIR}",
-            "mount -t tmpfs tmpfs /dev/shm",
-            "mkdir -p /dev/shm/.pod/etc /dev/shm/.pod/work",
-            "mount -t overlay overlay"
-            " -o lowerdir=/etc,upperdir=/dev/shm/.pod/etc,workdir=/dev/shm/.pod/work /etc",
-            f"mkdir -p {HOSTS_DIR}",
-            f"mount --bind {shlex.quote(str(dns))} {HOSTS_DIR}",
-            f"ln -sf {HOSTS_DIR}/hosts /etc/hosts",
-        ]
-        for mount in container.get("volumeMounts") or []:
-            target = shlex.quote(mount["mountPath"])
-            script += [f"mkdir -p {target}", f"mount --bind {shlex.quote(sources[mount['name']])} {target}"]
-        script.append('exec "$@"')
+        script = mount_script(container, sources, run_dir=run_dir, dns=dns)
         argv = [*container["command"], *container.get("args", [])]
         log = directory / f"{name}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
                 ["unshare", "--mount", "--map-root-user", "sh", "-c", "\n".join(script), "sh", *argv],
-                env=self._env(pod, container, ip),
+                env=pod_env(
+                    pod, container, ip, kubeconfig=self._kubeconfig, core=self.nodes[spec["nodeName"]].core
+                ),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
