@@ -11,7 +11,7 @@ this host's goodput), where the operator reads it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +83,11 @@ class LeaderDuties:
             task.cancel()
         self._tasks = []
 
-    async def publish_last(self, leader: Leader) -> None:
-        """The job ended under this leader: its final status reaches members, watchers and the pod."""
-        if not leader.leading():
-            return
+    async def publish_last(self, leader: Leader, sure: Callable[[], Awaitable[bool]]) -> None:
+        """The job ended under this leader: its final status reaches members, watchers and, once
+        `sure` confirms it still leads, the pod."""
         await asyncio.sleep(LAST_BROADCAST_SECONDS)
-        if self._pod is not None:
+        if self._pod is not None and await sure():
             await self._pod.publish_status(self.status(leader))
 
     def status(self, leader: Leader) -> dict[str, Any]:

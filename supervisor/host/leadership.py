@@ -177,6 +177,20 @@ class Leadership:
         nothing is given up."""
         self.election, self.own, self.candidate = election, own, True
 
+    async def sure(self) -> bool:
+        """This supervisor's leader may still write the job's last word: the lease renewed just now,
+        in the same term. Renewals checked by time alone may lag on a loaded machine at the job's end
+        (then the final status would be lost); a leader that lost the lease meanwhile writes nothing."""
+        if self.leader is None:
+            return False
+        term = self.election.term
+        try:
+            held = await self.election.step()
+        except Exception as error:  # the API server unreachable for a moment: the last renewal decides
+            self._say(f"cannot renew the job's lease: {error!r}")
+            return self.election.leading()
+        return held and self.election.term == term
+
     async def release(self) -> None:
         """This supervisor is ending: if it leads, the lease goes to the next candidate at once."""
         if self.leader is not None:

@@ -252,7 +252,7 @@ class HostSupervisor:
             self._write_report()
             leader = self._leader
             if leader is not None:
-                await self.duties.publish_last(leader)
+                await self.duties.publish_last(leader, self.leadership.sure)
             self.duties.end()
             campaign.cancel()
             if leader is not None:

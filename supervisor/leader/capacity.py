@@ -45,6 +45,10 @@ class Replacement(Protocol):
     async def joined(self, report: messages.Register, writer: asyncio.StreamWriter) -> bool:
         """A host's supervisor registered after the job started; False when that is not a replacement."""
 
+    async def returned(self, host: int) -> bool:
+        """`host`'s own supervisor came back (it rejoined a new leader) while a new machine for it was
+        awaited: none is needed now. False when none was awaited."""
+
     def lost(self, writer: asyncio.StreamWriter) -> list[str]:
         """A connection dropped: the idle spares it served (their machines), now gone."""
 
@@ -167,6 +171,9 @@ class SparePool(_Crew):
     async def joined(self, report: messages.Register, writer: asyncio.StreamWriter) -> bool:
         return False
 
+    async def returned(self, host: int) -> bool:
+        return False  # a spare takes a lost host over at once: nothing is awaited
+
     def lost(self, writer: asyncio.StreamWriter) -> list[str]:
         gone = [s for s in self.spares if s.writer is writer]
         for spare in gone:
@@ -273,6 +280,17 @@ class PodReplacements(_Crew):
             await self.members.event(f"hot-swap: a new pod on {machine} takes over host {host}", host=host)
         else:
             await self.members.event(f"host {host} re-registered from {machine}", host=host)
+        return True
+
+    async def returned(self, host: int) -> bool:
+        """The operator replaces only a pod that failed, went or was marked: a pod whose supervisor
+        was only out of reach (a leader's pod paused long enough to be replaced as leader) lives on,
+        and no new pod would come for its host."""
+        handle = self._awaited.pop(host, None)
+        if handle is None:
+            return False
+        handle.cancel()
+        await self.members.event(f"host {host} came back: its replacement is no longer awaited", host=host)
         return True
 
     def lost(self, writer: asyncio.StreamWriter) -> list[str]:

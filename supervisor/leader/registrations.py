@@ -94,6 +94,7 @@ class Registrations:
         status.machine = report.machine or f"host-{host}"
         status.state = "training" if self.memory.state is JobState.RUNNING else "stopping"
         await self.members.event(f"host {host} rejoined from {status.machine}", host=host)
+        await self.capacity.returned(host)
         if host not in self.world.hosts:
             # Its slice was dropped: it waits as an idle host. Dropped while it was away, its workload
             # stops, and the policy may scale back up with it; idle already (a leader lost while the
@@ -133,6 +134,7 @@ class Registrations:
         status.metrics_port, status.replica_address = report.metrics_port, report.replica_address
         status.machine = machine
         await self.members.event(f"host {host}'s supervisor restarted on {machine}", host=host)
+        await self.capacity.returned(host)
         if host not in self.world.hosts:
             await self.members.send(host, messages.Park(generation=self.memory.generation))
             status.state = "parked"

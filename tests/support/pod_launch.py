@@ -98,3 +98,25 @@ def write_hosts(directory: Path, hosts: str) -> None:
     staged = directory / "hosts.new"
     staged.write_text(hosts)
     os.replace(staged, directory / "hosts")
+
+
+def pod_processes(pid: int) -> list[int]:
+    """The pod's process `pid` and every process it started, whatever their session (a supervisor
+    starts its workload in a session of its own): what the cgroup freezer would stop (`docker pause`,
+    a VM frozen for migration)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (comm)": state, then ppid
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        process = todo.pop()
+        found.append(process)
+        todo.extend(children.get(process, []))
+    return found

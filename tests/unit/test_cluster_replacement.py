@@ -119,6 +119,36 @@ def test_no_replacement_in_time_drops_the_slice_and_its_late_pod_brings_it_back(
     run(scenario)
 
 
+def test_a_lost_host_whose_own_pod_comes_back_is_no_longer_awaited():
+    """A host lost only to its leader (e.g. the old leader's pod, paused until another host's supervisor
+    led) lives on, and the operator makes no new pod for it: its own supervisor rejoining ends the wait,
+    and the job goes on with every slice instead of being scaled down when the wait times out."""
+
+    async def scenario():
+        leader, members, port = await cluster_job()
+        await lose_host_3(members)
+        await eventually(lambda: leader.status[3].state == "awaiting replacement")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        back = Member(3, reader, writer)
+        await back.send("register", generation=0, step=10, replica_address="pod-3:1", machine="node-3")
+        assert (await back.receive())["type"] == "stop"
+        await back.send("stopped", generation=0, committed=[10])
+        everyone = [*members[:3], back]
+        starts = [await m.receive() for m in everyone]
+        assert [(s["type"], s["generation"], s["world"]) for s in starts] == [("start", 1, [0, 1, 2, 3])] * 4
+        assert next(s["tier"] for s in starts[3]["sources"]) == "local"  # its own disk, intact
+        await asyncio.sleep(3 * TIMEOUT)  # the wait's timeout would have passed by now
+        decisions = [(d["event"]["kind"], d["action"]["name"]) for d in leader.summary()["decisions"]]
+        assert decisions == [("host_lost", "replace")]
+        status = leader.cluster_status()
+        assert (status["slicesActive"], status["hotSwaps"], status["awaitingReplacement"]) == (2, 0, [])
+        for member in everyone:
+            member.close()
+        await leader.close()
+
+    run(scenario)
+
+
 def test_a_pod_lost_before_the_job_started_is_awaited_not_failed():
     async def scenario():
         leader = Leader(hosts=2, max_restarts=3, coordinator_address=coordinator, replacement_timeout=TIMEOUT)

@@ -231,3 +231,40 @@ def test_a_spare_only_watches_until_it_takes_a_host_over_then_it_may_lead(tmp_pa
         await leadership.leader.close()
 
     asyncio.run(scenario())
+
+
+def test_a_leader_whose_renewals_lagged_renews_before_its_last_word_and_a_replaced_one_writes_none(
+    tmp_path,
+):
+    """The job's final status is written once the lease is renewed then and there: renewals that lagged
+    behind the renew deadline at the job's end (a loaded machine) do not lose it, and a leader another
+    candidate replaced meanwhile is not sure, and writes nothing."""
+
+    async def scenario() -> None:
+        own = Holder("host-0", 0, f"127.0.0.1:{free_port()}")
+        election = Election(FileLeaseLock(tmp_path / LEASE_FILE, own.identity()), FAST)
+        leadership = Leadership(
+            election,
+            own,
+            candidate=True,
+            first=True,
+            new_leader=lambda term, leading: Leader(hosts=2, max_restarts=3, coordinator_address=coordinator),
+            journal=lambda: None,
+            bind="127.0.0.1",
+            say=lambda text: None,
+        )
+        campaign = asyncio.create_task(leadership.run())
+        await eventually(lambda: leadership.leader is not None)
+        campaign.cancel()  # no renewal since: they lag
+        await asyncio.sleep(FAST.renew_deadline + 0.1)
+        assert not election.leading()  # time alone says: not sure (the last word would be lost)
+        assert await leadership.sure() and election.term == 1
+        other = candidate(tmp_path, "host-1", 1)
+        assert not await other.step()  # held, and just renewed
+        await asyncio.sleep(FAST.duration + 0.2)
+        assert await other.step() and other.term == 2  # the next term, elsewhere
+        assert not await leadership.sure()
+        assert leadership.leader is not None
+        await leadership.leader.close()
+
+    asyncio.run(scenario())
