@@ -36,7 +36,7 @@ from slicekeeper.topology import HostId, JobLayout, cluster_layout
 Manifest = dict[str, Any]
 
 GROUP = "slicekeeper.dev"
-LABEL_JOB = f"{GROUP}/job"
+LABEL_JOB = protocol.LABEL_JOB
 LABEL_SLICE = f"{GROUP}/slice"
 LABEL_WORKER = f"{GROUP}/worker"
 LABEL_HOST = f"{GROUP}/host"

@@ -191,7 +191,8 @@ class PodSite(Site):
     def election(self, own: Holder) -> Election:
         """On the job's coordination.k8s.io Lease (named after the job, in the pod's namespace)."""
         namespace = os.environ.get(protocol.ENV_POD_NAMESPACE) or "default"
-        return cluster_election(lease_name(self.plan.layout.job_name), namespace, own)
+        job = self.plan.layout.job_name
+        return cluster_election(lease_name(job), namespace, own, job)
 
     @property
     def leader_wait(self) -> float:

@@ -37,10 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from kubernetes.leaderelection.electionconfig import Config
 from kubernetes.leaderelection.leaderelection import LeaderElection
 from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
+
+from slicekeeper import protocol
 
 logging.getLogger("leaderelection").setLevel(logging.WARNING)  # it logs every retry at INFO
 
@@ -196,7 +200,24 @@ class _NotFound:
 
 class KubernetesLeaseLock(LeaseLock):  # type: ignore[misc]
     """kubernetes' Lease lock, counting the holder changes in `spec.leaseTransitions` (the term),
-    which the library's lock leaves alone."""
+    which the library's lock leaves alone, and creating the Lease labelled with its job (`labels`:
+    the admission policy lets only that job's pods write it)."""
+
+    def __init__(
+        self, name: str, namespace: str, identity: str, labels: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(name, namespace, identity)
+        self.labels = dict(labels or {})
+
+    def create(self, name: str, namespace: str, election_record: LeaderElectionRecord) -> bool:
+        metadata = client.V1ObjectMeta(name=name, labels=self.labels or None)
+        body = client.V1Lease(metadata=metadata, spec=self.get_lease_spec(election_record))
+        try:
+            self.lease_reference = self.api_instance.create_namespaced_lease(namespace, body)
+        except ApiException as error:  # e.g. another candidate created it first: read it next
+            logging.getLogger(__name__).info("cannot create the lease: %s", error.reason)
+            return False
+        return True
 
     @property
     def transitions(self) -> int:
@@ -359,7 +380,7 @@ def read_lease_file(path: Path) -> Lease | None:
     return Lease.of(record.holder_identity, lock.transitions + 1, time.time())
 
 
-def cluster_election(lease_name: str, namespace: str, holder: Holder) -> Election:
+def cluster_election(lease_name: str, namespace: str, holder: Holder, job: str) -> Election:
     """In a pod: the client configured from the pod's service account (or KUBECONFIG, as the fake
     kubelet's pods have it)."""
     from kubernetes import config
@@ -368,4 +389,5 @@ def cluster_election(lease_name: str, namespace: str, holder: Holder) -> Electio
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return Election(KubernetesLeaseLock(lease_name, namespace, holder.identity()), CLUSTER_TIMING)
+    lock = KubernetesLeaseLock(lease_name, namespace, holder.identity(), {protocol.LABEL_JOB: job})
+    return Election(lock, CLUSTER_TIMING)

@@ -15,6 +15,7 @@ import yaml
 from kubernetes import client, config
 from slicekeeper.supervisor.leader.election import Election, Holder, KubernetesLeaseLock, Timing
 
+from slicekeeper import protocol
 from tests.support.operator_example import NS
 from tests.support.operator_harness import Kube, emulated_cluster
 
@@ -52,7 +53,7 @@ def use_emulated_api_server(kube: Kube, tmp_path: Path) -> None:
 
 def candidate(machine: str, host: int) -> Election:
     holder = Holder(machine, host, f"10.0.0.{host}:8490")
-    return Election(KubernetesLeaseLock(LEASE, NS, holder.identity()), FAST)
+    return Election(KubernetesLeaseLock(LEASE, NS, holder.identity(), {protocol.LABEL_JOB: "tiny-lm"}), FAST)
 
 
 async def test_a_leader_that_renewed_releases_its_lease_and_the_next_takes_it_at_once(tmp_path: Path):
@@ -60,10 +61,12 @@ async def test_a_leader_that_renewed_releases_its_lease_and_the_next_takes_it_at
         use_emulated_api_server(kube, tmp_path)
         first, second = candidate("a-0", 0), candidate("a-1", 1)
         assert await first.step() and first.term == 1  # created
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{LEASE}"
+        created = await kube.request("GET", path)
+        assert created["metadata"]["labels"] == {protocol.LABEL_JOB: "tiny-lm"}  # the admission policy's
         assert await first.step() and await first.step()  # renewed twice: newer resourceVersions
         assert not await second.step()  # held
         await first.release()
-        path = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{LEASE}"
         released = await kube.request("GET", path)
         assert released["spec"]["holderIdentity"] == "released:" + first.identity
         assert await second.step()  # no need to wait out the duration

@@ -35,7 +35,7 @@ JAX_PLATFORMS = os.environ.get("SLICEKEEPER_E2E_JAX_PLATFORMS", "cpu")
 INSTALL = (
     "install the operator first (docs/kind.md): kubectl create namespace slicekeeper-system && "
     "kubectl apply -f crds/trainingjob.yaml -f operator/manifests/rbac.yaml "
-    "-f operator/manifests/operator.yaml"
+    "-f operator/manifests/admission.yaml -f operator/manifests/operator.yaml"
 )
 T = TypeVar("T")
 
