@@ -160,6 +160,10 @@ class RenderedJob:
                 "nodeSelector": {ACCELERATOR_LABEL: shape.accelerator, TOPOLOGY_LABEL: shape.topology},
                 "tolerations": [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
                 "affinity": self._slice_affinity(host.slice),
+                # The "restricted" Pod Security Standard (docs/security.md): the image's user must be
+                # a non-root number (the slicekeeper image's is 10001); TPU chips need no privilege
+                # on GKE 1.28 and later (the device plugin hands the container /dev/accel*).
+                "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [
                     {
                         "name": CONTAINER,
@@ -171,6 +175,10 @@ class RenderedJob:
                         # A failed supervisor's last log lines (why it failed the job) become the
                         # container's termination message, which the job's Failed condition quotes.
                         "terminationMessagePolicy": "FallbackToLogsOnError",
+                        "securityContext": {
+                            "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
                         "resources": {"limits": {TPU_RESOURCE: chips}, "requests": {TPU_RESOURCE: chips}},
                         "volumeMounts": [
                             {"name": "slicekeeper-config", "mountPath": CONFIG_DIR, "readOnly": True},
