@@ -84,6 +84,7 @@ class Cluster:
         client = kubernetes.client.ApiClient(self.configuration)
         self._core = kubernetes.client.CoreV1Api(client)
         self._custom = kubernetes.client.CustomObjectsApi(client)
+        self._networking = kubernetes.client.NetworkingV1Api(client)
 
     def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge `status` into a TrainingJob's status (outside its own handlers, which use kopf's patch)."""
@@ -107,6 +108,11 @@ class Cluster:
             config_map = client.V1ConfigMap.model_validate(manifest)
             return _done_unless(
                 lambda: self._core.create_namespaced_config_map(namespace, config_map), already=409
+            )
+        if kind == "NetworkPolicy":
+            policy = client.V1NetworkPolicy.model_validate(manifest)
+            return _done_unless(
+                lambda: self._networking.create_namespaced_network_policy(namespace, policy), already=409
             )
         raise ValueError(f"the operator creates no {kind}")
 
@@ -135,7 +141,8 @@ class Cluster:
         return str(uid) if uid else None
 
     def delete_children(self, namespace: str, job: str) -> int:
-        """Delete every pod, Service and ConfigMap labelled as the job's: the finalizer's cleanup."""
+        """Delete every pod, Service, ConfigMap and NetworkPolicy labelled as the job's: the
+        finalizer's cleanup."""
         selector = f"{LABEL_JOB}={job}"
         # Every name first, then the deletes: no page changes while the pods are listed.
         names = [pod["metadata"]["name"] for pod in self.job_pods(namespace, job)]
@@ -143,9 +150,13 @@ class Cluster:
         serialize = self._core.api_client.sanitize_for_serialization
         services = serialize(self._core.list_namespaced_service(namespace, label_selector=selector).items)
         maps = serialize(self._core.list_namespaced_config_map(namespace, label_selector=selector).items)
+        policies = serialize(
+            self._networking.list_namespaced_network_policy(namespace, label_selector=selector).items
+        )
         for items, delete in (
             (services, self._core.delete_namespaced_service),
             (maps, self._core.delete_namespaced_config_map),
+            (policies, self._networking.delete_namespaced_network_policy),
         ):
             for item in items:
                 self.writes += 1

@@ -11,7 +11,7 @@ Handlers, all idempotent (kopf retries them, and a restarted operator runs `resu
   restarts by kind, step, checkpoint, goodput, scale-down and scale-up events. A pod deleted while
   the operator was down, or while its pod watch was cut off (kopf's re-list does not say what went),
   is re-created here.
-- `spec.suspend: true`: the pods are deleted (Service and ConfigMap stay), phase Suspended; back to
+- `spec.suspend: true`: the pods are deleted (the other children stay), phase Suspended; back to
   false, they are created again and the job resumes from its persistent checkpoint.
 - pod events (job pods only): a pod that failed, was deleted, or that its own supervisor marked for
   replacement is hot-swapped (operator/hot_swap.py) and a Kubernetes event says so on the job. A
@@ -141,10 +141,11 @@ def register(
         if phase in (None, "Invalid"):
             patch.status["conditions"] = [condition("Invalid", "False", "Valid", "the spec is valid")]
         if job.spec.suspend:
-            _create_missing(body, job, kinds=("Service", "ConfigMap"), pods=[])
+            _create_missing(body, job, kinds=("Service", "ConfigMap", "NetworkPolicy"), pods=[])
             _suspend(body, patch, job_pods(body))
             return
-        created = _create_missing(body, job, kinds=("Service", "ConfigMap", "Pod"), pods=job_pods(body))
+        kinds = ("Service", "ConfigMap", "NetworkPolicy", "Pod")
+        created = _create_missing(body, job, kinds=kinds, pods=job_pods(body))
         if phase in (None, "Invalid", "Suspended"):
             patch.status["phase"] = "Pending"
         if phase == "Suspended":
@@ -153,7 +154,11 @@ def register(
             patch.status["conditions"] = with_condition(list(conditions), resumed)
             _post(body, reason="Resumed", message=f"resumed: {created} pods created")
         elif created:
-            _post(body, reason="Created", message=f"created {created} children (pods, Service, ConfigMap)")
+            _post(
+                body,
+                reason="Created",
+                message=f"created {created} children (pods, Service, ConfigMap, NetworkPolicy)",
+            )
 
     @kopf.timer(GROUP, VERSION, PLURAL, interval=status_interval, registry=registry)
     def keep(*, body: kopf.Body, patch: kopf.Patch, status: kopf.Status, **_: Any) -> None:

@@ -43,6 +43,8 @@ LABEL_HOST = f"{GROUP}/host"
 """The host's index in the full job (slice x hosts per slice + worker): its shard, for life."""
 
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+"""Every namespace carries its own name in this label (Kubernetes 1.22 and later)."""
 ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
 TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
 TPU_RESOURCE = "google.com/tpu"
@@ -110,6 +112,28 @@ class RenderedJob:
                 "publishNotReadyAddresses": True,
                 "selector": {LABEL_JOB: self.name},
                 "ports": [{"name": name, "port": port} for name, port in PORTS.items()],
+            },
+        }
+
+    def network_policy(self) -> Manifest:
+        """Only the job's own pods reach its pods (the supervisors' leader and peer ports, JAX's
+        coordinator, the TPU runtime, megascale), and only `spec.network.metricsNamespace` the
+        metrics port. Egress is left open: the persistent tier's bucket, DNS, the API server."""
+        own_pods = {"podSelector": {"matchLabels": {LABEL_JOB: self.name}}}
+        ingress: list[dict[str, Any]] = [{"from": [own_pods]}]
+        monitoring = self.job.spec.network.metrics_namespace
+        if monitoring is not None:
+            scrapers = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: monitoring}}}
+            metrics = {"protocol": "TCP", "port": PORTS["metrics"]}
+            ingress.append({"from": [scrapers], "ports": [metrics]})
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": self._metadata(self.name),
+            "spec": {
+                "podSelector": {"matchLabels": {LABEL_JOB: self.name}},
+                "policyTypes": ["Ingress"],
+                "ingress": ingress,
             },
         }
 
@@ -286,7 +310,8 @@ def render(job: TrainingJob, policy_source: str | None = None) -> RenderedJob:
 
 
 def manifests(rendered: RenderedJob, slices: Iterable[int] | None = None) -> Iterator[Manifest]:
-    """Every child, in the order to create them: Service, ConfigMap, then the pods."""
+    """Every child, in the order to create them: Service, ConfigMap, NetworkPolicy, then the pods."""
     yield rendered.service()
     yield rendered.config_map()
+    yield rendered.network_policy()
     yield from rendered.pods(slices)

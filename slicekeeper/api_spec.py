@@ -232,6 +232,17 @@ class LocalSpec(Model):
     )
 
 
+class NetworkSpec(Model):
+    """Cluster: who may reach the job's pods (the job's NetworkPolicy, docs/security.md)."""
+
+    metrics_namespace: str | None = Field(
+        default="monitoring",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Namespace whose pods may scrape the supervisors' metrics port (a Prometheus); "
+        "null: none. Only the job's own pods reach its other ports.",
+    )
+
+
 class KueueSpec(Model):
     """Gang admission with Kueue plain-pod groups: all of the job's pods are admitted together."""
 
@@ -250,6 +261,7 @@ class TrainingJobSpec(Model):
     health: HealthSpec = Field(default_factory=HealthSpec)
     local: LocalSpec = Field(default_factory=LocalSpec)
     kueue: KueueSpec | None = Field(default=None, description="Admit the pods through Kueue (cluster).")
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
     service_account_name: str = Field(
         default="slicekeeper-supervisor",
         description="Service account of the pods: the supervisor may mark its own pod (operator/rbac.yaml).",

@@ -13,7 +13,12 @@ from slicekeeper.api import load_training_job
 from tests.support.cli_runs import ROOT
 
 RBAC = ROOT / "operator" / "manifests" / "rbac.yaml"
-PLURALS = {"Service": "services", "ConfigMap": "configmaps", "Pod": "pods"}
+PLURALS = {
+    "Service": ("", "services"),
+    "ConfigMap": ("", "configmaps"),
+    "NetworkPolicy": ("networking.k8s.io", "networkpolicies"),
+    "Pod": ("", "pods"),
+}
 
 
 def documents() -> list[dict[str, Any]]:
@@ -68,7 +73,8 @@ def test_the_operator_may_create_and_delete_every_child_it_renders_and_never_tou
         d["kind"] for d in manifests(render(load_training_job(ROOT / "examples" / "trainingjob.yaml")))
     }
     for kind in children:
-        assert allows(rules, PLURALS[kind], "create") and allows(rules, PLURALS[kind], "delete"), kind
+        group, plural = PLURALS[kind]
+        assert allows(rules, plural, "create", group) and allows(rules, plural, "delete", group), kind
     assert allows(rules, "trainingjobs/status", "patch", "slicekeeper.dev")
     assert not allows(rules, "nodes", "patch") and not allows(rules, "nodes", "delete")
     assert not any("secrets" in r["resources"] or "*" in r["resources"] or "*" in r["verbs"] for r in rules)
