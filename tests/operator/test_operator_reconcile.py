@@ -16,6 +16,7 @@ from slicekeeper.supervisor.plan import free_port
 from tests.support.operator_example import NAMES, NS, example
 from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
 
+NETWORK_POLICIES = "networking.k8s.io/v1/networkpolicies"
 pytestmark = pytest.mark.asyncio
 
 
@@ -32,6 +33,9 @@ async def test_a_training_job_becomes_its_service_config_map_and_one_pod_per_hos
         assert [c["metadata"]["name"] for c in kube.emulator.live("v1/configmaps", NS)] == [
             "tiny-lm-slicekeeper"
         ]
+        [policy] = kube.emulator.live(NETWORK_POLICIES, NS)
+        assert policy["metadata"]["name"] == "tiny-lm"
+        assert policy["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
         status = await eventually(
             lambda: (
                 kube.job(NS, "tiny-lm").get("status", {}).get("slicesTotal")
@@ -172,7 +176,12 @@ async def test_deleting_the_job_deletes_its_children():
         await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
         await kube.delete_job(NS, "tiny-lm")
         await eventually(
-            lambda: not kube.pods(NS) and not kube.emulator.live("v1/services", NS), what="no children"
+            lambda: (
+                not kube.pods(NS)
+                and not kube.emulator.live("v1/services", NS)
+                and not kube.emulator.live(NETWORK_POLICIES, NS)
+            ),
+            what="no children",
         )
         await eventually(
             lambda: not kube.emulator.live("slicekeeper.dev/v1alpha1/trainingjobs", NS), what="the job gone"
@@ -194,9 +203,10 @@ async def test_an_operator_restart_recreates_what_went_missing_while_it_was_down
                 n: u for n, u in before.items() if n != "tiny-lm-s1-w1"
             }  # the others untouched
             assert after["tiny-lm-s1-w1"] != before["tiny-lm-s1-w1"]
-            # Service and ConfigMap (already there: 409) and the one pod, which the status timer may
-            # also try to create while the resume handler does (a second 409): never one per pod.
-            assert cluster.writes <= 4
+            # Service, ConfigMap and NetworkPolicy (already there: 409) and the one pod, which the
+            # status timer may also try to create while the resume handler does (a second 409):
+            # never one per pod.
+            assert cluster.writes <= 5
 
 
 async def bind_slices_to_nodes(kube: Kube) -> dict[str, str]:
