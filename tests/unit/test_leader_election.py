@@ -39,6 +39,21 @@ def candidate(run_dir, machine: str, host: int) -> Election:
     return Election(FileLeaseLock(run_dir / LEASE_FILE, holder.identity()), FAST)
 
 
+def leadership_on(election: Election, own: Holder, *, candidate: bool) -> Leadership:
+    """This test's supervisor in the election (`candidate`: a host's; else a spare's), leading a
+    two-host job when elected; the first leader when a candidate."""
+    return Leadership(
+        election,
+        own,
+        candidate=candidate,
+        first=candidate,
+        new_leader=lambda term, leading: Leader(hosts=2, max_restarts=3, coordinator_address=coordinator),
+        journal=lambda: None,
+        bind="127.0.0.1",
+        say=lambda text: None,
+    )
+
+
 def test_an_identity_names_machine_host_address_and_run_and_reads_back():
     holder = Holder("spare-0", 2, "10.0.0.7:8490")
     assert Holder.parse(holder.identity()) == holder
@@ -208,16 +223,7 @@ def test_a_spare_only_watches_until_it_takes_a_host_over_then_it_may_lead(tmp_pa
         assert await old.step()
         await old.release()  # nobody leads: free for the taking
         watching = Holder("spare-0", -1, f"127.0.0.1:{free_port()}")
-        leadership = Leadership(
-            local_election(tmp_path, watching),
-            watching,
-            candidate=False,
-            first=False,
-            new_leader=lambda term, leading: Leader(hosts=2, max_restarts=3, coordinator_address=coordinator),
-            journal=lambda: None,
-            bind="127.0.0.1",
-            say=lambda text: None,
-        )
+        leadership = leadership_on(local_election(tmp_path, watching), watching, candidate=False)
         campaign = asyncio.create_task(leadership.run())
         await asyncio.sleep(0.6)
         assert leadership.leader is None  # a spare only watches (the negative control)
@@ -243,16 +249,7 @@ def test_a_leader_whose_renewals_lagged_renews_before_its_last_word_and_a_replac
     async def scenario() -> None:
         own = Holder("host-0", 0, f"127.0.0.1:{free_port()}")
         election = Election(FileLeaseLock(tmp_path / LEASE_FILE, own.identity()), FAST)
-        leadership = Leadership(
-            election,
-            own,
-            candidate=True,
-            first=True,
-            new_leader=lambda term, leading: Leader(hosts=2, max_restarts=3, coordinator_address=coordinator),
-            journal=lambda: None,
-            bind="127.0.0.1",
-            say=lambda text: None,
-        )
+        leadership = leadership_on(election, own, candidate=True)
         campaign = asyncio.create_task(leadership.run())
         await eventually(lambda: leadership.leader is not None)
         campaign.cancel()  # no renewal since: they lag

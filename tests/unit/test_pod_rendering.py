@@ -22,6 +22,8 @@ from tests.support.cli_runs import ROOT, run_cli
 
 EXAMPLE = ROOT / "examples" / "trainingjob.yaml"
 KUBERNETES_VERSION = "1.31"
+EXAMPLE_CHILDREN = ["Service", "ConfigMap", "NetworkPolicy", *["Pod"] * 4]
+"""The example's children, in the order they are created: one pod per host of its two slices."""
 
 
 def job(tpu: dict[str, Any], slices: int = 1, **spec: Any) -> Any:
@@ -192,15 +194,7 @@ def test_a_subset_of_slices_renders_only_their_pods_and_keeps_their_identity():
 @pytest.mark.parametrize("path", [EXAMPLE])
 def test_every_manifest_is_a_valid_kubernetes_object(path: Path):
     documents = list(manifests(render(load_training_job(path), "def on_crash(e, c):\n    return None\n")))
-    assert [d["kind"] for d in documents] == [
-        "Service",
-        "ConfigMap",
-        "NetworkPolicy",
-        "Pod",
-        "Pod",
-        "Pod",
-        "Pod",
-    ]
+    assert [d["kind"] for d in documents] == EXAMPLE_CHILDREN
     for document in documents:
         kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
 
@@ -220,15 +214,7 @@ def test_render_prints_every_child_as_yaml(tmp_path):
     result = run_cli("render", str(EXAMPLE))
     assert result.returncode == 0, result.stderr
     documents = list(yaml.safe_load_all(result.stdout))
-    assert [d["kind"] for d in documents] == [
-        "Service",
-        "ConfigMap",
-        "NetworkPolicy",
-        "Pod",
-        "Pod",
-        "Pod",
-        "Pod",
-    ]
+    assert [d["kind"] for d in documents] == EXAMPLE_CHILDREN
     sliced = list(yaml.safe_load_all(run_cli("render", str(EXAMPLE), "--slices", "1").stdout))
     assert [d["metadata"]["name"] for d in sliced if d["kind"] == "Pod"] == ["tiny-lm-s1-w0", "tiny-lm-s1-w1"]
 
