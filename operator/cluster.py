@@ -109,6 +109,9 @@ class Cluster:
             return _done_unless(
                 lambda: self._core.create_namespaced_config_map(namespace, config_map), already=409
             )
+        if kind == "Secret":  # the job's credentials: created once, never read back (no get, no list)
+            secret = client.V1Secret.model_validate(manifest)
+            return _done_unless(lambda: self._core.create_namespaced_secret(namespace, secret), already=409)
         if kind == "NetworkPolicy":
             policy = client.V1NetworkPolicy.model_validate(manifest)
             return _done_unless(

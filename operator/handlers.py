@@ -40,7 +40,7 @@ from slicekeeper.operator.job_status import HOT_SWAPS_ANNOTATION, condition, der
 from slicekeeper.operator.pod_store import PodStore
 from slicekeeper.operator.render import GROUP, LABEL_JOB, manifests, render
 
-from slicekeeper import protocol
+from slicekeeper import credentials, protocol
 from slicekeeper.api import TrainingJob, parse_training_job
 from slicekeeper.errors import UserError
 
@@ -141,10 +141,10 @@ def register(
         if phase in (None, "Invalid"):
             patch.status["conditions"] = [condition("Invalid", "False", "Valid", "the spec is valid")]
         if job.spec.suspend:
-            _create_missing(body, job, kinds=("Service", "ConfigMap", "NetworkPolicy"), pods=[])
+            _create_missing(body, job, kinds=("Secret", "Service", "ConfigMap", "NetworkPolicy"), pods=[])
             _suspend(body, patch, job_pods(body))
             return
-        kinds = ("Service", "ConfigMap", "NetworkPolicy", "Pod")
+        kinds = ("Secret", "Service", "ConfigMap", "NetworkPolicy", "Pod")
         created = _create_missing(body, job, kinds=kinds, pods=job_pods(body))
         if phase in (None, "Invalid", "Suspended"):
             patch.status["phase"] = "Pending"
@@ -157,7 +157,7 @@ def register(
             _post(
                 body,
                 reason="Created",
-                message=f"created {created} children (pods, Service, ConfigMap, NetworkPolicy)",
+                message=f"created {created} children (pods, Service, ConfigMap, NetworkPolicy, Secret)",
             )
 
     @kopf.timer(GROUP, VERSION, PLURAL, interval=status_interval, registry=registry)
@@ -241,7 +241,19 @@ def register(
             for m in _children(body, job)
             if m["kind"] in kinds and not (m["kind"] == "Pod" and m["metadata"]["name"] in existing)
         )
-        return cluster.create_all(wanted)
+        created = _create_credentials(body, job) if "Secret" in kinds else 0
+        return created + cluster.create_all(wanted)
+
+    def _create_credentials(body: kopf.Body, job: TrainingJob) -> int:
+        """The job's credentials Secret, made for it alone, unless it exists (409: kept as it is, the
+        pods hold its certificate). Owned by the job: the garbage collector deletes it with the job,
+        so the operator needs no right to delete, read or list any Secret."""
+        secret = render(job, job.spec.policy.source).credentials_secret(
+            credentials.generate(job.metadata.name)
+        )
+        secret["metadata"].setdefault("namespace", _where(body)[0])
+        kopf.adopt(secret, owner=body, strict=False)
+        return int(cluster.create(secret))
 
     def _hot_swap(owner: kopf.Body, pod: dict[str, Any], reason: str, *, delete: bool) -> None:
         name = pod["metadata"]["name"]

@@ -23,6 +23,7 @@ each generation, so a surviving pod is never re-created to change its environmen
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ import yaml
 
 from slicekeeper import protocol
 from slicekeeper.api import TrainingJob, dump_training_job
+from slicekeeper.credentials import JobCredentials
 from slicekeeper.topology import HostId, JobLayout, cluster_layout
 
 Manifest = dict[str, Any]
@@ -54,6 +56,7 @@ KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 
 CONFIG_DIR = protocol.CONFIG_DIR
+CREDENTIALS_DIR = protocol.CREDENTIALS_DIR
 CONFIG_JOB_KEY = protocol.CONFIG_JOB_FILE
 CONFIG_POLICY_KEY = protocol.CONFIG_POLICY_FILE
 USER_POLICY_DIR = f"{CONFIG_DIR}/{protocol.CONFIG_USER_POLICY_DIR}"
@@ -72,6 +75,11 @@ coordination (the leader listens there) and their Prometheus endpoint."""
 
 def pod_name(job_name: str, slice_index: int, worker: int) -> str:
     return f"{job_name}-s{slice_index}-w{worker}"
+
+
+def credentials_secret_name(job_name: str) -> str:
+    """The job's credentials (slicekeeper.credentials): made by the operator, never rendered."""
+    return f"{job_name}-credentials"
 
 
 def config_map_name(job_name: str) -> str:
@@ -153,6 +161,19 @@ class RenderedJob:
             "data": data,
         }
 
+    def credentials_secret(self, job_credentials: JobCredentials) -> Manifest:
+        """The Secret of the job's credentials, mounted into its pods alone. Not among `manifests`:
+        its content is made anew for each job by the operator (rendered output never holds a key)."""
+        data = {name: base64.b64encode(content).decode() for name, content in job_credentials.files().items()}
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": self._metadata(credentials_secret_name(self.name)),
+            "type": "kubernetes.io/tls",
+            "immutable": True,
+            "data": data,
+        }
+
     def pods(self, slices: Iterable[int] | None = None) -> Iterator[Manifest]:
         """The pods of `slices` (default: every slice of the job), slice by slice, worker by worker."""
         for slice_index in range(self.layout.slices) if slices is None else sorted(slices):
@@ -207,6 +228,7 @@ class RenderedJob:
                         "volumeMounts": [
                             {"name": "slicekeeper-config", "mountPath": CONFIG_DIR, "readOnly": True},
                             {"name": "local-checkpoints", "mountPath": spec.checkpoint.local_dir},
+                            {"name": "credentials", "mountPath": CREDENTIALS_DIR, "readOnly": True},
                             *self._policy_mount(),
                         ],
                     }
@@ -215,6 +237,12 @@ class RenderedJob:
                     {"name": "slicekeeper-config", "configMap": {"name": config_map_name(self.name)}},
                     *self._policy_volume(),
                     {"name": "local-checkpoints", "emptyDir": {"medium": "Memory"}},
+                    {
+                        "name": "credentials",
+                        # Owner-readable only; the supervisor keeps the workload from them (workload
+                        # confinement, docs/security.md).
+                        "secret": {"secretName": credentials_secret_name(self.name), "defaultMode": 0o400},
+                    },
                 ],
             },
         }
@@ -261,6 +289,7 @@ class RenderedJob:
             protocol.ENV_TPU_NAME: f"{self.name}-s{host.slice}",
             protocol.ENV_HOST: str(host.index),
             protocol.ENV_CONFIG_DIR: CONFIG_DIR,
+            protocol.ENV_CREDENTIALS_DIR: CREDENTIALS_DIR,
         }
         if layout.slices > 1:
             env |= {

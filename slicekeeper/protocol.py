@@ -76,6 +76,9 @@ CONFIG_POLICY_FILE: Final = "policy.py"
 """In the job's ConfigMap (an inline policy), and the key a user's policy ConfigMap must use."""
 CONFIG_USER_POLICY_DIR: Final = "user-policy"
 """Under CONFIG_DIR: where a user's policy ConfigMap (`spec.policy.configMap`) is mounted."""
+ENV_CREDENTIALS_DIR: Final = "SLICEKEEPER_CREDENTIALS_DIR"
+"""Where the job's credentials Secret is mounted (slicekeeper.credentials): its supervisors' TLS."""
+CREDENTIALS_DIR: Final = "/var/run/slicekeeper/credentials"
 ENV_POD_NAME: Final = "POD_NAME"
 ENV_POD_NAMESPACE: Final = "POD_NAMESPACE"
 """The supervisor's own pod (downward API): the only object it ever writes to, to mark it."""
@@ -150,12 +153,22 @@ CONTROL_LINE_LIMIT = 1 << 24
 which grows with the job's history, travels as one line."""
 
 
+SDK_LINE_LIMIT = 1 << 16
+"""Bytes one line from a workload to its supervisor may take (an event takes a few hundred): a longer
+line ends the workload's connection."""
+
+
 def encode(message: dict[str, Any]) -> bytes:
     return (json.dumps(message, separators=(",", ":")) + "\n").encode()
 
 
 def decode(line: bytes | str) -> dict[str, Any]:
-    value = json.loads(line)
+    """The message on `line`; ValueError for anything else (a line nested too deeply for the parser
+    included: its RecursionError must not pass for a bug of the reader's)."""
+    try:
+        value = json.loads(line)
+    except RecursionError:
+        raise ValueError(f"nested too deeply to be a slicekeeper message: {line[:80]!r}") from None
     if not isinstance(value, dict) or "type" not in value:
-        raise ValueError(f"not a slicekeeper message: {line!r}")
+        raise ValueError(f"not a slicekeeper message: {line[:80]!r}")  # its start: it is logged
     return value

@@ -67,7 +67,8 @@ class Manifest:
                 for name, entry in data["shards"].items()
             )
             manifest = cls(int(data["step"]), shards)
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as error:
+            # OverflowError: a size of Infinity; RecursionError: JSON nested too deeply.
             raise CorruptCheckpoint(f"{where}: unreadable manifest ({error!r})") from None
         for shard in shards:
             if "/" in shard.file or shard.file in ("", ".", "..", MANIFEST):

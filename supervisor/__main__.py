@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from slicekeeper.supervisor.host import HostSupervisor
@@ -17,6 +18,7 @@ from slicekeeper.supervisor.plan import JobPlan
 from slicekeeper.supervisor.pod_plan import pod_plan
 
 from slicekeeper import protocol
+from slicekeeper.credentials import CredentialsError
 from slicekeeper.errors import UserError
 
 
@@ -27,7 +29,18 @@ def in_pod(command: list[str]) -> int:
         print(f"slicekeeper supervisor: {error}", file=sys.stderr)
         return error.exit_code
     machine = os.environ.get(protocol.ENV_NODE_NAME) or f"host-{host}"  # the node, in reports
-    return asyncio.run(HostSupervisor(plan, machine, host).run())
+    return _supervise(lambda: HostSupervisor(plan, machine, host))
+
+
+def _supervise(supervisor: Callable[[], HostSupervisor]) -> int:
+    """Build the supervisor and run it; credentials missing or unusable, or a place for its socket
+    it may not use, end it at once, saying why."""
+    try:
+        built = supervisor()
+    except (CredentialsError, UserError) as error:
+        print(f"slicekeeper supervisor: {error}", file=sys.stderr)
+        return protocol.EXIT_JOB_FAILED
+    return asyncio.run(built.run())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         machine, host = f"host-{args.host}", args.host
     else:
         machine, host = f"spare-{args.spare}", None
-    supervisor = HostSupervisor(plan, machine, host, joined_by=args.joined_by, restart=args.restart)
-    return asyncio.run(supervisor.run())
+    return _supervise(
+        lambda: HostSupervisor(plan, machine, host, joined_by=args.joined_by, restart=args.restart)
+    )
 
 
 sys.exit(main())

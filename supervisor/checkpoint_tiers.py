@@ -37,6 +37,7 @@ from slicekeeper.supervisor.peer_tier import (
 )
 from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.restore_plan import Tier
+from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper import shard_folder
 from slicekeeper.api import CheckpointSpec
@@ -67,12 +68,15 @@ class CheckpointTiers:
         metrics: SupervisorMetrics,
         report: Report,
         log: Log,
+        tls: JobTls | None = None,
     ) -> None:
+        """`tls`: the job's credentials for the peer tier's connections (None: plain TCP)."""
         self.disk = disk
+        self._tls = tls
         self.local_dir = disk / "local"
         self.local_dir.mkdir(parents=True, exist_ok=True)
         self.replicas = ReplicaStore(disk / "peers", spec.peer.max_to_keep)
-        self._server = ReplicaServer(self.replicas, own_copy=self._own_copy)
+        self._server = ReplicaServer(self.replicas, own_copy=self._own_copy, tls=tls)
         self._spec = spec
         self._hosts, self._hosts_per_slice = hosts, hosts_per_slice
         self.persistent = persistent
@@ -155,7 +159,7 @@ class CheckpointTiers:
             if address is None:
                 continue
             try:
-                transfer = await push_replica(address, self.host, folder)
+                transfer = await push_replica(address, self.host, folder, tls=self._tls)
             except (ReplicationError, CorruptCheckpoint, OSError) as error:
                 await self._failed(step, Tier.PEER, "replication failed", f"to host {holder}: {error}")
                 continue
@@ -271,7 +275,7 @@ class CheckpointTiers:
             shutil.rmtree(shard_folder.step_dir(self.local_dir, step))
         owner = int(source.get("owner", self.host))
         if tier is Tier.PEER:
-            transfer = await fetch_replica(str(source["address"]), owner, step, self.local_dir)
+            transfer = await fetch_replica(str(source["address"]), owner, step, self.local_dir, tls=self._tls)
             return transfer.bytes
         if self.persistent is None:
             raise PersistentTierError("this job has no persistent tier (spec.checkpoint.persistent)")

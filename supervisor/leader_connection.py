@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from slicekeeper.supervisor.leader.election import Lease
+from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper import protocol
 
@@ -50,9 +51,12 @@ class Leases(Protocol):
     def __call__(self, *, newer_than: int, timeout: float) -> Awaitable[Lease | None]: ...
 
 
-async def open_control_connection(host: str, port: int) -> Streams:
-    """A connection whose lines may be as long as the leader's journal (protocol.CONTROL_LINE_LIMIT)."""
-    return await asyncio.open_connection(host, port, limit=protocol.CONTROL_LINE_LIMIT)
+async def open_control_connection(host: str, port: int, tls: JobTls | None = None) -> Streams:
+    """A connection whose lines may be as long as the leader's journal (protocol.CONTROL_LINE_LIMIT),
+    with the job's credentials (`tls`; None: plain TCP, in unit tests)."""
+    if tls is None:
+        return await asyncio.open_connection(host, port, limit=protocol.CONTROL_LINE_LIMIT)
+    return await tls.connect(host, port, limit=protocol.CONTROL_LINE_LIMIT)
 
 
 class LeaderUnreachable(OSError):

@@ -26,9 +26,10 @@ from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.election import LEASE_FILE, read_lease_file
 from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.plan import JobPlan, free_port
+from slicekeeper.supervisor.tls import JobTls
 from slicekeeper.supervisor.workload_process import die_with_parent
 
-from slicekeeper import protocol
+from slicekeeper import credentials, protocol
 from slicekeeper.api import TrainingJob, dump_training_job
 from slicekeeper.chaos import FaultKind, check_hosts, parse_chaos
 from slicekeeper.errors import UserError
@@ -37,6 +38,8 @@ from slicekeeper.report import build_report, format_report
 DEFAULT_CACHE = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slicekeeper" / "jax-compilation-cache"
 )
+CREDENTIALS_DIR = "credentials"
+"""In the run directory: this run's own CA and certificate (slicekeeper.credentials), its user's only."""
 STOP_GRACE_SECONDS = 5.0
 MACHINE_RESTARTS = 3
 """How often one machine's supervisor is started again after dying of a signal, at most."""
@@ -128,10 +131,12 @@ class LocalRuntime:
             metrics_port=self.job.spec.local.metrics_port,
             spares=self.spares,
             run_key=self.run_key,
+            credentials=str(self.run_dir / CREDENTIALS_DIR),
         )
 
     async def run(self) -> dict[str, Any]:
         plan = self._plan()
+        credentials.generate(self.job.metadata.name).write(Path(plan.credentials))
         plan_path = self.run_dir / "plan.json"
         plan.write(plan_path)
         self._say(
@@ -325,13 +330,12 @@ class LocalRuntime:
         """Show live progress from the leader's status lines (and bring in spares due at a step),
         following the leader the job's lease names when it changes."""
         lease_file = Path(plan.run_dir) / LEASE_FILE
+        tls = JobTls(Path(plan.credentials))
         address, deadline = plan.leader, time.time() + 60
         while True:
             host, port = address.rsplit(":", 1)
             try:
-                reader, writer = await asyncio.open_connection(
-                    host, int(port), limit=protocol.CONTROL_LINE_LIMIT
-                )
+                reader, writer = await tls.connect(host, int(port), limit=protocol.CONTROL_LINE_LIMIT)
             except OSError:
                 if time.time() > deadline:
                     return
@@ -347,7 +351,7 @@ class LocalRuntime:
 
     async def _show(self, plan: JobPlan, plan_path: Path, reader: asyncio.StreamReader) -> None:
         last_line = 0.0
-        with contextlib.suppress(ConnectionError):
+        with contextlib.suppress(OSError):  # ConnectionError, or ssl.SSLError on a cut TLS stream
             while line := await reader.readline():
                 message = messages.to_watcher(line)
                 if isinstance(message, messages.EventNote):

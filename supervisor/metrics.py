@@ -126,6 +126,15 @@ class SupervisorMetrics:
         self.generation = Gauge(
             "slicekeeper_restart_generation", "Restart generation.", registry=self.registry
         )
+        self.refused_connections = Counter(
+            "slicekeeper_refused_connections",
+            "Connections to this supervisor's servers refused for want of the job's credentials, by "
+            "port (leader, peer).",
+            ["port"],
+            registry=self.registry,
+        )
+        for port in ("leader", "peer"):  # at 0 from the start: a rate or an alert sees the first one
+            self.refused_connections.labels(port=port)
 
     def count_store_reads(self, reads: StoreReads) -> None:
         """Export what the persistent tier counts as it reads (a job with that tier)."""

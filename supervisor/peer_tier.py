@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from slicekeeper.supervisor.tls import JobTls
+
 from slicekeeper import shard_folder
 from slicekeeper.shard_folder import CorruptCheckpoint, Manifest
 
@@ -122,7 +124,7 @@ async def _read_line(reader: Reader, idle: Seconds, reply: bool = False) -> dict
         line = await reader.readline()
     if not line.endswith(b"\n"):
         raise EOFError("connection closed before a complete header")
-    with contextlib.suppress(ValueError):
+    with contextlib.suppress(ValueError, RecursionError):  # RecursionError: nested too deeply
         if isinstance(message := json.loads(line), dict):
             if reply and message.get("ok") is not True:
                 raise _Refused(f"refused: {message.get('error', 'no reason given')}")
@@ -203,8 +205,12 @@ class ReplicaServer:
         store: ReplicaStore,
         idle_timeout: float = 60.0,
         own_copy: Callable[[int, int], Path | None] | None = None,
+        tls: JobTls | None = None,
     ) -> None:
+        """`tls`: the job's credentials, required of every client (None: plain TCP, for benchmarks
+        that measure what TLS costs)."""
         self.store = store
+        self.tls = tls
         self.own_copy = own_copy or (lambda owner, step: None)
         """(owner, step) -> this machine's own committed local step folder, when owner is its host:
         a host rejoining after a scale-down restores its twin's shard from the twin's local tier."""
@@ -228,6 +234,8 @@ class ReplicaServer:
         await self._server.wait_closed()
 
     async def _handle(self, reader: Reader, writer: Writer) -> None:
+        if self.tls is not None and not await self.tls.accept("peer", writer):
+            return  # refused (aborted, counted, said) before a byte was read; bounded by its timeout
         task = asyncio.current_task()
         assert task is not None
         self._connections[task] = writer
@@ -293,7 +301,9 @@ class ReplicaServer:
 
 
 @contextlib.asynccontextmanager
-async def _session(address: str, what: str, timeout: float, source: bool) -> AsyncIterator[Connection]:
+async def _session(
+    address: str, what: str, timeout: float, source: bool, tls: JobTls | None
+) -> AsyncIterator[Connection]:
     """A connection to the peer at "host:port" for one request, under `timeout`; every failure becomes a
     ReplicationError, except CorruptCheckpoint when `source` (our own folder is bad, not the transfer)."""
     writer = None
@@ -302,7 +312,10 @@ async def _session(address: str, what: str, timeout: float, source: bool) -> Asy
             host, _, port = address.rpartition(":")
             if not host or not port.isdigit():
                 raise ValueError(f"not a host:port address: {address!r}")
-            reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+            if tls is None:
+                reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+            else:
+                reader, writer = await tls.connect(host.strip("[]"), int(port))
             yield reader, writer
     except (_Refused, CorruptCheckpoint, ValueError, EOFError, OSError) as error:
         if writer is not None:
@@ -320,7 +333,9 @@ async def _session(address: str, what: str, timeout: float, source: bool) -> Asy
                 await writer.wait_closed()
 
 
-async def push_replica(address: str, owner: int, folder: Path, timeout: float = 30.0) -> Transfer:
+async def push_replica(
+    address: str, owner: int, folder: Path, timeout: float = 30.0, tls: JobTls | None = None
+) -> Transfer:
     """Send the committed shard folder `folder` (owner's step-X) to the ReplicaServer at "host:port".
     Raises ReplicationError on any failure, CorruptCheckpoint if the source folder does not match its
     own manifest (checked while streaming: hash what you send)."""
@@ -328,7 +343,7 @@ async def push_replica(address: str, owner: int, folder: Path, timeout: float = 
     text = manifest.to_json().encode()
     start = time.monotonic()
     what = f"push of host {owner} step {manifest.step} to {address}"
-    async with _session(address, what, timeout, source=True) as (reader, writer):
+    async with _session(address, what, timeout, source=True, tls=tls) as (reader, writer):
         request = {"op": "push", "owner": owner, "step": manifest.step, "manifest": len(text)}
         await _write_line(writer, request, None)
         writer.write(text)
@@ -339,7 +354,12 @@ async def push_replica(address: str, owner: int, folder: Path, timeout: float = 
 
 
 async def fetch_replica(
-    address: str, owner: int, step: int, destination: Path, timeout: float = 60.0
+    address: str,
+    owner: int,
+    step: int,
+    destination: Path,
+    timeout: float = 60.0,
+    tls: JobTls | None = None,
 ) -> Transfer:
     """Fetch owner's step from the ReplicaServer at address into `destination` (a directory, e.g. the
     owner's new local tier dir): written to destination/step-X.tmp, every file's sha256 verified, then
@@ -349,7 +369,7 @@ async def fetch_replica(
     start = time.monotonic()
     what = f"fetch of host {owner} step {step} from {address}"
     try:
-        async with _session(address, what, timeout, source=False) as (reader, writer):
+        async with _session(address, what, timeout, source=False, tls=tls) as (reader, writer):
             await _write_line(writer, {"op": "fetch", "owner": owner, "step": step}, None)
             reply = await _read_line(reader, None, reply=True)
             manifest = await _read_manifest(reader, _count(reply, "manifest"), step, what, None)

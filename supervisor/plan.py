@@ -41,6 +41,10 @@ class JobPlan:
     leader's host locally; all interfaces, reached by host name, in a pod without POD_IP)."""
     replacement_timeout: float | None = None
     """In a pod: how long the leader awaits a lost host's replacement pod (None: locally, spares)."""
+    credentials: str = ""
+    """The directory of the job's credentials (slicekeeper.credentials): its supervisors connect to
+    each other with them, and refuse whoever has none. Locally in the run directory; in a pod, the
+    job's Secret mounted. A supervisor without them does not start."""
 
     @property
     def training_job(self) -> TrainingJob:

@@ -99,5 +99,6 @@ def pod_plan(env: Mapping[str, str], command: list[str]) -> tuple[JobPlan, int]:
         run_key=f"{namespace}/{job.metadata.name}",
         address=env.get(protocol.ENV_POD_IP) or None,
         replacement_timeout=job.spec.health.replacement_timeout_seconds,
+        credentials=env.get(protocol.ENV_CREDENTIALS_DIR) or protocol.CREDENTIALS_DIR,
     )
     return plan, host

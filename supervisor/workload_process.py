@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,14 @@ def die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        first()
+        second()
+
+    return run
 
 
 @dataclass(frozen=True)
@@ -61,9 +70,16 @@ class WorkloadProcess:
 
     @classmethod
     async def spawn(
-        cls, argv: list[str], env: dict[str, str], log_path: Path, cwd: str | None = None
+        cls,
+        argv: list[str],
+        env: dict[str, str],
+        log_path: Path,
+        cwd: str | None = None,
+        before_exec: Callable[[], None] | None = None,
     ) -> WorkloadProcess:
+        """`before_exec`: run in the child too, after `die_with_parent` (e.g. its confinement)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        preexec = die_with_parent if before_exec is None else _both(die_with_parent, before_exec)
         with log_path.open("ab") as log:
             process = await asyncio.create_subprocess_exec(
                 *argv,
@@ -73,7 +89,7 @@ class WorkloadProcess:
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=die_with_parent,
+                preexec_fn=preexec,
             )
         return cls(process, log_path)
 

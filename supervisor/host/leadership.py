@@ -22,6 +22,7 @@ from collections.abc import Callable
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import Election, Holder, Lease
+from slicekeeper.supervisor.tls import JobTls
 
 WATCH_SECONDS = 0.2
 """How often a spare (which only watches) reads the lease, and a candidate before the lease exists
@@ -44,9 +45,12 @@ class Leadership:
         journal: Callable[[], messages.Journal | None],
         bind: str,
         reserved: socket.socket | None = None,
+        tls: JobTls | None = None,
         say: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True),
     ) -> None:
+        """`tls`: the job's credentials, which the leader's server requires of every member."""
         self.election = election
+        self.tls = tls
         self.own = own
         self.candidate = candidate
         """A host's supervisor may lead; a spare only watches."""
@@ -160,7 +164,7 @@ class Leadership:
         leader = self._new_leader(term, self.election.leading)
         port = self.own.address.rsplit(":", 1)[1]
         reserved, self._reserved = self._reserved, None
-        await leader.serve(self._bind, int(port), sock=reserved)
+        await leader.serve(self._bind, int(port), sock=reserved, tls=self.tls)
         self.leader = leader
         previous = before.holder if before is not None else None
         if previous != self.own and (previous is not None or term > 1):

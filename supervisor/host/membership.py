@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine
@@ -59,7 +60,7 @@ class Membership:
             self.finished_report = message
         if self.writer is not None and not self.writer.is_closing():  # between leaders: said again later
             self.writer.write(protocol.encode(message))
-            with contextlib.suppress(ConnectionError):
+            with contextlib.suppress(OSError):  # ConnectionError, or ssl.SSLError on a cut TLS stream
                 await self.writer.drain()
 
     async def run(
@@ -104,7 +105,14 @@ class Membership:
     async def _reach(self, term: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int, str] | None:
         self._leadership.looking = True
         try:
-            return await leader_connection.reach_leader(self._leadership.current, term=term, wait=self._wait)
+            return await leader_connection.reach_leader(
+                self._leadership.current,
+                term=term,
+                wait=self._wait,
+                open_connection=functools.partial(
+                    leader_connection.open_control_connection, tls=self._leadership.tls
+                ),
+            )
         except leader_connection.LeaderUnreachable as unreachable:
             self.exit_code = self._unreachable_exit_code
             self._say(f"{unreachable}: exit {self.exit_code}")
@@ -168,5 +176,5 @@ async def _read_line(reader: asyncio.StreamReader) -> bytes:
     """The next line from the leader; b"" when its connection ended."""
     try:
         return await reader.readline()
-    except ConnectionError:
+    except OSError:  # reset, or the TLS stream cut (ssl.SSLError)
         return b""

@@ -14,6 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
+import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +27,7 @@ from slicekeeper.supervisor.culprit import ActivityTracker
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.workload import Standby
 from slicekeeper.supervisor.metrics import SupervisorMetrics
+from slicekeeper.supervisor.restore_plan import Tier
 
 from slicekeeper import protocol
 from slicekeeper.goodput import PHASE_CATEGORY, GoodputAccountant
@@ -33,6 +37,47 @@ SANITY_STEPS = 3
 """Steps after a restore whose loss must be finite, or the restored step is declared bad."""
 
 _STEP_EVENTS = (Event.PHASE, Event.STEP_BEGIN, Event.WORK_DONE, Event.STEP_END)
+_WITH_STEP = {event for event in Event if event not in (Event.HELLO, Event.PHASE)}
+
+
+def _real(value: Any) -> bool:
+    """A JSON number a float holds (NaN and the infinities included), not a bool."""
+    return isinstance(value, float) or (
+        isinstance(value, int) and not isinstance(value, bool) and abs(value) <= sys.float_info.max
+    )
+
+
+_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "step": lambda value: isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63,
+    "loss": lambda value: value is None or _real(value),  # a non-finite loss is news, not an error
+    "work": lambda value: value is None or (_real(value) and 0 <= value < math.inf),
+    "fingerprint": lambda value: value is None or isinstance(value, str),
+    "tier": lambda value: isinstance(value, str),
+    "reason": lambda value: isinstance(value, str),
+    "during": lambda value: isinstance(value, str),
+}
+"""What each field an event may carry must be (a step: a 64-bit count), checked before any of it is
+used: a workload's malformed word is ignored here rather than forwarded to the leader (which would
+refuse the report), set on a metric or kept for the exit (a `done` without a step)."""
+
+
+def _event(message: dict[str, Any]) -> Event:
+    """The event `message` is; ValueError naming the field that is missing or not of its type."""
+    event = Event(message["type"])
+    if event in _WITH_STEP and "step" not in message:
+        raise ValueError(f"{event.value} without a step")
+    for name, valid in _FIELDS.items():
+        if name in message and not valid(message[name]):
+            raise ValueError(f"{event.value} with an invalid {name}: {message[name]!r:.80}")
+    return event
+
+
+def _said_hello(standby: Standby, line: bytes) -> bool:
+    """Whether `line` is the standby process's hello (a malformed line is not: it is read as an event)."""
+    try:
+        return standby.is_hello(protocol.decode(line))
+    except ValueError:
+        return False
 
 
 class SdkEvents:
@@ -86,9 +131,20 @@ class SdkEvents:
         """Per generation: set when that workload's SDK connection has been read to the end."""
 
     async def serve(self, path: Path) -> asyncio.Server:
+        """Listen on the Unix socket `path`, which only the job's user may connect to: its mode is 0600,
+        set before it listens, so no connection comes in under the looser mode the umask gives.
+        Lines are bounded (protocol.SDK_LINE_LIMIT) but reads are not timed: a workload may rightly
+        stay silent for long (compiling, a long step), and the hang detector judges its silence."""
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        return await asyncio.start_unix_server(self._connection, path=str(path))
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(path))
+            os.chmod(path, 0o600)
+        except OSError:
+            sock.close()
+            raise
+        return await asyncio.start_unix_server(self._connection, sock=sock, limit=protocol.SDK_LINE_LIMIT)
 
     def drop_checkpoints_after(self, restore_step: int | None) -> None:
         """The steps after the restore step are dropped from every tier of this machine: the newest
@@ -121,7 +177,7 @@ class SdkEvents:
         try:
             line = await reader.readline()
             standby = self._standby()
-            if line and standby is not None and standby.is_hello(protocol.decode(line)):
+            if line and standby is not None and _said_hello(standby, line):
                 standby.writer = writer
                 standby.ready.set()
                 promoted = asyncio.ensure_future(standby.promoted.wait())
@@ -143,6 +199,8 @@ class SdkEvents:
                 line = await reader.readline()
         except ConnectionError:
             pass
+        except ValueError as error:  # a line over SDK_LINE_LIMIT (an event's own error is caught above)
+            self._say(f"dropped the SDK connection, a line over its limit: {error}")
         finally:
             writer.close()
             if generation in self._eof:
@@ -152,7 +210,7 @@ class SdkEvents:
         now = time.time()
         generation = self._generation()
         self._log({"source": "workload", "generation": generation, **message})
-        event = Event(message["type"])
+        event = _event(message)
         if event is Event.PHASE:
             phase = Phase(message["phase"])
             self._detector.activity(now, phase)
@@ -221,7 +279,10 @@ class SdkEvents:
         self._detector.activity(now)
         during = message.get("during", "save")
         if during == "save":
-            self._metrics.checkpoint_failures.labels(tier=message.get("tier", "local")).inc()
+            # The metric's labels are the tiers: a tier a workload makes up adds none (counted as local,
+            # as the report below says).
+            tier = message.get("tier")
+            self._metrics.checkpoint_failures.labels(tier=tier if tier in set(Tier) else Tier.LOCAL).inc()
         await self._report(
             {
                 "type": "checkpoint_invalid",

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor import leader_connection
+from slicekeeper.supervisor.host.confinement import SERVICE_ACCOUNT_DIR
 from slicekeeper.supervisor.host.workload import own_cores
 from slicekeeper.supervisor.leader.election import Election, Holder, cluster_election, local_election
 from slicekeeper.supervisor.own_pod import OwnPod
@@ -110,6 +111,10 @@ class Site(ABC):
     @abstractmethod
     def pod(self, machine: str) -> PodAnnotations | None:
         """What this supervisor writes on its own pod (None: no pod)."""
+
+    def hidden_from_workload(self) -> list[Path]:
+        """What the workload may not read (supervisor.host.confinement): the job's credentials."""
+        return [Path(self.plan.credentials)]
 
 
 class LocalSite(Site):
@@ -212,6 +217,11 @@ class PodSite(Site):
 
     def cores(self) -> list[int]:
         return []  # the pod's machine is its own
+
+    def hidden_from_workload(self) -> list[Path]:
+        """The job's credentials and the pod's service-account token: the training code gets no
+        right of the supervisor's in the cluster."""
+        return [*super().hidden_from_workload(), SERVICE_ACCOUNT_DIR]
 
     def pod(self, machine: str) -> PodAnnotations | None:
         own = OwnPod.from_env(os.environ)

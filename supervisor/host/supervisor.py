@@ -22,6 +22,7 @@ import sys
 import time
 import traceback
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor import messages
@@ -29,6 +30,7 @@ from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers
 from slicekeeper.supervisor.culprit import ActivityTracker
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.chaos import Chaos
+from slicekeeper.supervisor.host.confinement import Confinement
 from slicekeeper.supervisor.host.generation import Generation
 from slicekeeper.supervisor.host.host_report import host_report, keep_predecessors_report, write_host_report
 from slicekeeper.supervisor.host.leader_duties import LeaderDuties
@@ -36,6 +38,7 @@ from slicekeeper.supervisor.host.leadership import Leadership
 from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.host.membership import Membership
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
+from slicekeeper.supervisor.host.sdk_socket import remove_sdk_socket, sdk_socket_path
 from slicekeeper.supervisor.host.site import site_of, spare_index
 from slicekeeper.supervisor.host.workload import Workloads, send_sdk_line, workload_argv, workload_env
 from slicekeeper.supervisor.leader import Leader
@@ -43,8 +46,10 @@ from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.metrics import SupervisorMetrics
 from slicekeeper.supervisor.persistent_tier import PersistentTier
 from slicekeeper.supervisor.plan import JobPlan
+from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper import protocol
+from slicekeeper.credentials import CredentialsError
 from slicekeeper.goodput import Category, GoodputAccountant
 
 RETIRED_EXIT_CODE = protocol.EXIT_RETIRED
@@ -72,6 +77,7 @@ class HostSupervisor:
         self.restart = restart
         self._dir = plan.machine_dir(machine)
         self._dir.mkdir(parents=True, exist_ok=True)
+        (self._dir / "tmp").mkdir(exist_ok=True)  # the workload's TMPDIR locally (host.workload)
         self.record = MachineRecord.of(self._dir)
         host = self.record.claim(host, restarted=restart > 0)
         if restart:
@@ -87,6 +93,14 @@ class HostSupervisor:
         self.journal: messages.Journal | None = None
         """The newest journal the leader sent (`{"type": "journal", "seq", "journal"}`)."""
         self.metrics = SupervisorMetrics(lambda: self.accountant)
+        if not plan.credentials:
+            raise CredentialsError("the plan names no directory of the job's credentials")
+        self.tls = JobTls(
+            Path(plan.credentials),
+            refused=lambda port: self.metrics.refused_connections.labels(port=port).inc(),
+            say=self._say,
+        )
+        """The job's credentials: every connection to and from another of its supervisors."""
         persistent = self.job.spec.checkpoint.persistent
         self.tiers = CheckpointTiers(
             plan.machine_disk(machine),
@@ -97,6 +111,7 @@ class HostSupervisor:
             metrics=self.metrics,
             report=self._report,
             log=self._log,
+            tls=self.tls,
         )
         self.tiers.host = host
         if self.tiers.persistent is not None:
@@ -108,7 +123,7 @@ class HostSupervisor:
         self._world: list[int] = list(range(plan.hosts))
         self._rank = max(self.host, 0)
         self._retired = False
-        self._socket_path = self._dir / "sdk.sock"
+        self._socket_path = sdk_socket_path(self._dir)
         self._tasks: set[asyncio.Task[None]] = set()
         self._events = (self._dir / "events.jsonl").open("a", buffering=1)
         self.site = site_of(plan)
@@ -147,6 +162,7 @@ class HostSupervisor:
             send=send_sdk_line,
             log=self._log,
             spawn=self._spawn_task,
+            confinement=Confinement(self.site.hidden_from_workload(), say=self._say),
         )
         self.sdk = SdkEvents(
             detector=self.detector,
@@ -216,6 +232,7 @@ class HostSupervisor:
             coordinator=coordinator,
             restore_step=restore_step,
             socket_path=self._socket_path,
+            temp_dir=self._dir / "tmp",
             checkpoint_dir=self.tiers.local_dir,
             slow=self.chaos.slow_spec(),
             environ=os.environ,
@@ -248,6 +265,7 @@ class HostSupervisor:
             self.workloads.drop_standby()
             await self.workloads.stop()
             sdk_server.close()
+            remove_sdk_socket(self._socket_path, self._dir)
             await self.tiers.close()
             self._write_report()
             leader = self._leader
@@ -278,6 +296,7 @@ class HostSupervisor:
             journal=lambda: self.journal,
             bind=bind,
             reserved=reserved,
+            tls=self.tls,
             say=self._say,
         )
         leadership.elected, leadership.deposed = self.duties.begin, self.duties.end

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor.checkpoint_tiers import Log
+from slicekeeper.supervisor.host.confinement import Confinement
 from slicekeeper.supervisor.plan import JobPlan
 from slicekeeper.supervisor.workload_process import WorkloadProcess
 
@@ -74,6 +75,7 @@ def workload_env(
     coordinator: str,
     restore_step: int | None,
     socket_path: Path,
+    temp_dir: Path,
     checkpoint_dir: Path,
     slow: str,
     environ: Mapping[str, str],
@@ -81,7 +83,7 @@ def workload_env(
 ) -> dict[str, str]:
     """The workload's whole environment: `environ` (the supervisor's own), the job's `env`, then the
     protocol's variables. `slow`: the chaos `slow` spec (protocol.ENV_CHAOS_SLOW); `cores`: the
-    machine's cores, of which a local host's own work gets one."""
+    machine's cores, of which a local host's own work gets one; `temp_dir`: its TMPDIR locally."""
     spec = job.spec
     env = dict(environ)
     env.update({e.name: e.value for e in spec.workload.env})
@@ -112,6 +114,9 @@ def workload_env(
     if plan.compilation_cache:
         env[protocol.ENV_COMPILATION_CACHE] = plan.compilation_cache
     if plan.local:
+        # Its own temporary directory: the run's directory may be in /tmp, whose new entries a
+        # confined workload cannot read (supervisor.host.confinement).
+        env["TMPDIR"] = str(temp_dir)
         env[protocol.ENV_DEVICES_PER_HOST] = str(layout.devices_per_host)
         if cores:  # hosts sharing the machine: each one's own work on one core
             env[protocol.ENV_OWN_WORK_CORE] = str(cores[host % len(cores)])
@@ -202,8 +207,10 @@ class Workloads:
         send: Send,
         log: Log,
         spawn: Spawn,
+        confinement: Confinement | None = None,
     ) -> None:
-        """`env`: a generation's environment (`workload_env` with this host's place in the job);
+        """`confinement`: what the workload may not read (supervisor.host.confinement).
+        `env`: a generation's environment (`workload_env` with this host's place in the job);
         `local`: a local run (plan.local); `standby`: spec.workload.standby; `finished`: set when
         this supervisor ends (no standby is started after it); `send`: writes one line to the SDK
         socket."""
@@ -216,6 +223,7 @@ class Workloads:
         self._send = send
         self._log = log
         self._spawn = spawn
+        self._confinement = confinement
         self.current: WorkloadProcess | None = None
         self.standby: Standby | None = None
         self._standby_starting = False
@@ -242,11 +250,18 @@ class Workloads:
         self.drop_standby()
         try:
             env = self._env(generation, coordinator, restore_step)
-            self.current = await WorkloadProcess.spawn(self.argv, env, self._log_path)
+            self.current = await self._start(env)
         except OSError:
             self.current = None
             raise
         return self.current
+
+    async def _start(self, env: dict[str, str]) -> WorkloadProcess:
+        """A workload process, confined when this host has a confinement."""
+        if self._confinement is None:
+            return await WorkloadProcess.spawn(self.argv, env, self._log_path)
+        with self._confinement.ruleset() as confine:
+            return await WorkloadProcess.spawn(self.argv, env, self._log_path, before_exec=confine)
 
     async def prestart(self, generation: int) -> None:
         """Start the next generation's process now, while this one trains (spec.workload.standby)."""
@@ -260,7 +275,7 @@ class Workloads:
         self._standby_starting = True
         env = standby_env(self._env(generation, "", None))
         try:
-            standby = Standby(await WorkloadProcess.spawn(self.argv, env, self._log_path))
+            standby = Standby(await self._start(env))
         finally:
             self._standby_starting = False
         if self._finished.is_set():

@@ -38,6 +38,7 @@ from slicekeeper.supervisor.leader.restart_rule import RestartRule
 from slicekeeper.supervisor.leader.takeover import Takeover
 from slicekeeper.supervisor.persistent_tier import PersistentTier
 from slicekeeper.supervisor.restore_plan import RestorePlan
+from slicekeeper.supervisor.tls import JobTls
 from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper import protocol
@@ -140,6 +141,7 @@ class Leader:
         """The leader's process is ending (`stand_down`): it acts no more."""
         self._tasks: set[asyncio.Future[None]] = set()
         self._server: asyncio.Server | None = None
+        self._tls: JobTls | None = None
         self._takeover: Takeover | None = None
         """While taking over from a lost leader: the re-registrations gathered so far."""
         self._carrying_on = False
@@ -210,8 +212,12 @@ class Leader:
         await self.generations.start_when_all_stopped()
 
     # --- the server ---------------------------------------------------------------------------
-    async def serve(self, address: str, port: int, sock: socket.socket | None = None) -> int:
-        """Listen on `address:port`, or on `sock` (bound already: a port reserved at start-up)."""
+    async def serve(
+        self, address: str, port: int, sock: socket.socket | None = None, tls: JobTls | None = None
+    ) -> int:
+        """Listen on `address:port`, or on `sock` (bound already: a port reserved at start-up).
+        `tls`: the job's credentials, required of every client (None: plain TCP, in unit tests)."""
+        self._tls = tls
         if sock is not None:
             self._server = await asyncio.start_server(
                 self._connection, sock=sock, limit=protocol.CONTROL_LINE_LIMIT
@@ -238,8 +244,12 @@ class Leader:
         self.members.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._tls is not None and not await self._tls.accept("leader", writer):
+            return  # refused before a message was read: never a member, nothing to disconnect
         try:
             while line := await reader.readline():
+                if not line.endswith(b"\n"):
+                    break  # cut short by the end of its connection: not a whole message, not acted on
                 if not self.leading():
                     self.stand_down("no longer sure to hold the job's lease")
                 if self._standing_down:
@@ -253,8 +263,16 @@ class Leader:
                 except (ValueError, KeyError, TypeError) as error:
                     # A bad message must not end the connection: that would read as a lost host.
                     print(f"leader: ignored a malformed message {line[:200]!r}: {error!r}", file=sys.stderr)
-        except (ConnectionError, asyncio.CancelledError):
+        except (OSError, asyncio.CancelledError):  # OSError: reset, or a cut TLS stream (ssl.SSLError)
             pass  # cancelled: the process is ending (asyncio.run's teardown); no traceback for that
+        except ValueError as error:
+            # A line over CONTROL_LINE_LIMIT (readline's ValueError; a message's own is caught above):
+            # what follows it cannot be told apart from a message, so the connection is dropped (a
+            # member's reads as its host lost). There is no read timeout: a member may rightly stay
+            # silent for long (a long step, a restore), and the limit is what bounds the memory a
+            # slow or stalled sender holds.
+            print(f"leader: dropped a connection: {error}", file=sys.stderr)
+            writer.close()
         finally:
             await self._disconnected(writer)
 

@@ -46,7 +46,7 @@ class HostStatus:
 
 async def send(writer: asyncio.StreamWriter, message: messages.Message) -> None:
     writer.write(message.encode())
-    with contextlib.suppress(ConnectionError):
+    with contextlib.suppress(OSError):  # ConnectionError, or ssl.SSLError on a cut TLS stream
         await writer.drain()
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import socket
 import threading
 import time
 import urllib.request
@@ -26,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.cli_runs import (
     documented_metrics,
+    free_port_block,
     read_report,
     sdk_loop_fingerprint,
     sdk_loop_job,
@@ -95,29 +95,6 @@ class Scraper:
 
     def of(self, host: int) -> list[Scrape]:
         return [s for s in self.scrapes if s.host == host]
-
-
-def free_port_block(size: int) -> int:
-    """A port P such that P .. P+size-1 are free now."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + size > 65535:
-            continue
-        try:
-            held = []
-            for port in range(base, base + size):
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-    raise RuntimeError("no block of free ports")
 
 
 @dataclass

@@ -5,6 +5,7 @@ its supervisors stays failed; delete cleans up; an operator restart resumes."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import subprocess
 import sys
@@ -13,14 +14,16 @@ from typing import Any
 import pytest
 from slicekeeper.supervisor.plan import free_port
 
+from slicekeeper import credentials
 from tests.support.operator_example import NAMES, NS, example
 from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
+from tests.support.secrets import leaked_fragments
 
 NETWORK_POLICIES = "networking.k8s.io/v1/networkpolicies"
 pytestmark = pytest.mark.asyncio
 
 
-async def test_a_training_job_becomes_its_service_config_map_and_one_pod_per_host():
+async def test_a_training_job_becomes_its_service_config_map_and_one_pod_per_host(tmp_path):
     async with emulated_cluster() as kube, operator(kube):
         await kube.apply(example())
         pods = await eventually(lambda: len(kube.pods(NS)) == 4 and kube.pods(NS), what="4 pods")
@@ -36,6 +39,20 @@ async def test_a_training_job_becomes_its_service_config_map_and_one_pod_per_hos
         [policy] = kube.emulator.live(NETWORK_POLICIES, NS)
         assert policy["metadata"]["name"] == "tiny-lm"
         assert policy["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
+        # The job's credentials: its own Secret, owned by it (the garbage collector deletes it with
+        # the job), mounted into each of its pods; what it holds belongs together.
+        [secret] = kube.emulator.live("v1/secrets", NS)
+        assert secret["metadata"]["name"] == "tiny-lm-credentials" and secret["type"] == "kubernetes.io/tls"
+        assert secret["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
+        for pod in pods.values():
+            [volume] = [v for v in pod["spec"]["volumes"] if "secret" in v]
+            assert volume["secret"]["secretName"] == "tiny-lm-credentials"
+        files = {name: base64.b64decode(value) for name, value in secret["data"].items()}
+        mounted = credentials.JobCredentials(files["ca.crt"], files["tls.crt"], files["tls.key"])
+        mounted.write(tmp_path / "mounted")
+        credentials.check(tmp_path / "mounted")
+        written = {"events": kube.events(NS), "pods": pods, "job": kube.job(NS, "tiny-lm")}
+        assert leaked_fragments(tmp_path / "mounted", {k: json.dumps(v) for k, v in written.items()}) == []
         status = await eventually(
             lambda: (
                 kube.job(NS, "tiny-lm").get("status", {}).get("slicesTotal")
@@ -203,10 +220,10 @@ async def test_an_operator_restart_recreates_what_went_missing_while_it_was_down
                 n: u for n, u in before.items() if n != "tiny-lm-s1-w1"
             }  # the others untouched
             assert after["tiny-lm-s1-w1"] != before["tiny-lm-s1-w1"]
-            # Service, ConfigMap and NetworkPolicy (already there: 409) and the one pod, which the
-            # status timer may also try to create while the resume handler does (a second 409):
-            # never one per pod.
-            assert cluster.writes <= 5
+            # Secret, Service, ConfigMap and NetworkPolicy (already there: 409) and the one pod,
+            # which the status timer may also try to create while the resume handler does (a
+            # second 409): never one per pod.
+            assert cluster.writes <= 6
 
 
 async def bind_slices_to_nodes(kube: Kube) -> dict[str, str]:

@@ -25,6 +25,7 @@ from slicekeeper.supervisor.leader_connection import (
     reach_leader,
 )
 
+from slicekeeper import credentials
 from slicekeeper.api import parse_training_job
 from tests.support.fake_kubelet import V5P_16_LABELS, FakeTpuCluster
 from tests.support.operator_example import EXAMPLE, NS
@@ -130,6 +131,9 @@ async def test_a_pod_whose_leader_never_comes_asks_for_a_new_pod_instead_of_fail
             "metadata": {**rendered.config_map()["metadata"], "namespace": NS},
         }
         await kube.request("POST", f"/api/v1/namespaces/{NS}/configmaps", config_map)
+        secret = rendered.credentials_secret(credentials.generate("tiny-lm"))  # as the operator makes it
+        secret["metadata"]["namespace"] = NS
+        await kube.request("POST", f"/api/v1/namespaces/{NS}/secrets", secret)
         member = next(p for p in rendered.pods() if p["metadata"]["name"] == "tiny-lm-s1-w0")
         member["metadata"]["namespace"] = NS
         await cluster.add_node("b-0", "pool-b")

@@ -274,7 +274,8 @@ class FakeTpuCluster:
         hosts = self._hosts(pod, pods)
         write_hosts(dns, hosts)
         maps = {c["metadata"]["name"]: c for c in self.kube.emulator.live("v1/configmaps", namespace)}
-        sources = pod_volumes(pod, directory, maps)
+        secrets = {s["metadata"]["name"]: s for s in self.kube.emulator.live("v1/secrets", namespace)}
+        sources = pod_volumes(pod, directory, maps, secrets)
         run_dir = directory / "run-dir"
         run_dir.mkdir()
         script = mount_script(container, sources, run_dir=run_dir, dns=dns)

@@ -10,6 +10,7 @@ Pods reach the API server with a kubeconfig (KUBECONFIG) instead of a service-ac
 
 from __future__ import annotations
 
+import base64
 import os
 import shlex
 import sys
@@ -53,9 +54,13 @@ def pod_env(
 
 
 def pod_volumes(
-    pod: dict[str, Any], directory: Path, config_maps: Mapping[str, dict[str, Any]]
+    pod: dict[str, Any],
+    directory: Path,
+    config_maps: Mapping[str, dict[str, Any]],
+    secrets: Mapping[str, dict[str, Any]],
 ) -> dict[str, str]:
-    """volume name -> a directory holding its content (ConfigMaps as files, emptyDirs empty)."""
+    """volume name -> a directory holding its content (ConfigMaps and Secrets as files, the latter
+    with their defaultMode; emptyDirs empty)."""
     sources: dict[str, str] = {}
     for volume in pod["spec"].get("volumes") or []:
         path = directory / "volumes" / volume["name"]
@@ -63,6 +68,13 @@ def pod_volumes(
         if "configMap" in volume:
             for key, text in config_maps[volume["configMap"]["name"]].get("data", {}).items():
                 (path / key).write_text(text)
+        if "secret" in volume:
+            name = volume["secret"]["secretName"]
+            if name not in secrets:
+                raise LookupError(f"pod {pod['metadata']['name']}: Secret {name} does not exist")
+            for key, text in secrets[name].get("data", {}).items():
+                (path / key).write_bytes(base64.b64decode(text))
+                (path / key).chmod(volume["secret"].get("defaultMode", 0o644))
         sources[volume["name"]] = str(path)
     return sources
 

@@ -126,10 +126,18 @@ def test_in_a_pod_the_workload_reaches_its_peers_through_the_service_and_sees_th
 
     from slicekeeper.supervisor.host import HostSupervisor
 
+    from slicekeeper.credentials import generate
+
     rendered = render(load_training_job(EXAMPLE))
     pod = list(rendered.pods())[3]  # tiny-lm-s1-w1: host 3
     plan, host = pod_plan(pod_env(pod, mounted(tmp_path, rendered.config_map())), [])
-    plan = replace(plan, run_dir=str(tmp_path / "run"), checkpoint_root=str(tmp_path / "disk"))
+    credentials = generate("tiny-lm").write(tmp_path / "credentials")  # the job's Secret, mounted
+    plan = replace(
+        plan,
+        run_dir=str(tmp_path / "run"),
+        checkpoint_root=str(tmp_path / "disk"),
+        credentials=str(credentials),
+    )
     supervisor = HostSupervisor(plan, f"host-{host}", host)
     env = supervisor._workload_env(1, "tiny-lm-s0-w0.tiny-lm:8476", None)
     assert env["TPU_WORKER_HOSTNAMES"] == "tiny-lm-s1-w0.tiny-lm,tiny-lm-s1-w1.tiny-lm"

@@ -67,7 +67,10 @@ def test_the_pods_run_as_the_supervisors_service_account():
     assert binding["subjects"][0]["name"] == pod["spec"]["serviceAccountName"]
 
 
-def test_the_operator_may_create_and_delete_every_child_it_renders_and_never_touches_secrets():
+def test_the_operator_may_create_and_delete_every_child_it_renders_and_never_reads_a_secret():
+    """It creates each job's credentials Secret and nothing more: no get, list, watch (which would
+    read every Secret of a namespace), no patch or delete (the garbage collector deletes the Secret
+    with its job)."""
     rules = rules_of("ClusterRole", "slicekeeper-operator")
     children = {
         d["kind"] for d in manifests(render(load_training_job(ROOT / "examples" / "trainingjob.yaml")))
@@ -77,7 +80,10 @@ def test_the_operator_may_create_and_delete_every_child_it_renders_and_never_tou
         assert allows(rules, plural, "create", group) and allows(rules, plural, "delete", group), kind
     assert allows(rules, "trainingjobs/status", "patch", "slicekeeper.dev")
     assert not allows(rules, "nodes", "patch") and not allows(rules, "nodes", "delete")
-    assert not any("secrets" in r["resources"] or "*" in r["resources"] or "*" in r["verbs"] for r in rules)
+    assert not any("*" in r["resources"] or "*" in r["verbs"] for r in rules)
+    assert allows(rules, "secrets", "create")
+    for verb in ("get", "list", "watch", "patch", "update", "delete", "deletecollection"):
+        assert not allows(rules, "secrets", verb), verb
 
 
 def test_the_operator_may_block_its_jobs_deletion_on_the_children_it_adopts():

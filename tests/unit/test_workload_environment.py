@@ -39,6 +39,7 @@ def env_of(
         coordinator="coordinator:1234",
         restore_step=restore_step,
         socket_path=Path("/run/sdk.sock"),
+        temp_dir=Path("/run/tmp"),
         checkpoint_dir=Path("/disk/local"),
         slow=slow,
         environ={"PATH": "/usr/bin", "XLA_FLAGS": "--xla_dump_to=/tmp/x"} if environ is None else environ,
