@@ -48,6 +48,7 @@ With `--runs N` the scenarios are interleaved (run 1 of each, then run 2 of each
 shows the median, min and max over runs.
 
     .venv/bin/python benchmarks/checkpoint.py [--runs 1] [--steps 80] [--fault-step 50] [--json out.json]
+        [--scenario lose-peer ...]   (only these scenarios; default all six)
 
 Runs, event logs and the table are read and written with benchmarks/harness.py (imported from this
 directory, as the other benchmarks do); the scenarios are in checkpoint_scenarios.py, the figures of a
@@ -159,11 +160,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--timeout", type=float, default=600.0, help="seconds before a run is stopped (default 600)"
     )
     parser.add_argument(
+        "--scenario",
+        dest="scenarios",
+        action="append",
+        choices=[scenario.key for scenario in SCENARIOS],
+        help="run only this scenario (repeatable; default: all six)",
+    )
+    parser.add_argument(
         "--keep", action="store_true", help="keep every run's directory and log (default: only failed runs')"
     )
     args = parser.parse_args(argv)
     if args.runs < 1 or args.steps < 1:
         parser.error("--runs and --steps must be at least 1")
+    keys = args.scenarios or [scenario.key for scenario in SCENARIOS]
+    args.scenarios = [scenario for scenario in SCENARIOS if scenario.key in keys]
     if args.fault_step is None:
         args.fault_step = min(50, args.steps - 10)
     if not CHECKPOINT_INTERVAL < args.fault_step < args.steps:
@@ -181,13 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     started_at = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     machine = f"{platform.node()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
     say(
-        f"checkpoint benchmark: {len(SCENARIOS)} scenarios x {args.runs} run(s) of {args.steps} steps, "
+        f"checkpoint benchmark: {len(args.scenarios)} scenario(s) x {args.runs} run(s) "
+        f"of {args.steps} steps, "
         f"local save every {CHECKPOINT_INTERVAL} steps, faults at step {args.fault_step}"
     )
     say(f"  started {started_at} on {machine}; load average {os.getloadavg()[0]:.2f}; work dir {work}")
 
     try:  # a job file `slicekeeper run` would refuse fails here, once, not in every run
-        for scenario in SCENARIOS:
+        for scenario in args.scenarios:
             path = work / f"{scenario.key}-check.yaml"
             write_job(base, scenario, work / "persistent-check", path)
             load_training_job(path)
@@ -199,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[RunFigures]] = {}
     failures: list[str] = []
     for run in range(1, args.runs + 1):
-        for scenario in SCENARIOS:
+        for scenario in args.scenarios:
             try:
                 figures = run_scenario(scenario, run, args, base, work)
             except RunFailed as error:
