@@ -1,6 +1,6 @@
 # The one image of slicekeeper: every TPU pod and the operator run it.
 #   TPU pod:   python -m slicekeeper.supervisor --in-pod -- <the user's command>   (operator/render.py)
-#   operator:  slicekeeper operator                                  (operator/manifests/operator.yaml)
+#   operator:  slicekeeper operator                (charts/slicekeeper/templates/operator.yaml)
 # No ENTRYPOINT or CMD: each runs its own command.
 #
 #   docker build -t ghcr.io/slicekeeper/slicekeeper:dev .

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PACKAGE_FILES := $(shell find slicekeeper operator supervisor workload -name '*.py' 2>/dev/null) pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: demo test install lint typecheck layers crds clean bench
+.PHONY: demo test install lint typecheck layers crds dashboards clean bench system-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,10 +39,29 @@ typecheck: install
 layers: install
 	$(BIN)/lint-imports
 
+# The CRD, generated from the models, for kubectl (crds/) and for the chart (its crds/ folder).
 crds: install
 	$(BIN)/slicekeeper crd > crds/trainingjob.yaml
+	cp crds/trainingjob.yaml charts/slicekeeper/crds/trainingjob.yaml
 
-test: lint typecheck layers
+# What the tests need from Debian: Prometheus' server and promtool (the rules and dashboards are
+# checked against a real Prometheus). Installed once, when missing; apt-get needs root (CI's is).
+# And from npm, the Prometheus Operator's CRD schemas with their validation (PodMonitor and
+# PrometheusRule objects of the chart are checked against them), under .venv/node.
+PROMETHEUS_OPERATOR_MODELS := @kubernetes-models/prometheus-operator@6.0.0
+system-tools:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
+		echo "installing Debian's prometheus package (promtool, prometheus) for the tests"; \
+		(apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+	@test -d $(VENV)/node/node_modules/@kubernetes-models/prometheus-operator || { \
+		echo "installing $(PROMETHEUS_OPERATOR_MODELS) under $(VENV)/node for the tests"; \
+		npm install --prefix $(VENV)/node --no-audit --no-fund --silent $(PROMETHEUS_OPERATOR_MODELS); }
+
+# The chart's Grafana dashboards, generated from slicekeeper/dashboards (a test fails when stale).
+dashboards: install
+	$(BIN)/python -m slicekeeper.dashboards charts/slicekeeper/dashboards
+
+test: lint typecheck layers system-tools
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: install

@@ -17,8 +17,15 @@ from slicekeeper.operator.handlers import register
 LIVENESS = "http://0.0.0.0:8080/healthz"
 
 
-def run(namespaces: list[str], server: str | None = None, liveness: str | None = LIVENESS) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def run(
+    namespaces: list[str],
+    server: str | None = None,
+    liveness: str | None = LIVENESS,
+    *,
+    log_level: str = "info",
+) -> int:
+    level = getattr(logging, log_level.upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     registry = kopf.OperatorRegistry()
     if server is not None:
 

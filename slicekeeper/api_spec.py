@@ -264,7 +264,7 @@ class TrainingJobSpec(Model):
     network: NetworkSpec = Field(default_factory=NetworkSpec)
     service_account_name: str = Field(
         default="slicekeeper-supervisor",
-        description="Service account of the pods: the supervisor may mark its own pod (operator/rbac.yaml).",
+        description="Service account of the pods (the chart gives it the supervisors' Role).",
     )
     suspend: bool = Field(
         default=False,

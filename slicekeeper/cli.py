@@ -108,7 +108,7 @@ def _operator(args: argparse.Namespace) -> int:
         raise UserError(
             f"the operator needs its extra: pip install 'slicekeeper[operator]' ({error})"
         ) from None
-    return run(args.namespace, args.server, args.liveness)
+    return run(args.namespace, args.server, args.liveness, log_level=args.log_level)
 
 
 def _crd(args: argparse.Namespace) -> int:
@@ -209,6 +209,12 @@ def parser() -> argparse.ArgumentParser:
     )
     operator.add_argument(
         "--liveness", default="http://0.0.0.0:8080/healthz", help="kopf's liveness endpoint for the probe"
+    )
+    operator.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="the operator's log level (default info; debug includes kopf's own)",
     )
     operator.set_defaults(handler=_operator)
     crd = commands.add_parser("crd", help="print the TrainingJob CustomResourceDefinition")

@@ -92,8 +92,8 @@ ANNOTATION_STATUS: Final = "slicekeeper.dev/status"
 """On the leader's pod, by its supervisor: the job's progress as JSON, copied into the job's status."""
 LABEL_JOB: Final = "slicekeeper.dev/job"
 """The job an object belongs to: on its pods and Service (the operator), and on its Lease (the
-supervisors), which the admission policy (operator/manifests/admission.yaml) lets only the job's own
-pods write."""
+supervisors), which the admission policy (charts/slicekeeper/templates/admission.yaml) lets only the
+job's own pods write."""
 EXIT_JOB_FAILED: Final = 1
 """A pod's supervisor exit codes are what the operator reads of it (operator/handlers.py): 1 means the
 job failed as a whole (its policy or budgets said so): mark the job Failed, replace nothing."""

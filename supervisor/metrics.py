@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from slicekeeper.supervisor.persistent_tier import StoreReads
+from slicekeeper.supervisor.restore_plan import Tier
 
 from slicekeeper.goodput import BADPUT, Category, GoodputAccountant
 
@@ -44,6 +46,38 @@ class _GoodputCollector(Collector):
         goodput = GaugeMetricFamily("slicekeeper_goodput_ratio", "Productive seconds / wall seconds.")
         goodput.add_metric([], accountant.goodput(now))
         yield goodput
+
+
+@dataclass(frozen=True)
+class Role:
+    """Which machine a supervisor is, and which host of the job it plays (host None: a waiting spare)."""
+
+    machine: str
+    host: int | None
+    slice: int | None = None
+    worker: int | None = None
+
+
+class _RoleCollector(Collector):
+    """`slicekeeper_host_info`, the series the others are joined with to be grouped by host: a
+    spare's series belong to the host it took over from then on (the machine, the scrape target,
+    stays the same)."""
+
+    def __init__(self, role: Callable[[], Role]) -> None:
+        self._role = role
+
+    def collect(self) -> Iterator[Metric]:
+        role = self._role()
+        info = GaugeMetricFamily(
+            "slicekeeper_host_info",
+            "1, labelled with the machine and the host (slice, worker) of the job it plays now; "
+            "role `spare` and no host while it waits.",
+            labels=["machine", "role", "host", "slice", "worker"],
+        )
+        played = [role.host, role.slice, role.worker]
+        labels = ["" if value is None else str(value) for value in played]
+        info.add_metric([role.machine, "spare" if role.host is None else "host", *labels], 1.0)
+        yield info
 
 
 class _StoreReadsCollector(Collector):
@@ -135,6 +169,17 @@ class SupervisorMetrics:
         )
         for port in ("leader", "peer"):  # at 0 from the start: a rate or an alert sees the first one
             self.refused_connections.labels(port=port)
+        for tier in Tier:  # the same: a dashboard's failures and restores by tier from the start
+            self.checkpoint_failures.labels(tier=tier.value)
+            self.restores.labels(tier=tier.value)
+
+    def export_role(self, role: Callable[[], Role]) -> None:
+        """Export `slicekeeper_host_info` for the role `role()` gives when scraped."""
+        self.registry.register(_RoleCollector(role))
+
+    def export(self, collector: Collector) -> None:
+        """Export another part's series, read when scraped (e.g. the job's, while leading)."""
+        self.registry.register(collector)
 
     def count_store_reads(self, reads: StoreReads) -> None:
         """Export what the persistent tier counts as it reads (a job with that tier)."""

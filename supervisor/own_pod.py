@@ -1,7 +1,7 @@
 """The supervisor's one door to the API server: annotations on its own pod, and nothing else.
 
 In a cluster the supervisors coordinate with each other directly; the API server hears from them only
-through their own pods (the Role `slicekeeper-supervisor` in operator/manifests/rbac.yaml):
+through their own pods (the Role `slicekeeper-supervisor` in charts/slicekeeper/templates/rbac.yaml):
 
 - `slicekeeper.dev/replace: <reason>`: a supervisor the leader retired while alive (a straggler, a
   crash-looping host) asks the operator for a new pod with its identity on other capacity;

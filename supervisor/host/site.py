@@ -14,6 +14,7 @@ publishes the job's progress on its own pod for the operator's TrainingJob statu
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import sys
@@ -34,6 +35,10 @@ from slicekeeper.topology import HostId, JobLayout
 
 POD_STATUS_SECONDS = 5.0
 """In a pod: how often the leader's supervisor publishes the job's progress on its own pod."""
+
+METRICS_TARGETS_DIR = "prometheus-targets"
+"""Locally, in the run's directory: where Prometheus finds each machine's metrics (`<machine>.json`,
+file_sd; Prometheus takes a wildcard in a file name only, so they share one folder)."""
 
 COORDINATOR_PORT = 8476
 """In a pod: the port of JAX's coordinator, in rank 0's workload."""
@@ -116,6 +121,10 @@ class Site(ABC):
         """What the workload may not read (supervisor.host.confinement): the job's credentials."""
         return [Path(self.plan.credentials)]
 
+    @abstractmethod
+    def announce_metrics(self, machine: str, address: str, port: int) -> None:
+        """Tell Prometheus where this machine's metrics are, labelled as the job's."""
+
 
 class LocalSite(Site):
     """`slicekeeper run`: every host's supervisor a process of one machine."""
@@ -133,6 +142,29 @@ class LocalSite(Site):
 
     def bind_address(self) -> str:
         return self.leader_host  # the loopback address of the run
+
+    def announce_metrics(self, machine: str, address: str, port: int) -> None:
+        """`<run dir>/prometheus-targets/<machine>.json`, a Prometheus file_sd entry with the labels
+        the chart's PodMonitor gives a pod's series (namespace, pod, trainingjob): a Prometheus
+        pointed at `<run dir>/prometheus-targets/*.json` scrapes a local run as it would the job in a
+        cluster. Written whole or not at all (Prometheus never reads half a file)."""
+        metadata = self.plan.training_job.metadata
+        target = [
+            {
+                "targets": [f"{address}:{port}"],
+                "labels": {
+                    "namespace": metadata.namespace or "default",
+                    "trainingjob": metadata.name,
+                    "pod": machine,
+                },
+            }
+        ]
+        folder = Path(self.plan.run_dir) / METRICS_TARGETS_DIR
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{machine}.json"
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(target, indent=1))
+        os.replace(partial, path)
 
     def coordinator_address(self, layout: JobLayout, rank0: int) -> str:
         return f"127.0.0.1:{free_port()}"
@@ -181,6 +213,9 @@ class PodSite(Site):
 
     def metrics_port(self, host: int, machine: str) -> int:
         return self.plan.metrics_port  # every pod has its own address
+
+    def announce_metrics(self, machine: str, address: str, port: int) -> None:
+        """Nothing to write: the chart's PodMonitor finds the pod and labels its series."""
 
     def bind_address(self) -> str:
         """The pod's IP, or all interfaces when it is not given."""

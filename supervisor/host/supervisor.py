@@ -43,7 +43,8 @@ from slicekeeper.supervisor.host.site import site_of, spare_index
 from slicekeeper.supervisor.host.workload import Workloads, send_sdk_line, workload_argv, workload_env
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import Holder
-from slicekeeper.supervisor.metrics import SupervisorMetrics
+from slicekeeper.supervisor.leader.job_metrics import JobCollector
+from slicekeeper.supervisor.metrics import Role, SupervisorMetrics
 from slicekeeper.supervisor.persistent_tier import PersistentTier
 from slicekeeper.supervisor.plan import JobPlan
 from slicekeeper.supervisor.tls import JobTls
@@ -93,6 +94,8 @@ class HostSupervisor:
         self.journal: messages.Journal | None = None
         """The newest journal the leader sent (`{"type": "journal", "seq", "journal"}`)."""
         self.metrics = SupervisorMetrics(lambda: self.accountant)
+        self.metrics.export_role(self._role)
+        self.metrics.export(JobCollector(lambda: self._leader))
         if not plan.credentials:
             raise CredentialsError("the plan names no directory of the job's credentials")
         self.tls = JobTls(
@@ -246,6 +249,7 @@ class HostSupervisor:
             loop.add_signal_handler(signum, self._terminate, f"received {signum.name}")
         bind = self.site.bind_address()
         metrics_port = self.metrics.serve(self.site.metrics_port(self.host, self.machine), bind)
+        self.site.announce_metrics(self.machine, bind, metrics_port)
         sdk_server = await self.sdk.serve(self._socket_path)
         if self.restart and self.host >= 0:
             # Its workload died with the supervisor before it: the restart it rejoins needs one, and
@@ -277,6 +281,12 @@ class HostSupervisor:
                 await self.leadership.release()
                 await leader.close()
         return self._exit_code if self._exit_code is not None else 1
+
+    def _role(self) -> Role:
+        """Which host of the job this machine plays now (none: a waiting spare), for the metrics."""
+        if self.host < 0:
+            return Role(self.machine, None)
+        return Role(self.machine, self.host, self.identity.slice, self.identity.worker)
 
     @property
     def _leader(self) -> Leader | None:

@@ -73,7 +73,7 @@ def gone_within(text: str, seconds: float) -> list[int]:
 def test_a_run_cut_short_by_its_time_limit_is_killed_whole_before_run_cli_returns(where):
     job = endless_job(where)
     with pytest.raises(subprocess.TimeoutExpired) as timed_out:
-        run_cli("run", str(job), timeout=20)
+        run_cli("run", str(job), timeout=12)
     assert trained(where), "the run should have been training when its time was up"
     assert processes_mentioning(str(where)) == []  # at once: run_cli waited for every process
     assert "run directory:" in str(timed_out.value.output)  # what the CLI printed before it was killed
@@ -100,7 +100,7 @@ from tests.support.cli_runs import run_cli, sdk_loop_job
 WHERE = Path({where!r})
 
 
-@pytest.mark.timeout(25, method={method!r})
+@pytest.mark.timeout(15, method={method!r})
 def test_a_run_longer_than_the_test():
     job = sdk_loop_job(
         WHERE / "job.yaml",

@@ -1,7 +1,7 @@
 """Helpers of the opt-in end-to-end tests (tests/e2e/): a real cluster, the official client.
 
-Each test gets its own namespace (with the supervisors' service account and Role from
-operator/manifests/rbac.yaml, which the pods run as), waits on the TrainingJob's status, pods and
+Each test gets its own namespace (with the supervisors' service account and Role as the chart
+renders them, which the pods run as), waits on the TrainingJob's status, pods and
 events by polling, and says on timeout what it saw last. Nodes it cordons are uncordoned when the
 test ends, whatever happened. The jobs they create are checked offline, without a cluster, by
 tests/unit/test_e2e_setup.py.
@@ -23,7 +23,8 @@ import pytest
 import urllib3
 import yaml
 
-from tests.support.cli_runs import EXAMPLE, ROOT
+from tests.support import chart
+from tests.support.cli_runs import EXAMPLE
 
 GROUP, VERSION, PLURAL = "slicekeeper.dev", "v1alpha1", "trainingjobs"
 JOB = "tiny-lm"
@@ -33,9 +34,8 @@ IMAGE = os.environ.get("SLICEKEEPER_E2E_IMAGE", "ghcr.io/slicekeeper/slicekeeper
 JAX_PLATFORMS = os.environ.get("SLICEKEEPER_E2E_JAX_PLATFORMS", "cpu")
 """`cpu` on kind (JAX on CPU devices, gloo between pods); empty on real TPU nodes."""
 INSTALL = (
-    "install the operator first (docs/kind.md): kubectl create namespace slicekeeper-system && "
-    "kubectl apply -f crds/trainingjob.yaml -f operator/manifests/rbac.yaml "
-    "-f operator/manifests/admission.yaml -f operator/manifests/operator.yaml"
+    "install the operator first (docs/kind.md): "
+    "helm install slicekeeper charts/slicekeeper --namespace slicekeeper-system --create-namespace"
 )
 T = TypeVar("T")
 
@@ -106,15 +106,10 @@ def training_job(namespace: str, *, steps: int, replacement_timeout: float | Non
 
 
 def _supervisor_rbac(namespace: str) -> list[dict[str, Any]]:
-    """The supervisors' ServiceAccount, Role and RoleBinding of rbac.yaml, moved to `namespace`."""
-    documents = yaml.safe_load_all((ROOT / "operator" / "manifests" / "rbac.yaml").read_text())
-    chosen = [d for d in documents if d and d["kind"] in ("ServiceAccount", "Role", "RoleBinding")]
-    chosen = [d for d in chosen if d["metadata"]["name"] == "slicekeeper-supervisor"]
-    for document in chosen:
-        document["metadata"]["namespace"] = namespace
-        for subject in document.get("subjects", []):
-            subject["namespace"] = namespace
-    return chosen
+    """The supervisors' ServiceAccount, Role and RoleBinding for `namespace`, as the chart renders
+    them for a namespace that runs TrainingJobs (`supervisors.namespaces`)."""
+    rbac = chart.rendered({"supervisors": {"namespaces": [namespace]}})["slicekeeper/templates/rbac.yaml"]
+    return [d for d in rbac if d["metadata"].get("namespace") == namespace]
 
 
 @contextlib.contextmanager

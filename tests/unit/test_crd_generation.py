@@ -1,4 +1,5 @@
-"""crds/trainingjob.yaml is generated from the models and must never be stale."""
+"""crds/trainingjob.yaml, and the chart's copy the chart installs, are generated from the models and
+must never be stale."""
 
 from pathlib import Path
 
@@ -6,11 +7,18 @@ import yaml
 
 from slicekeeper import crd
 
-CRD_FILE = Path(__file__).parents[2] / "crds" / "trainingjob.yaml"
+ROOT = Path(__file__).parents[2]
+CRD_FILE = ROOT / "crds" / "trainingjob.yaml"
+CHART_CRD_FILE = ROOT / "charts" / "slicekeeper" / "crds" / "trainingjob.yaml"
 
 
 def test_the_committed_crd_matches_the_models():
     assert CRD_FILE.read_text() == crd.render_crd_yaml(), "crds/trainingjob.yaml is stale: run `make crds`"
+
+
+def test_the_chart_installs_the_same_crd():
+    stale = "charts/slicekeeper/crds/trainingjob.yaml is stale: run `make crds`"
+    assert CHART_CRD_FILE.read_text() == crd.render_crd_yaml(), stale
 
 
 def _walk(node):

@@ -1,6 +1,7 @@
-"""The operator's Deployment and the image it runs: valid objects that agree with the code and the RBAC.
+"""The operator's Deployment (as the chart renders it) and the image it runs: valid objects that agree
+with the code and the RBAC.
 
-A wrong probe path, a service account rbac.yaml does not define, or an image that misses a package
+A wrong probe path, a service account the chart does not define, or an image that misses a package
 folder only shows on a real cluster, long after the change; these checks run offline.
 """
 
@@ -11,32 +12,25 @@ import tomllib
 from typing import Any
 from urllib.parse import urlsplit
 
-import kubernetes_validate
-import yaml
 from packaging.specifiers import SpecifierSet
 from slicekeeper.operator.main import LIVENESS
 from slicekeeper.operator.render import render
 
+from slicekeeper import cli
 from slicekeeper.api import load_training_job
+from tests.support import chart
 from tests.support.cli_runs import EXAMPLE, ROOT
 
-OPERATOR = ROOT / "operator" / "manifests" / "operator.yaml"
-RBAC = ROOT / "operator" / "manifests" / "rbac.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def documents(path: Any) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+def deployment(values: dict[str, Any] | None = None) -> dict[str, Any]:
+    return chart.the("Deployment", values=values)
 
 
-def deployment() -> dict[str, Any]:
-    (found,) = [d for d in documents(OPERATOR) if d["kind"] == "Deployment"]
-    return found
-
-
-def container() -> dict[str, Any]:
-    (found,) = deployment()["spec"]["template"]["spec"]["containers"]
+def container(values: dict[str, Any] | None = None) -> dict[str, Any]:
+    (found,) = deployment(values)["spec"]["template"]["spec"]["containers"]
     return found
 
 
@@ -51,10 +45,8 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
     ]
 
 
-def test_every_object_is_valid_against_the_kubernetes_schema():
-    assert [d["kind"] for d in documents(OPERATOR)] == ["Deployment"]
-    for document in documents(OPERATOR):
-        kubernetes_validate.validate(document, "1.31", strict=True)
+def test_every_object_is_valid_against_its_schema():
+    assert chart.invalid(chart.objects()) == {}
 
 
 def test_one_replica_replaced_by_recreate_never_two_operators_at_once():
@@ -66,19 +58,21 @@ def test_one_replica_replaced_by_recreate_never_two_operators_at_once():
 
 
 def test_the_liveness_probe_asks_where_kopf_serves_it():
-    served = urlsplit(LIVENESS)
-    probe = container()["livenessProbe"]["httpGet"]
-    assert (probe["path"], probe["port"]) == (served.path, served.port)
-    assert served.port in [p["containerPort"] for p in container()["ports"]]
-    # `slicekeeper operator` serves LIVENESS by default: the command must not move it elsewhere.
-    assert container()["command"] == ["slicekeeper", "operator"]
+    box = container()
+    (liveness,) = [arg.split("=", 1)[1] for arg in box["args"] if arg.startswith("--liveness=")]
+    served = urlsplit(liveness)
+    probe = box["livenessProbe"]["httpGet"]
+    ports = {p["name"]: p["containerPort"] for p in box["ports"]}
+    assert (probe["path"], ports[probe["port"]]) == (served.path, served.port)
+    assert served.port == urlsplit(LIVENESS).port  # the chart's default is the command's
+    assert box["command"] == ["slicekeeper", "operator"]
     assert "slicekeeper" in PYPROJECT["project"]["scripts"]
 
 
 def test_it_runs_as_the_operator_account_that_rbac_yaml_defines_and_binds():
     metadata, pod = deployment()["metadata"], deployment()["spec"]["template"]["spec"]
     account = pod["serviceAccountName"]
-    rbac = documents(RBAC)
+    rbac = chart.objects()
     assert any(
         d["kind"] == "ServiceAccount"
         and d["metadata"]["name"] == account
@@ -101,7 +95,10 @@ def test_it_runs_non_root_on_a_read_only_root_with_bounded_resources():
     for bound in ("requests", "limits"):
         assert {"cpu", "memory"} <= resources[bound].keys(), bound
     assert resources["requests"]["memory"] == resources["limits"]["memory"]
-    assert box["image"] == load_training_job(EXAMPLE).spec.workload.image  # one image for both
+    # One image for both, the operator's tagged with the release it comes with.
+    repository, tag = box["image"].rsplit(":", 1)
+    assert repository == load_training_job(EXAMPLE).spec.workload.image.rsplit(":", 1)[0]
+    assert tag == PYPROJECT["project"]["version"]
 
 
 def test_the_image_installs_existing_extras_and_runs_as_the_deployments_user():
@@ -141,3 +138,16 @@ def test_the_pods_command_is_a_module_the_image_installs():
     command = pod["spec"]["containers"][0]["command"]
     assert command[:3] == ["python", "-m", "slicekeeper.supervisor"]
     assert command[2] in PYPROJECT["tool"]["setuptools"]["packages"]
+
+
+def test_every_argument_the_chart_gives_the_operator_is_one_its_command_takes():
+    """The chart's command line, for the default values and for values that add arguments, as
+    `slicekeeper operator` parses it: a flag the code renamed or dropped fails here, not in a pod."""
+    values = {"operator": {"watchNamespaces": ["a", "b"], "logLevel": "debug", "livenessPort": 9808}}
+    for given in ({}, values):
+        command = container(given)["command"]
+        assert command[:2] == ["slicekeeper", "operator"]
+        parsed = cli.parser().parse_args([*command[1:], *container(given)["args"]])
+    assert parsed.handler.__name__ == "_operator"
+    assert (parsed.namespace, parsed.log_level) == (["a", "b"], "debug")
+    assert parsed.liveness == "http://0.0.0.0:9808/healthz"

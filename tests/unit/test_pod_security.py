@@ -8,15 +8,14 @@ import copy
 from typing import Any
 
 import pytest
-import yaml
 from slicekeeper.operator.render import render
 
 from slicekeeper.api import load_training_job
+from tests.support import chart
 from tests.support.cli_runs import ROOT
 from tests.support.pod_security import restricted_violations
 
 EXAMPLES = sorted((ROOT / "examples").glob("trainingjob*.yaml"))
-OPERATOR = ROOT / "operator" / "manifests" / "operator.yaml"
 
 
 def example_pod() -> dict[str, Any]:
@@ -30,7 +29,7 @@ def test_every_rendered_tpu_pod_is_restricted(path):
 
 
 def test_the_operators_pod_is_restricted():
-    [deployment] = [d for d in yaml.safe_load_all(OPERATOR.read_text()) if d and d["kind"] == "Deployment"]
+    deployment = chart.the("Deployment")
     assert restricted_violations(deployment["spec"]["template"]["spec"]) == []
 
 

@@ -1,4 +1,5 @@
-"""The RBAC the operator and the supervisors run with: valid objects, and no more than they need."""
+"""The RBAC the operator and the supervisors run with (as the chart renders it): valid objects, and no
+more than they need."""
 
 from __future__ import annotations
 
@@ -6,13 +7,12 @@ from typing import Any
 
 import kopf
 import kubernetes_validate
-import yaml
 from slicekeeper.operator.render import manifests, render
 
 from slicekeeper.api import load_training_job
+from tests.support import chart
 from tests.support.cli_runs import ROOT
 
-RBAC = ROOT / "operator" / "manifests" / "rbac.yaml"
 PLURALS = {
     "Service": ("", "services"),
     "ConfigMap": ("", "configmaps"),
@@ -21,8 +21,8 @@ PLURALS = {
 }
 
 
-def documents() -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
+def documents(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return chart.rendered(values)["slicekeeper/templates/rbac.yaml"]
 
 
 def rules_of(kind: str, name: str) -> list[dict[str, Any]]:
@@ -34,7 +34,7 @@ def allows(rules: list[dict[str, Any]], resource: str, verb: str, group: str = "
 
 
 def test_every_rbac_object_is_valid():
-    kinds = [d["kind"] for d in documents()]
+    kinds = [d["kind"] for d in chart.objects()]
     assert kinds.count("ServiceAccount") == 2 and "ClusterRole" in kinds and "Role" in kinds
     for document in documents():
         kubernetes_validate.validate(document, "1.31", strict=True)
@@ -105,3 +105,15 @@ def test_the_operator_may_block_its_jobs_deletion_on_the_children_it_adopts():
             if reference.get("blockOwnerDeletion"):
                 group = reference["apiVersion"].split("/")[0]
                 assert allows(rules, "trainingjobs/finalizers", "update", group), child["kind"]
+
+
+def test_every_namespace_that_runs_jobs_gets_the_supervisors_account_role_and_binding():
+    values = {"supervisors": {"namespaces": ["research", "prod"], "serviceAccountName": "trainer"}}
+    found = {
+        (d["kind"], d["metadata"]["namespace"]) for d in documents(values) if "namespace" in d["metadata"]
+    }
+    for namespace in ("research", "prod"):
+        assert {("ServiceAccount", namespace), ("Role", namespace), ("RoleBinding", namespace)} <= found
+    assert ("Role", "default") not in found
+    bindings = [d for d in documents(values) if d["kind"] == "RoleBinding"]
+    assert {b["subjects"][0]["name"] for b in bindings} == {"trainer"}

@@ -7,9 +7,11 @@ chosen at start-up; these are the answers, side by side.
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 from slicekeeper.supervisor import leader_connection
-from slicekeeper.supervisor.host.site import LocalSite, PodSite, site_of
+from slicekeeper.supervisor.host.site import METRICS_TARGETS_DIR, LocalSite, PodSite, site_of
 from slicekeeper.supervisor.plan import free_port
 
 from slicekeeper import protocol
@@ -64,3 +66,26 @@ def test_locally_a_leader_port_is_taken_at_start_up_so_no_other_process_can_take
     assert third is not None and later not in (f"127.0.0.1:{port}", address)
     for sock in (reserved, other, third):
         sock.close()
+
+
+def test_locally_each_machine_tells_prometheus_where_its_metrics_are_labelled_as_the_job(tmp_path):
+    plan = dataclasses.replace(example_plan(tmp_path, local=True), leader="127.0.0.1:0")
+    site = site_of(plan)
+    Path(plan.run_dir).mkdir(parents=True)  # the runtime's, made before any supervisor starts
+    site.announce_metrics("spare-0", "127.0.0.1", 9104)
+    site.announce_metrics("host-1", "127.0.0.1", 9101)
+    folder = Path(plan.run_dir) / METRICS_TARGETS_DIR
+    labels = {"namespace": "default", "trainingjob": plan.training_job.metadata.name, "pod": "spare-0"}
+    assert json.loads((folder / "spare-0.json").read_text()) == [
+        {"targets": ["127.0.0.1:9104"], "labels": labels}
+    ]
+    site.announce_metrics("spare-0", "127.0.0.1", 9200)  # a restarted supervisor on a new port
+    assert json.loads((folder / "spare-0.json").read_text())[0]["targets"] == ["127.0.0.1:9200"]
+    assert sorted(p.name for p in folder.iterdir()) == ["host-1.json", "spare-0.json"]  # nothing half-written
+
+
+def test_in_a_pod_nothing_is_written_for_prometheus(tmp_path):
+    plan = dataclasses.replace(example_plan(tmp_path, local=False), address="10.0.0.7")
+    Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
+    site_of(plan).announce_metrics("host-0", "0.0.0.0", 9100)
+    assert not (Path(plan.run_dir) / METRICS_TARGETS_DIR).exists()

@@ -1,6 +1,7 @@
 """The admission policy that keeps a supervisor to its own pod and its own job's Lease
-(operator/manifests/admission.yaml), its CEL evaluated with cel-python against allowed and forbidden
-requests, as the API server evaluates it: match conditions, then variables, then every validation."""
+(charts/slicekeeper/templates/admission.yaml, as the chart renders it), its CEL evaluated with
+cel-python against allowed and forbidden requests, as the API server evaluates it: match conditions,
+then variables, then every validation."""
 
 from __future__ import annotations
 
@@ -10,17 +11,15 @@ from typing import Any
 import celpy
 import kubernetes_validate
 import pytest
-import yaml
 
-from tests.support.cli_runs import ROOT
+from tests.support import chart
 
-ADMISSION = ROOT / "operator" / "manifests" / "admission.yaml"
 SUPERVISOR = "system:serviceaccount:team-a:slicekeeper-supervisor"
 POD_NAME_CLAIM = "authentication.kubernetes.io/pod-name"
 
 
-def documents() -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(ADMISSION.read_text()) if d]
+def documents(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return chart.rendered(values)["slicekeeper/templates/admission.yaml"]
 
 
 POLICY = next(d for d in documents() if d["kind"] == "ValidatingAdmissionPolicy")
@@ -152,3 +151,16 @@ def test_the_checks_fail_on_a_policy_missing_a_condition():
         admitted(request("leases", pod="tinyXlm-s0-w0"), lease("tiny.lm-leader", "tiny.lm"), no_format)
         is True
     )
+
+
+def test_the_policy_follows_the_supervisors_service_account_the_chart_is_given():
+    values = {"supervisors": {"serviceAccountName": "trainer"}}
+    policy = next(d for d in documents(values) if d["kind"] == "ValidatingAdmissionPolicy")
+    trainer = "system:serviceaccount:team-a:trainer"
+    assert admitted(request("pods", user=trainer), pod("tiny-lm-s0-w2"), policy) is False  # not its own
+    assert admitted(request("pods", user=trainer), pod("tiny-lm-s0-w1"), policy) is True
+    assert admitted(request("pods"), pod("tiny-lm-s0-w2"), policy) is None  # no longer the supervisors'
+
+
+def test_without_the_policy_the_chart_installs_none():
+    assert documents({"supervisors": {"admissionPolicy": False}}) == []

@@ -13,11 +13,13 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from slicekeeper.supervisor.metrics import SupervisorMetrics
+from slicekeeper.supervisor.leader.job_metrics import JobCollector
+from slicekeeper.supervisor.metrics import Role, SupervisorMetrics
 from slicekeeper.supervisor.persistent_tier import StoreReads
 
 from slicekeeper.goodput import BADPUT, Category, GoodputAccountant
 from tests.support.cli_runs import documented_metrics
+from tests.support.leader_views import leader_view
 
 
 def accountant_with_history() -> GoodputAccountant:
@@ -51,6 +53,9 @@ def accountant() -> GoodputAccountant:
 def metrics(accountant: GoodputAccountant) -> SupervisorMetrics:
     metrics = SupervisorMetrics(lambda: accountant, registry=CollectorRegistry())
     metrics.count_store_reads(StoreReads(shards=2, objects=9, bytes=4096))  # a job with a persistent tier
+    metrics.export_role(lambda: Role("m0", 0, slice=0, worker=0))
+    leading = leader_view()
+    metrics.export(JobCollector(lambda: leading))  # the supervisor that leads
     return metrics
 
 

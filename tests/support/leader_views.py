@@ -1,0 +1,30 @@
+"""A leader's parts the job's metrics read (memory, world, decisions), built without a leader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slicekeeper.supervisor.leader.decisions import Decisions
+from slicekeeper.supervisor.leader.journal import JobMemory
+from slicekeeper.supervisor.straggler import StragglerDetector
+from slicekeeper.supervisor.world import JobWorld
+
+from slicekeeper.policy.engine import PolicyEngine
+from slicekeeper.shape import JobShape
+
+
+@dataclass
+class LeaderView:
+    memory: JobMemory
+    world: JobWorld
+    decisions: Decisions
+
+
+def leader_view(
+    slices: int = 2, hosts_per_slice: int = 2, detector: StragglerDetector | None = None
+) -> LeaderView:
+    """A fresh job of `slices` x `hosts_per_slice` hosts, its straggler windows started."""
+    world = JobWorld(JobShape(slices=slices, hosts_per_slice=hosts_per_slice))
+    decisions = Decisions(PolicyEngine(None), world, detector=detector)
+    decisions.new_world()
+    return LeaderView(JobMemory(started_at=0.0), world, decisions)
