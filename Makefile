@@ -5,8 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PACKAGE_FILES := $(shell find slicekeeper operator supervisor workload -name '*.py' 2>/dev/null) pyproject.toml
 PYTEST_ARGS ?=
+CHROMIUM := /usr/bin/chromium
 
-.PHONY: demo test install lint typecheck layers crds clean bench
+.PHONY: demo test install lint typecheck layers crds clean bench chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,7 @@ $(VENV)/.linked: $(STAMP) $(PACKAGE_FILES)
 
 install: $(VENV)/.linked
 
+# Writes demo-report.json and the page demo-report.html beside it (both paths printed at the end).
 demo: install
 	$(BIN)/slicekeeper run examples/trainingjob.yaml --steps 600 \
 		--chaos "kill:host=1@step=150,lose:host=0@step=300,hang:host=0@step=450" --report demo-report.json
@@ -42,7 +44,14 @@ layers: install
 crds: install
 	$(BIN)/slicekeeper crd > crds/trainingjob.yaml
 
-test: lint typecheck layers
+# The browser the run's page is opened in by its test (tests/integration/test_report_page_in_a_browser.py):
+# Debian's Chromium, installed only when missing (as root; Playwright never downloads one).
+$(CHROMIUM):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+
+chromium: $(CHROMIUM)
+
+test: lint typecheck layers chromium
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: install
