@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 
 from slicekeeper.goodput import BADPUT, Category
 
@@ -420,6 +421,11 @@ def _fields(record: dict[str, Any], skip: Iterable[str]) -> str:
     return ", ".join(parts)
 
 
+def _breakable(name: str) -> markupsafe.Markup:
+    """`name` (escaped) with a line break allowed after each underscore: a narrow column heading."""
+    return markupsafe.Markup("_<wbr>").join(name.split("_"))
+
+
 def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()) if n) or "none"
 
@@ -517,7 +523,7 @@ def page_context(report: dict[str, Any], timelines: dict[int, HostTimeline]) -> 
             for kind, (colour, dash) in MARKER_STYLES.items()
         ],
         "has_steps": any(t.steps for t in timelines.values()),
-        "badput_columns": shown,
+        "badput_columns": [(category, _breakable(category)) for category in shown],
         "hosts": hosts,
         "faults": faults,
         "decisions": decisions,
@@ -547,7 +553,7 @@ table { border-collapse: collapse; margin: 4px 0; }
 th, td { border-bottom: 1px solid #eee; padding: 3px 10px; text-align: left; vertical-align: top; }
 th { background: #fafafa; font-weight: 600; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
-#hosts td, #faults td:not(:last-child) { white-space: nowrap; }
+td.num, #faults td:not(:last-child) { white-space: nowrap; }
 .legend { display: flex; flex-wrap: wrap; gap: 14px; margin: 6px 0 0 80px; font-size: 12px; }
 .swatch { display: inline-block; width: 12px; height: 12px; vertical-align: -2px; margin-right: 4px;
   border: 1px solid #bdbdbd; }
@@ -670,7 +676,9 @@ went to, by goodput category; a pixel shows the category that took most of its t
 <table id="hosts">
 <tr><th>host</th><th>slice / worker</th><th>machines</th><th class="num">goodput</th>
 <th class="num">productive (s)</th>
-{% for category in badput_columns %}<th class="num">{{ category }} (s)</th>{% endfor %}
+{% for category, label in badput_columns %}
+<th class="num" data-category="{{ category }}">{{ label }} (s)</th>
+{% endfor %}
 <th>restarts</th><th>faults</th><th class="num">last checkpoint</th><th class="num">step (ms)</th>
 <th class="num">exit</th></tr>
 {% for h in hosts %}
