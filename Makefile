@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PACKAGE_FILES := $(shell find slicekeeper operator supervisor workload -name '*.py' 2>/dev/null) pyproject.toml
 PYTEST_ARGS ?=
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: demo test install lint typecheck layers crds dashboards clean bench system-tools
 
@@ -24,6 +25,7 @@ $(VENV)/.linked: $(STAMP) $(PACKAGE_FILES)
 
 install: $(VENV)/.linked
 
+# Writes demo-report.json and the page demo-report.html beside it (both paths printed at the end).
 demo: install
 	$(BIN)/slicekeeper run examples/trainingjob.yaml --steps 600 \
 		--chaos "kill:host=1@step=150,lose:host=0@step=300,hang:host=0@step=450" --report demo-report.json
@@ -44,15 +46,17 @@ crds: install
 	$(BIN)/slicekeeper crd > crds/trainingjob.yaml
 	cp crds/trainingjob.yaml charts/slicekeeper/crds/trainingjob.yaml
 
-# What the tests need from Debian: Prometheus' server and promtool (the rules and dashboards are
-# checked against a real Prometheus). Installed once, when missing; apt-get needs root (CI's is).
-# And from npm, the Prometheus Operator's CRD schemas with their validation (PodMonitor and
-# PrometheusRule objects of the chart are checked against them), under .venv/node.
+# What the tests need from outside PyPI, installed once, when missing (apt-get needs root; CI's is):
+# - Debian's prometheus (server and promtool): the rules and dashboards are checked against a real
+#   Prometheus;
+# - Debian's chromium: the run's page is opened in it (Playwright drives it; it never downloads one);
+# - from npm, the Prometheus Operator's CRD schemas with their validation, under .venv/node: the
+#   chart's PodMonitor and PrometheusRule objects are checked against them.
 PROMETHEUS_OPERATOR_MODELS := @kubernetes-models/prometheus-operator@6.0.0
 system-tools:
-	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
-		echo "installing Debian's prometheus package (promtool, prometheus) for the tests"; \
-		(apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null && test -x $(CHROMIUM) || { \
+		echo "installing Debian's prometheus and chromium packages for the tests"; \
+		(apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus chromium; }
 	@test -d $(VENV)/node/node_modules/@kubernetes-models/prometheus-operator || { \
 		echo "installing $(PROMETHEUS_OPERATOR_MODELS) under $(VENV)/node for the tests"; \
 		npm install --prefix $(VENV)/node --no-audit --no-fund --silent $(PROMETHEUS_OPERATOR_MODELS); }

@@ -13,12 +13,15 @@ Rules, in one place:
   reports in; a host parked by a scale-down has no workload to stop, its idle time stays `scaled_down`.
 
 Because a fault can take the open interval back, only closed intervals are settled
-(`settled_seconds`): what a Prometheus counter may show, never to go down.
+(`settled_seconds`): what a Prometheus counter may show, never to go down. An accountant given a
+`booked` callable hands it each interval as it closes, with the category it was finally booked to:
+the supervisor writes them to its event log, from which the run's page draws its badput bands.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from enum import StrEnum
 
 from slicekeeper.protocol import Phase
@@ -68,9 +71,16 @@ def ideal_step_seconds(durations: list[float]) -> float | None:
     return statistics.fmean(kept)
 
 
+Booked = Callable[[Category, float, float], None]
+"""Told of each closed interval: its category, its start and its end (Unix seconds)."""
+
+
 class GoodputAccountant:
-    def __init__(self, start: float, category: Category = Category.PROGRAM_STARTUP) -> None:
+    def __init__(
+        self, start: float, category: Category = Category.PROGRAM_STARTUP, *, booked: Booked | None = None
+    ) -> None:
         self.start = start
+        self._booked = booked
         self._since = start
         self._current = category
         self._seconds = dict.fromkeys(Category, 0.0)
@@ -85,8 +95,15 @@ class GoodputAccountant:
 
     def switch(self, category: Category, now: float) -> None:
         self._seconds[self._current] += max(0.0, now - self._since)
+        if self._booked is not None and now > self._since:
+            self._booked(self._current, self._since, now)
         self._current = category
         self._since = now
+
+    def book_open(self, now: float) -> None:
+        """Close the open interval at `now` and go on in the same category (the totals are unchanged):
+        an account ending now tells `booked` of its last interval."""
+        self.switch(self._current, now)
 
     def begin_step(self, step: int, now: float, *, first_of_start: bool) -> Category:
         if first_of_start:

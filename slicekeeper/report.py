@@ -1,18 +1,20 @@
 """The end-of-run report: job-level goodput, badput by category, restarts, faults, fingerprint.
 
 Built from what each host's supervisor accounted and what the leader recorded. Job-level seconds
-are the mean over hosts, so `goodput + sum(badput_seconds) / wall_seconds == 1`; time a host did
-not account for (the runtime starting and stopping supervisors) counts as `other`. After a hot-swap
-a host identity was served by two machines (the lost one, then the spare): their accounts are added
-up, and so are the accounts of a supervisor that crashed and of the one started again after it. A
-spare that was never needed is not a host of the job and does not count. Reads from the
-persistent tier are the tier's own counts, from every machine's supervisor, not the restores' labels.
+are the mean over hosts, so `goodput + sum(badput_seconds) / wall_seconds == 1` (and the same holds
+for each host's own figures); time a host did not account for (the runtime starting and stopping
+supervisors) counts as `other`. After a hot-swap a host identity was served by two machines (the
+lost one, then the spare): their accounts are added up, and so are the accounts of a supervisor that
+crashed and of the one started again after it. A spare that was never needed is not a host of the
+job and does not count. Reads from the persistent tier are the tier's own counts, from every
+machine's supervisor, not the restores' labels.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from slicekeeper.goodput import BADPUT, Category, ideal_step_seconds
@@ -45,9 +47,25 @@ def merge_machines(machines: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "wall_seconds": sum(r["wall_seconds"] for r in parts),
                 "seconds": {k: sum(r["seconds"].get(k, 0.0) for r in parts) for k in last["seconds"]},
                 "productive_step_seconds": [d for r in parts for d in r.get("productive_step_seconds", [])],
+                "restarts": _added_up(r.get("restarts") or {} for r in parts),
+                "faults": _added_up(r.get("faults") or {} for r in parts),
             }
         )
     return merged
+
+
+def _added_up(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    total: Counter[str] = Counter()
+    for count in counts:
+        total.update(count)
+    return dict(total)
+
+
+def _host_badput(host: dict[str, Any], wall_seconds: float) -> dict[str, float]:
+    """One host's badput seconds; the wall time it did not account for is `other`, as for the job."""
+    badput = {c.value: host["seconds"].get(c.value, 0.0) for c in BADPUT}
+    badput[Category.OTHER.value] += max(0.0, wall_seconds - host["wall_seconds"])
+    return {k: round(v, 3) for k, v in badput.items()}
 
 
 def store_reads(machines: list[dict[str, Any]]) -> dict[str, int]:
@@ -123,6 +141,7 @@ def build_report(
         "params_fingerprint": agreed,
         "ideal_step_seconds": ideal_step_seconds(all_steps),
         "wall_seconds": round(wall_seconds, 3),
+        "started_at": round(started_at, 3),
         "generations": summary.get("generations", 1),
         "restores": [
             {k: r.get(k) for k in ("host", "step", "tier", "holder", "generation", "seconds", "loaded_step")}
@@ -160,6 +179,10 @@ def build_report(
                 "goodput": round(h["seconds"][Category.PRODUCTIVE.value] / wall_seconds, 4)
                 if wall_seconds
                 else 0.0,
+                "productive_seconds": round(h["seconds"][Category.PRODUCTIVE.value], 3),
+                "badput_seconds": _host_badput(h, wall_seconds),
+                "restarts": h.get("restarts", {}),
+                "faults": h.get("faults", {}),
                 "last_checkpoint_step": h.get("last_checkpoint_step"),
                 "typical_step_seconds": h.get("typical_step_seconds"),
                 "machines": h.get("machines", []),

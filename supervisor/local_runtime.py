@@ -2,10 +2,10 @@
 
 The local runtime plays the operator's part with processes: it lays the job out (topology.local_layout),
 starts one supervisor per host (each runs one workload process), watches the leader's status to
-show live progress, and at the end gathers every host's accounting into the report. A supervisor
-killed by a signal while the job runs is started again on its machine, as a kubelet restarts a
-container. Ctrl-C stops every process it started: supervisors get SIGTERM, then SIGKILL; workloads
-die with them.
+show live progress, and at the end gathers every host's accounting into the report (JSON, and a page
+to look at next to it: slicekeeper.report_page). A supervisor killed by a signal while the job runs
+is started again on its machine, as a kubelet restarts a container. Ctrl-C stops every process it
+started: supervisors get SIGTERM, then SIGKILL; workloads die with them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -34,6 +35,7 @@ from slicekeeper.api import TrainingJob, dump_training_job
 from slicekeeper.chaos import FaultKind, check_hosts, parse_chaos
 from slicekeeper.errors import UserError
 from slicekeeper.report import build_report, format_report
+from slicekeeper.report_page import write_page
 
 DEFAULT_CACHE = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slicekeeper" / "jax-compilation-cache"
@@ -189,6 +191,7 @@ class LocalRuntime:
         self._say("")
         self._say(format_report(report))
         self._say(f"  report: {self.report_path}")
+        write_page_beside(report, self.report_path, self._say)
         return report
 
     def _gather(self, plan: JobPlan, started: float, wall: float) -> dict[str, Any]:
@@ -369,6 +372,17 @@ class LocalRuntime:
                 if time.time() - last_line >= 2.0 and message.state in ("running", "stopping"):
                     last_line = time.time()
                     self._say("  " + _status_line(message, self.total_steps))
+
+
+def write_page_beside(report: dict[str, Any], report_path: Path, say: Callable[[str], None]) -> None:
+    """The run's page next to its report (slicekeeper.report_page), its path said. The report is
+    written already and the run's outcome is decided: a page that cannot be written is only said."""
+    try:
+        page = write_page(report, report_path)
+    except Exception as error:
+        say(f"  page: not written ({type(error).__name__}: {error})")
+    else:
+        say(f"  page: {page}")
 
 
 def _status_line(status: messages.Status, total: int) -> str:

@@ -87,7 +87,7 @@ class HostSupervisor:
         self.job = plan.training_job
         self.layout = plan.layout
         self.identity = self.layout.host(max(self.host, 0))
-        self.accountant = GoodputAccountant(time.time())
+        self.accountant = GoodputAccountant(time.time(), booked=self._booked)
         self.detector = HangDetector(self.job.spec.health)
         self.activity = ActivityTracker()
         """Where the workload is, for the leader naming a hang's culprit (supervisor.culprit)."""
@@ -216,6 +216,13 @@ class HostSupervisor:
     def _log(self, record: dict[str, Any]) -> None:
         """Append to this host's event log (what happened, when): for post-mortems and replay."""
         self._events.write(json.dumps({"t": time.time(), **record}) + "\n")
+
+    def _booked(self, category: Category, start: float, end: float) -> None:
+        """An interval of this host's time, closed and booked (slicekeeper.goodput): into the event log,
+        for the run's page. Dropped once the log is closed (the account was written)."""
+        if not self._events.closed:
+            interval = {"category": category.value, "start": start, "end": end}
+            self._log({"source": "goodput", "type": "interval", **interval})
 
     def _say(self, text: str) -> None:
         """A line on stderr, naming this host."""
@@ -379,7 +386,7 @@ class HostSupervisor:
         if self.leadership is not None and not self.leadership.candidate:  # a spare: a candidate now
             own = Holder(self.machine, host, self.leadership.own.address)
             self.leadership.adopt(self.site.election(own), own)
-        self.accountant = GoodputAccountant(time.time())
+        self.accountant = GoodputAccountant(time.time(), booked=self._booked)
         self.accountant.switch(Category.INFRASTRUCTURE_RECOVERY, time.time())
         self._log({"source": "leader", "type": "assign", "host": host, "machine": self.machine})
         print(f"[{self.machine}] taking over host {host}", file=sys.stderr, flush=True)
@@ -430,6 +437,8 @@ class HostSupervisor:
     # --- the end ------------------------------------------------------------------------------
     def _write_report(self, end: str | None = None) -> None:
         """This supervisor's account; `end`: "lost" (its machine gone) or "crashed" (this process)."""
+        now = time.time()
+        self.accountant.book_open(now)  # the account's last interval, in the event log too
         report = host_report(
             machine=self.machine,
             end=end,
@@ -443,7 +452,7 @@ class HostSupervisor:
             detector=self.detector,
             tiers=self.tiers,
             exit_code=self._exit_code,
-            now=time.time(),
+            now=now,
         )
         write_host_report(self._dir, report)
         self._events.close()

@@ -75,3 +75,27 @@ def test_settled_seconds_leave_out_what_a_fault_could_still_book_as_recovery():
 def test_ideal_step_time_ignores_outliers():
     assert ideal_step_seconds([1.0, 1.0, 1.1, 0.9, 30.0]) == pytest.approx(1.0)
     assert ideal_step_seconds([]) is None
+
+
+def test_each_closed_interval_is_told_with_the_category_it_was_finally_booked_to():
+    booked: list[tuple[Category, float, float]] = []
+    acc = GoodputAccountant(start=0.0, booked=lambda *interval: booked.append(interval))
+    acc.begin_step(1, 1.0, first_of_start=True)
+    acc.end_step(1, 2.0)
+    acc.begin_step(2, 2.0, first_of_start=False)
+    acc.interrupt(5.0)  # step 2 never ended: its time is recovery, not productive
+    acc.switch(Category.PROGRAM_STARTUP, 6.0)
+    before = acc.seconds(7.0)
+    acc.book_open(7.0)  # the account ends: its open interval is told too, and the totals stay
+    assert acc.seconds(7.0) == before and acc.current is Category.PROGRAM_STARTUP
+    assert booked == [
+        (Category.PROGRAM_STARTUP, 0.0, 1.0),
+        (Category.PROGRAM_STARTUP, 1.0, 2.0),  # the first step of a start compiles
+        (Category.INFRASTRUCTURE_RECOVERY, 2.0, 5.0),
+        (Category.INFRASTRUCTURE_RECOVERY, 5.0, 6.0),
+        (Category.PROGRAM_STARTUP, 6.0, 7.0),
+    ]
+    told: dict[Category, float] = {}
+    for category, start, end in booked:
+        told[category] = told.get(category, 0.0) + end - start
+    assert told == {c: s for c, s in acc.seconds(7.0).items() if s}  # the same account, interval by interval

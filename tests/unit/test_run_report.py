@@ -249,6 +249,32 @@ def test_a_lost_machine_and_its_spare_add_up_to_one_host_listing_both_machines()
     assert hosts[0]["machines"] == ["host-0"]
 
 
+def test_each_hosts_own_figures_account_for_all_of_the_wall_time():
+    report = report_of()
+    for host in report["hosts"]:
+        badput = sum(host["badput_seconds"].values())
+        assert host["goodput"] + badput / report["wall_seconds"] == pytest.approx(1.0, abs=1e-3)
+        assert host["productive_seconds"] == pytest.approx(host["goodput"] * report["wall_seconds"])
+    assert report["hosts"][0]["badput_seconds"]["other"] == pytest.approx(15.0)  # 10 s its own, 5 s outside
+
+
+def test_a_host_has_the_badput_restarts_and_faults_of_all_its_machines():
+    hosts = swapped_hosts()
+    hosts[1].update(restarts={"crash": 1}, faults={})  # spare-0, restarted once after taking host 1 over
+    hosts[3].update(restarts={"crash": 1, "hang": 1}, faults={"crash": 1})  # host-1, then lost
+    report = report_of(hosts=hosts)
+    host_1 = report["hosts"][1]
+    assert host_1["badput_seconds"]["infrastructure_recovery"] == pytest.approx(15.0)
+    assert host_1["badput_seconds"]["other"] == pytest.approx(5.0)  # 100 s of wall, 95 s accounted
+    assert host_1["restarts"] == {"crash": 2, "hang": 1}
+    assert host_1["faults"] == {"crash": 1}
+    assert report["hosts"][0]["restarts"] == {} and report["hosts"][0]["faults"] == {}
+
+
+def test_the_report_keeps_when_the_run_started_for_the_times_of_its_event_logs():
+    assert report_of()["started_at"] == STARTED
+
+
 def test_an_unassigned_spare_is_not_a_host_of_the_report():
     merged = merge_machines(swapped_hosts())
     assert all("spare-1" not in h["machines"] for h in merged)

@@ -1,0 +1,735 @@
+"""The run's page: one HTML file next to the JSON report, for people to look at.
+
+The JSON report is for programs and `format_report` for a terminal; neither shows when things
+happened. The page draws the run over time: the steps each host completed, a vertical marker where a
+fault fired, where the job detected it and where training went on, and under them a band per host
+coloured by what its time went to (docs/goodput.md). Then the per-host table, the faults and the
+policy's decisions.
+
+It must open anywhere (a laptop on a plane, a CI artifact): one file, the style inline, the charts
+inline SVG drawn here, no script and no external resource; its Content-Security-Policy forbids any, so
+a mistake cannot make it reach the network. Everything that comes from the job or its policy (the
+job's name, reasons, details) goes through jinja2's autoescaping.
+
+What it reads: the report (slicekeeper.report) and, for the timeline, each of the job's machines'
+event log in the run directory (`<run dir>/<machine>/events.jsonl`): the workload's `step_end` and the
+goodput accountant's `interval` records (slicekeeper.goodput). Nothing else of the run directory is
+opened, the credentials least of all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import markupsafe
+
+from slicekeeper.goodput import BADPUT, Category
+
+CATEGORY_COLOURS: dict[str, str] = {
+    Category.PRODUCTIVE: "#a5d6a7",
+    Category.PROGRAM_STARTUP: "#90caf9",
+    Category.TPU_INITIALIZATION: "#ce93d8",
+    Category.TRAINING_PREP: "#b39ddb",
+    Category.DATA_LOADING: "#80deea",
+    Category.CHECKPOINT_SAVE: "#ffe082",
+    Category.CHECKPOINT_RESTORE: "#ffb74d",
+    Category.WASTED_PROGRESS: "#f48fb1",
+    Category.INFRASTRUCTURE_RECOVERY: "#e53935",
+    Category.SCALED_DOWN: "#a1887f",
+    Category.OTHER: "#e0e0e0",
+}
+"""Each goodput category's colour in the bands and the legend; badput stands out from the pale green."""
+UNKNOWN_COLOUR = "#9e9e9e"
+
+HOST_COLOURS = ["#1b5e20", "#0d47a1", "#4a148c", "#e65100", "#006064", "#880e4f", "#3e2723", "#33691e"]
+"""The hosts' step lines (cycled for more hosts)."""
+
+MARKER_STYLES: dict[str, tuple[str, str]] = {
+    "fault": ("#b71c1c", ""),
+    "detection": ("#ef6c00", "6 3"),
+    "recovery": ("#1565c0", "2 3"),
+}
+"""Marker kind -> (colour, stroke dash); the label rows above the chart follow this order."""
+MARKER_NAMES = {"fault": "fault", "detection": "detected", "recovery": "training again"}
+
+PLOT_LEFT, PLOT_WIDTH, PLOT_RIGHT = 80, 1000, 30
+LABEL_ROW = 14
+PROGRESS_HEIGHT = 240
+LANE_HEIGHT, LANE_GAP = 16, 4
+AXIS_HEIGHT = 34
+
+_MACHINE_NAME = re.compile(r"(host|spare)-[0-9]+")
+"""What a machine folder is called (topology's local layout); any other name is not read."""
+
+
+@dataclass
+class HostTimeline:
+    """One host's run over time, in seconds since the run started."""
+
+    steps: list[tuple[float, int]] = field(default_factory=list)
+    """(time, step) of every step completed, in the order they were (a restore goes back)."""
+    intervals: list[tuple[float, float, str]] = field(default_factory=list)
+    """(start, end, category) of every interval its accountant booked."""
+
+
+# --- reading the event logs -------------------------------------------------------------------
+
+
+def _records(path: Path) -> Iterator[dict[str, Any]]:
+    """The event log's records; a torn line (a writer killed mid-line) is skipped."""
+    try:
+        lines = path.open(encoding="utf-8", errors="replace")
+    except OSError:
+        return
+    with lines:
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                yield record
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def read_timelines(report: dict[str, Any], run_dir: Path | None = None) -> dict[int, HostTimeline]:
+    """Every host's timeline from the event logs of the machines that served it. A spare's records
+    count from the `assign` that made it the host; a host's machine always served that host."""
+    where = run_dir or report.get("run_dir")
+    started = _number(report.get("started_at")) or 0.0
+    timelines: dict[int, HostTimeline] = {}
+    for host in report.get("hosts", []):
+        index = int(host["host"])
+        timeline = timelines.setdefault(index, HostTimeline())
+        if not where:
+            continue
+        folder = Path(where)
+        for machine in dict.fromkeys(host.get("machines") or [f"host-{index}"]):
+            if not isinstance(machine, str) or not _MACHINE_NAME.fullmatch(machine):
+                continue
+            serving: int | None = int(machine.split("-")[1]) if machine.startswith("host-") else None
+            for record in _records(folder / machine / "events.jsonl"):
+                kind = record.get("type")
+                if kind == "assign":
+                    serving = record.get("host")
+                elif serving != index:
+                    continue
+                elif kind == "step_end" and record.get("source") == "workload":
+                    t, step = _number(record.get("t")), record.get("step")
+                    if t is not None and isinstance(step, int):
+                        timeline.steps.append((t - started, step))
+                elif kind == "interval" and record.get("source") == "goodput":
+                    start, end = _number(record.get("start")), _number(record.get("end"))
+                    if start is not None and end is not None and end > start:
+                        category = str(record.get("category"))
+                        timeline.intervals.append((start - started, end - started, category))
+    return timelines
+
+
+# --- drawing ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tick:
+    at: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Line:
+    host: int
+    colour: str
+    points: str
+
+
+@dataclass(frozen=True)
+class Band:
+    x: float
+    width: float
+    category: str
+    colour: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Lane:
+    host: int
+    y: float
+    bands: list[Band]
+
+
+@dataclass(frozen=True)
+class Marker:
+    kind: str
+    """fault, detection or recovery"""
+    x: float
+    label: str
+    label_y: float
+    anchor: str
+    colour: str
+    dash: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Timeline:
+    width: int
+    height: int
+    left: int
+    right: int
+    top: int
+    progress_bottom: int
+    lanes_bottom: int
+    x_ticks: list[Tick]
+    y_ticks: list[Tick]
+    lines: list[Line]
+    lanes: list[Lane]
+    markers: list[Marker]
+    categories: list[tuple[str, str]]
+    """(category, colour) of the legend: those in the bands, in the order of slicekeeper.goodput."""
+
+
+def nice_ticks(top: float, count: int = 8) -> list[float]:
+    """Round values from 0 to `top`, about `count` of them (steps of 1, 2 or 5 times a power of ten)."""
+    if top <= 0:
+        return [0.0]
+    raw = top / count
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    return [i * step for i in range(int(top / step + 1e-9) + 1)]
+
+
+def _clock(seconds: float, minutes: bool) -> str:
+    """A time axis label: `m:ss` on a long axis, seconds on a short one."""
+    if minutes:
+        return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+    return f"{seconds:g} s"
+
+
+def _thinned(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """At most the first and the last point of each pixel column (a long run has far more steps than
+    the chart has pixels), in order."""
+    kept: list[tuple[float, float]] = []
+    column, last = None, None
+    for point in points:
+        here = round(point[0])
+        if here != column:
+            if last is not None and kept[-1] is not last:
+                kept.append(last)
+            kept.append(point)
+            column = here
+        last = point
+    if last is not None and kept[-1] is not last:
+        kept.append(last)
+    return kept
+
+
+def _bands(intervals: list[tuple[float, float, str]], x_of_time: float, width: int) -> list[Band]:
+    """A host's intervals, one category per pixel column (the one that took most of its time), with
+    neighbouring columns of the same category joined into one band. Time no interval covers (before
+    its supervisor started, after it ended) is `other`, as in the report; a host without any
+    interval has no band."""
+    columns: list[dict[str, float]] = [{} for _ in range(width)]
+    for start, end, category in intervals:
+        left, right = max(0.0, start * x_of_time), min(float(width), end * x_of_time)
+        column = int(left)
+        while column < width and column < right:
+            share = min(right, column + 1.0) - max(left, float(column))
+            if share > 0:
+                columns[column][category] = columns[column].get(category, 0.0) + share
+            column += 1
+    for shares in columns if intervals else []:
+        uncovered = 1.0 - sum(shares.values())
+        if uncovered > 1e-9:
+            shares[Category.OTHER.value] = shares.get(Category.OTHER.value, 0.0) + uncovered
+    bands: list[Band] = []
+    run_start, run_category = 0, None
+    for column in range(width + 1):
+        shares = columns[column] if column < width else {}
+        dominant = max(shares, key=shares.__getitem__) if shares else None
+        if dominant != run_category:
+            if run_category is not None:
+                seconds = (column - run_start) / x_of_time
+                bands.append(
+                    Band(
+                        x=float(PLOT_LEFT + run_start),
+                        width=float(column - run_start),
+                        category=run_category,
+                        colour=CATEGORY_COLOURS.get(run_category, UNKNOWN_COLOUR),
+                        title=f"{run_category}: {run_start / x_of_time:.2f} s to "
+                        f"{column / x_of_time:.2f} s ({seconds:.2f} s)",
+                    )
+                )
+            run_start, run_category = column, dominant
+    return bands
+
+
+@dataclass(frozen=True)
+class _Moment:
+    t: float
+    kind: str
+    label: str
+    title: str
+
+
+def _moments(report: dict[str, Any]) -> list[_Moment]:
+    """What the markers show: each fault where it fired; each detection once (several faults of a
+    generation share their detection, which the leader also lists, with the faults not injected);
+    each distinct time training went on after a fault."""
+    moments: list[_Moment] = []
+    detections: dict[float, _Moment] = {}
+    for detection in report.get("detections", []):
+        t = _number(detection.get("detected_at"))
+        if t is not None and t not in detections:
+            detections[t] = _Moment(
+                t,
+                "detection",
+                f"{detection.get('kind')} detected",
+                f"{detection.get('kind')} detected on host {detection.get('host')} at {t:.2f} s: "
+                f"{detection.get('detail') or ''}",
+            )
+    resumed: dict[float, _Moment] = {}
+    for fault in report.get("faults", []):
+        where = f" host {fault['host']}" if int(fault.get("host", -1)) >= 0 else ""
+        fired = _number(fault.get("fired_at"))
+        if fired is not None:
+            moments.append(
+                _Moment(
+                    fired,
+                    "fault",
+                    f"{fault.get('kind')}{where}",
+                    f"fault {fault.get('kind')}{where} at step {fault.get('step')}, {fired:.2f} s"
+                    + (f": {fault['detail']}" if fault.get("detail") else ""),
+                )
+            )
+        detected = _number(fault.get("detected_at"))
+        if detected is not None and detected not in detections:
+            detections[detected] = _Moment(
+                detected,
+                "detection",
+                f"{fault.get('detected_as')} detected",
+                f"{fault.get('kind')}{where} detected as {fault.get('detected_as')} at {detected:.2f} s",
+            )
+        back = _number(fault.get("resumed_at"))
+        if back is not None and back not in resumed:
+            resumed[back] = _Moment(back, "recovery", "training again", f"training again at {back:.2f} s")
+    return sorted([*moments, *detections.values(), *resumed.values()], key=lambda m: (m.t, m.kind))
+
+
+def timeline(report: dict[str, Any], timelines: dict[int, HostTimeline]) -> Timeline:
+    """The geometry of the timeline's SVG: time axis, step lines, markers, bands."""
+    hosts = sorted(timelines)
+    end = max(
+        [
+            _number(report.get("wall_seconds")) or 0.0,
+            *(t for line in timelines.values() for t, _ in line.steps[-1:]),
+            *(e for line in timelines.values() for _, e, _ in line.intervals[-1:]),
+        ],
+        default=0.0,
+    )
+    end = max(end, 1e-3)
+    top_step = max(
+        [int(report.get("steps_completed") or 0), 1, *(s for h in hosts for _, s in timelines[h].steps)]
+    )
+    x_of_time = PLOT_WIDTH / end
+    top = LABEL_ROW * len(MARKER_STYLES) + 12
+    progress_bottom = top + PROGRESS_HEIGHT
+    lanes_top = progress_bottom + 12
+    lanes_bottom = lanes_top + len(hosts) * (LANE_HEIGHT + LANE_GAP)
+
+    def x(t: float) -> float:
+        return round(PLOT_LEFT + min(max(t, 0.0), end) * x_of_time, 1)
+
+    def y(step: float) -> float:
+        return round(progress_bottom - step / top_step * PROGRESS_HEIGHT, 1)
+
+    lines = []
+    for n, host in enumerate(hosts):
+        points = _thinned([(x(t), y(step)) for t, step in timelines[host].steps])
+        if points:
+            text = " ".join(f"{px:g},{py:g}" for px, py in points)
+            lines.append(Line(host, HOST_COLOURS[n % len(HOST_COLOURS)], text))
+    lanes = [
+        Lane(
+            host,
+            lanes_top + n * (LANE_HEIGHT + LANE_GAP),
+            _bands(timelines[host].intervals, x_of_time, PLOT_WIDTH),
+        )
+        for n, host in enumerate(hosts)
+    ]
+    rows = list(MARKER_STYLES)
+    markers = []
+    for moment in _moments(report):
+        colour, dash = MARKER_STYLES[moment.kind]
+        at = x(moment.t)
+        markers.append(
+            Marker(
+                kind=moment.kind,
+                x=at,
+                label=moment.label,
+                label_y=LABEL_ROW * (rows.index(moment.kind) + 1),
+                anchor="end" if at > PLOT_LEFT + PLOT_WIDTH * 0.85 else "start",
+                colour=colour,
+                dash=dash,
+                title=moment.title,
+            )
+        )
+    seen = {band.category for lane in lanes for band in lane.bands}
+    categories: list[tuple[str, str]] = [(c.value, CATEGORY_COLOURS[c]) for c in Category if c.value in seen]
+    categories += [(c, UNKNOWN_COLOUR) for c in sorted(seen - {c.value for c in Category})]
+    return Timeline(
+        width=PLOT_LEFT + PLOT_WIDTH + PLOT_RIGHT,
+        height=lanes_bottom + AXIS_HEIGHT,
+        left=PLOT_LEFT,
+        right=PLOT_LEFT + PLOT_WIDTH,
+        top=top,
+        progress_bottom=progress_bottom,
+        lanes_bottom=lanes_bottom,
+        x_ticks=[Tick(x(t), _clock(t, minutes=end >= 180)) for t in nice_ticks(end, 10)],
+        y_ticks=[Tick(y(s), f"{s:g}") for s in nice_ticks(top_step, 5)],
+        lines=lines,
+        lanes=lanes,
+        markers=markers,
+        categories=categories,
+    )
+
+
+# --- the page -----------------------------------------------------------------------------------
+
+
+def _fields(record: dict[str, Any], skip: Iterable[str]) -> str:
+    """`key=value` for what a decision's event or action says besides its name."""
+    left_out = set(skip)
+    parts = []
+    for key, value in record.items():
+        if key in left_out or value is None or value == [] or value == {}:
+            continue
+        shown = value if isinstance(value, str | int | float) else json.dumps(value, sort_keys=True)
+        parts.append(f"{key}={shown}")
+    return ", ".join(parts)
+
+
+def _breakable(name: str) -> markupsafe.Markup:
+    """`name` (escaped) with a line break allowed after each underscore: a narrow column heading."""
+    return markupsafe.Markup("_<wbr>").join(name.split("_"))
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()) if n) or "none"
+
+
+def _seconds(value: Any, digits: int = 2) -> str:
+    number = _number(value)
+    return "-" if number is None else f"{number:.{digits}f}"
+
+
+def page_context(report: dict[str, Any], timelines: dict[int, HostTimeline]) -> dict[str, Any]:
+    """What the template shows, every value ready to print."""
+    badput = report.get("badput_seconds", {})
+    wall = _number(report.get("wall_seconds")) or 0.0
+    shown = [
+        c.value
+        for c in BADPUT
+        if any(h.get("badput_seconds", {}).get(c.value, 0) >= 0.05 for h in report.get("hosts", []))
+    ]
+    hosts = [
+        {
+            "host": h["host"],
+            "place": f"{h.get('slice')} / {h.get('worker')}",
+            "machines": ", ".join(dict.fromkeys(str(m) for m in h.get("machines", []))),
+            "goodput": f"{h.get('goodput', 0.0):.3f}",
+            "productive": _seconds(h.get("productive_seconds"), 1),
+            "badput": [_seconds(h.get("badput_seconds", {}).get(c), 1) for c in shown],
+            "restarts": _counts(h.get("restarts", {})),
+            "faults": _counts(h.get("faults", {})),
+            "checkpoint": "-" if h.get("last_checkpoint_step") is None else str(h["last_checkpoint_step"]),
+            "step_ms": "-"
+            if not h.get("typical_step_seconds")
+            else f"{h['typical_step_seconds'] * 1000:.0f}",
+            "exit_code": "-" if h.get("exit_code") is None else str(h["exit_code"]),
+        }
+        for h in report.get("hosts", [])
+    ]
+    faults = [
+        {
+            "kind": f.get("kind"),
+            "host": f.get("host") if int(f.get("host", -1)) >= 0 else "-",
+            "step": f.get("step"),
+            "fired_at": _seconds(f.get("fired_at")),
+            "detected_as": f.get("detected_as") or "-",
+            "detection": _seconds(f.get("detection_seconds")),
+            "recovery": _seconds(f.get("recovery_seconds")),
+            "detail": f.get("detail") or "",
+        }
+        for f in report.get("faults", [])
+    ]
+    decisions = [
+        {
+            "t": _seconds(d.get("t"), 1),
+            "step": d.get("step"),
+            "event": str(d.get("event", {}).get("kind")),
+            "event_fields": _fields(d.get("event", {}), ("kind", "t")),
+            "action": str(d.get("action", {}).get("name")),
+            "action_fields": _fields(d.get("action", {}), ("name",)),
+            "source": d.get("source"),
+            "reason": d.get("reason") or "",
+        }
+        for d in report.get("decisions", [])
+    ]
+    return {
+        "job": report.get("job", ""),
+        "state": report.get("state", "unknown"),
+        "failure_reason": report.get("failure_reason"),
+        "summary": [
+            ("goodput", f"{report.get('goodput', 0.0):.3f}"),
+            ("steps completed", str(report.get("steps_completed", 0))),
+            ("wall time", f"{wall:.1f} s"),
+            ("restarts", _counts(report.get("restarts", {}))),
+            ("faults", str(len(faults))),
+            ("generations", str(report.get("generations", 1))),
+            (
+                "ideal step time",
+                "-"
+                if not report.get("ideal_step_seconds")
+                else f"{report['ideal_step_seconds'] * 1000:.0f} ms",
+            ),
+        ],
+        "badput": [
+            (
+                category,
+                f"{seconds:.2f}",
+                f"{100 * seconds / wall:.1f}" if wall else "0",
+                CATEGORY_COLOURS.get(category, UNKNOWN_COLOUR),
+            )
+            for category, seconds in sorted(badput.items(), key=lambda kv: -kv[1])
+            if seconds >= 0.05
+        ],
+        "timeline": timeline(report, timelines),
+        "lane_height": LANE_HEIGHT,
+        "marker_legend": [
+            (kind, MARKER_NAMES[kind], colour, "dash" if dash else "")
+            for kind, (colour, dash) in MARKER_STYLES.items()
+        ],
+        "has_steps": any(t.steps for t in timelines.values()),
+        "badput_columns": [(category, _breakable(category)) for category in shown],
+        "hosts": hosts,
+        "faults": faults,
+        "decisions": decisions,
+        "run_dir": report.get("run_dir", ""),
+        "fingerprint": report.get("params_fingerprint") or "",
+    }
+
+
+_TEMPLATE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{ job }}: {{ state }} - slicekeeper run</title>
+<style>
+body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #212121; background: #fff; }
+h1 { font-size: 22px; margin: 0 0 4px; }
+h2 { font-size: 17px; margin: 28px 0 8px; }
+.state-succeeded { color: #2e7d32; } .state-failed, .state-interrupted { color: #c62828; }
+.reason { color: #c62828; margin: 4px 0; }
+.cards { display: flex; flex-wrap: wrap; gap: 10px; margin: 12px 0; }
+.card { border: 1px solid #e0e0e0; border-radius: 6px; padding: 6px 12px; min-width: 90px; }
+.card .value { font-size: 18px; font-weight: 600; }
+.card .name { color: #616161; font-size: 12px; }
+table { border-collapse: collapse; margin: 4px 0; }
+th, td { border-bottom: 1px solid #eee; padding: 3px 10px; text-align: left; vertical-align: top; }
+th { background: #fafafa; font-weight: 600; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.num, #faults td:not(:last-child) { white-space: nowrap; }
+.legend { display: flex; flex-wrap: wrap; gap: 14px; margin: 6px 0 0 80px; font-size: 12px; }
+.swatch { display: inline-block; width: 12px; height: 12px; vertical-align: -2px; margin-right: 4px;
+  border: 1px solid #bdbdbd; }
+.line-swatch { display: inline-block; width: 18px; height: 0; vertical-align: 3px; margin-right: 4px;
+  border-top: 2px solid; }
+.dash { border-top-style: dashed; }
+.muted { color: #757575; font-size: 12px; }
+.bar { display: inline-block; height: 10px; }
+svg text { font: 11px system-ui, sans-serif; fill: #424242; }
+svg .marker-label { font-size: 11px; font-weight: 600; }
+</style>
+</head>
+<body>
+<h1>{{ job }}: <span class="state-{{ state }}">{{ state }}</span></h1>
+{% if failure_reason %}<p class="reason">{{ failure_reason }}</p>{% endif %}
+<div class="cards">
+{% for name, value in summary %}
+<div class="card"><div class="value">{{ value }}</div><div class="name">{{ name }}</div></div>
+{% endfor %}
+</div>
+
+<h2>Timeline</h2>
+{% set t = timeline %}
+<svg id="timeline" role="img" aria-label="steps completed over time, faults and badput by host"
+ xmlns="http://www.w3.org/2000/svg" width="{{ t.width }}" height="{{ t.height }}"
+ viewBox="0 0 {{ t.width }} {{ t.height }}">
+<g class="axes" stroke="#bdbdbd" stroke-width="1">
+{% for tick in t.y_ticks %}
+<line x1="{{ t.left }}" x2="{{ t.right }}" y1="{{ tick.at }}" y2="{{ tick.at }}" stroke="#f0f0f0"/>
+{% endfor %}
+{% for tick in t.x_ticks %}
+<line x1="{{ tick.at }}" x2="{{ tick.at }}" y1="{{ t.top }}" y2="{{ t.lanes_bottom }}" stroke="#f0f0f0"/>
+{% endfor %}
+<line x1="{{ t.left }}" x2="{{ t.left }}" y1="{{ t.top }}" y2="{{ t.progress_bottom }}"/>
+<line x1="{{ t.left }}" x2="{{ t.right }}" y1="{{ t.progress_bottom }}" y2="{{ t.progress_bottom }}"/>
+<line x1="{{ t.left }}" x2="{{ t.right }}" y1="{{ t.lanes_bottom }}" y2="{{ t.lanes_bottom }}"/>
+</g>
+{% for tick in t.y_ticks %}
+<text x="{{ t.left - 6 }}" y="{{ tick.at + 4 }}" text-anchor="end">{{ tick.label }}</text>
+{% endfor %}
+<text x="14" y="{{ (t.top + t.progress_bottom) / 2 }}" text-anchor="middle"
+ transform="rotate(-90 14 {{ (t.top + t.progress_bottom) / 2 }})">step</text>
+{% for tick in t.x_ticks %}
+<text x="{{ tick.at }}" y="{{ t.lanes_bottom + 16 }}" text-anchor="middle">{{ tick.label }}</text>
+{% endfor %}
+<text x="{{ t.right }}" y="{{ t.lanes_bottom + 30 }}" text-anchor="end">time since the run started</text>
+<g class="bands" shape-rendering="crispEdges">
+{% for lane in t.lanes %}
+<text x="{{ t.left - 6 }}" y="{{ lane.y + lane_height - 4 }}" text-anchor="end">host {{ lane.host }}</text>
+{% for band in lane.bands %}
+<rect class="band" data-host="{{ lane.host }}" data-category="{{ band.category }}" x="{{ band.x }}"
+ y="{{ lane.y }}" width="{{ band.width }}" height="{{ lane_height }}" fill="{{ band.colour }}">
+<title>host {{ lane.host }}: {{ band.title }}</title></rect>
+{% endfor %}
+{% endfor %}
+</g>
+<g class="steps" fill="none" stroke-width="1.5" stroke-linejoin="round">
+{% for line in t.lines %}
+<polyline class="host-steps" data-host="{{ line.host }}" stroke="{{ line.colour }}" stroke-opacity="0.8"
+ points="{{ line.points }}"><title>host {{ line.host }}: steps completed</title></polyline>
+{% endfor %}
+</g>
+<g class="markers">
+{% for m in t.markers %}
+<g class="marker marker-{{ m.kind }}"><title>{{ m.title }}</title>
+<line x1="{{ m.x }}" x2="{{ m.x }}" y1="{{ m.label_y + 3 }}" y2="{{ t.lanes_bottom }}" stroke="{{ m.colour }}"
+ stroke-width="1.5"{% if m.dash %} stroke-dasharray="{{ m.dash }}"{% endif %}/>
+<text class="marker-label" x="{{ m.x + (3 if m.anchor == 'start' else -3) }}" y="{{ m.label_y }}"
+ text-anchor="{{ m.anchor }}" style="fill: {{ m.colour }}">{{ m.label }}</text>
+</g>
+{% endfor %}
+</g>
+</svg>
+<div class="legend">
+{% for line in t.lines %}
+<span><span class="line-swatch" style="border-color: {{ line.colour }}"></span>
+host {{ line.host }} steps</span>
+{% endfor %}
+{% for kind, name, colour, dash in marker_legend %}
+<span><span class="line-swatch {{ dash }}" style="border-color: {{ colour }}"></span>{{ name }}</span>
+{% endfor %}
+</div>
+<div class="legend">
+{% for category, colour in t.categories %}
+<span class="legend-category" data-category="{{ category }}">
+<span class="swatch" style="background: {{ colour }}"></span>{{ category }}</span>
+{% endfor %}
+</div>
+{% if not has_steps %}<p class="muted">No step of any host was found in the run's event logs.</p>{% endif %}
+<p class="muted">Lines: the step each host completed last (a restore goes back). Bands: what each host's time
+went to, by goodput category; a pixel shows the category that took most of its time.</p>
+
+<h2>Badput</h2>
+{% if badput %}
+<table>
+<tr><th>category</th><th class="num">seconds</th><th class="num">% of wall</th><th></th></tr>
+{% for category, seconds, share, colour in badput %}
+<tr><td><span class="swatch" style="background: {{ colour }}"></span>{{ category }}</td>
+<td class="num">{{ seconds }}</td><td class="num">{{ share }}</td>
+<td><span class="bar" style="width: {{ share }}px; background: {{ colour }}"></span></td></tr>
+{% endfor %}
+</table>
+{% else %}<p class="muted">None worth showing.</p>{% endif %}
+
+<h2>Faults</h2>
+{% if faults %}
+<table id="faults">
+<tr><th>kind</th><th>host</th><th class="num">step</th><th class="num">fired at (s)</th><th>detected as</th>
+<th class="num">detection (s)</th><th class="num">recovery (s)</th><th>detail</th></tr>
+{% for f in faults %}
+<tr><td>{{ f.kind }}</td><td>{{ f.host }}</td><td class="num">{{ f.step }}</td>
+<td class="num">{{ f.fired_at }}</td>
+<td>{{ f.detected_as }}</td><td class="num">{{ f.detection }}</td><td class="num">{{ f.recovery }}</td>
+<td>{{ f.detail }}</td></tr>
+{% endfor %}
+</table>
+{% else %}<p class="muted">No fault was injected.</p>{% endif %}
+
+<h2>Hosts</h2>
+<table id="hosts">
+<tr><th>host</th><th>slice / worker</th><th>machines</th><th class="num">goodput</th>
+<th class="num">productive (s)</th>
+{% for category, label in badput_columns %}
+<th class="num" data-category="{{ category }}">{{ label }} (s)</th>
+{% endfor %}
+<th>restarts</th><th>faults</th><th class="num">last checkpoint</th><th class="num">step (ms)</th>
+<th class="num">exit</th></tr>
+{% for h in hosts %}
+<tr><td>{{ h.host }}</td><td>{{ h.place }}</td><td>{{ h.machines }}</td><td class="num">{{ h.goodput }}</td>
+<td class="num">{{ h.productive }}</td>
+{% for value in h.badput %}<td class="num">{{ value }}</td>{% endfor %}
+<td>{{ h.restarts }}</td><td>{{ h.faults }}</td><td class="num">{{ h.checkpoint }}</td>
+<td class="num">{{ h.step_ms }}</td><td class="num">{{ h.exit_code }}</td></tr>
+{% endfor %}
+</table>
+
+<h2>Decisions</h2>
+{% if decisions %}
+<table id="decisions">
+<tr><th class="num">t (s)</th><th class="num">step</th><th>event</th><th>action</th><th>source</th>
+<th>reason</th></tr>
+{% for d in decisions %}
+<tr><td class="num">{{ d.t }}</td><td class="num">{{ d.step }}</td>
+<td>{{ d.event }}{% if d.event_fields %} <span class="muted">{{ d.event_fields }}</span>{% endif %}</td>
+<td>{{ d.action }}{% if d.action_fields %} <span class="muted">{{ d.action_fields }}</span>{% endif %}</td>
+<td>{{ d.source }}</td><td>{{ d.reason }}</td></tr>
+{% endfor %}
+</table>
+{% else %}<p class="muted">The policy was not asked anything.</p>{% endif %}
+
+<p class="muted">Run directory: {{ run_dir }}
+{%- if fingerprint %}; parameters fingerprint {{ fingerprint }}{% endif %}. Written by slicekeeper run.</p>
+</body>
+</html>
+"""
+
+_ENVIRONMENT = jinja2.Environment(
+    autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True
+)
+_PAGE = _ENVIRONMENT.from_string(_TEMPLATE)
+
+
+def render_page(report: dict[str, Any], timelines: dict[int, HostTimeline]) -> str:
+    """The page's HTML."""
+    return _PAGE.render(page_context(report, timelines))
+
+
+def page_path(report_path: Path) -> Path:
+    """Where the page of the report at `report_path` goes: the same path with `.html`."""
+    page = report_path.with_suffix(".html")
+    return page if page != report_path else report_path.with_name(report_path.name + ".html")
+
+
+def write_page(report: dict[str, Any], report_path: Path) -> Path:
+    """Render the page of `report` (its timelines from the run directory it names) next to the report
+    file; its path."""
+    page = page_path(report_path)
+    page.write_text(render_page(report, read_timelines(report)), encoding="utf-8")
+    return page
