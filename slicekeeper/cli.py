@@ -46,6 +46,7 @@ def _run(args: argparse.Namespace) -> int:
         steps=args.steps,
         chaos=args.chaos,
         report_path=args.report,
+        progress=args.progress,
     )
     report = asyncio.run(runtime.run())
     if report["state"] != "succeeded":
@@ -171,6 +172,13 @@ def parser() -> argparse.ArgumentParser:
         "--policy",
         type=Path,
         help="remediation policy file (overrides spec.policy.file; docs/policy.md)",
+    )
+    run.add_argument(
+        "--progress",
+        choices=["auto", "live", "plain"],
+        default="auto",
+        help="live: a view redrawn in place; plain: a status line every few seconds and every event; "
+        "auto (default): live on a terminal, plain otherwise",
     )
     run.set_defaults(handler=_run)
     policy = commands.add_parser("policy", help="work with remediation policies")

@@ -2,10 +2,11 @@
 
 The local runtime plays the operator's part with processes: it lays the job out (topology.local_layout),
 starts one supervisor per host (each runs one workload process), watches the leader's status to
-show live progress, and at the end gathers every host's accounting into the report (JSON, and a page
-to look at next to it: slicekeeper.report_page). A supervisor killed by a signal while the job runs
-is started again on its machine, as a kubelet restarts a container. Ctrl-C stops every process it
-started: supervisors get SIGTERM, then SIGKILL; workloads die with them.
+show live progress (supervisor.live_view: redrawn in place on a terminal, plain lines in a log), and
+at the end gathers every host's accounting into the report (JSON, and a page to look at next to it:
+slicekeeper.report_page). A supervisor killed by a signal while the job runs is started again on its
+machine, as a kubelet restarts a container. Ctrl-C stops every process it started: supervisors get
+SIGTERM, then SIGKILL; workloads die with them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, TextIO
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.election import LEASE_FILE, read_lease_file
+from slicekeeper.supervisor.live_view import ProgressMode, run_view
 from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.plan import JobPlan, free_port
 from slicekeeper.supervisor.tls import JobTls
@@ -71,6 +73,7 @@ class LocalRuntime:
         chaos: str | None = None,
         report_path: Path | None = None,
         out: TextIO = sys.stdout,
+        progress: ProgressMode = "auto",
     ) -> None:
         self.job = job
         self.faults = parse_chaos(chaos)
@@ -103,6 +106,8 @@ class LocalRuntime:
             except PersistentTierError as error:
                 raise UserError(f"spec.checkpoint.persistent.uri: {error}") from None
         self.out = out
+        self.view = run_view(out, progress, job_name=job.metadata.name, total_steps=self.total_steps)
+        """Where everything the run prints goes (`progress`: live, plain, or auto by `out`)."""
         self._supervisors: list[asyncio.subprocess.Process] = []
         self._machines: list[str] = []
         self._capacity = [f for f in self.faults if f.kind is FaultKind.SPARE]
@@ -115,7 +120,7 @@ class LocalRuntime:
         self._printed_ports = False
 
     def _say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        self.view.say(text)
 
     def _plan(self) -> JobPlan:
         return JobPlan(
@@ -154,6 +159,7 @@ class LocalRuntime:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._interrupt)
         try:
+            self.view.start()
             hosts = [self._keep(plan, plan_path, machine) for machine in plan.machines[: plan.hosts]]
             for machine in plan.machines[plan.hosts :]:
                 self._spares.append(self._keep(plan, plan_path, machine))
@@ -168,6 +174,7 @@ class LocalRuntime:
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
         finally:
+            self.view.stop()
             self._stopping = True
             await self._stop_all()
             for keeper in self._spares:
@@ -252,9 +259,9 @@ class LocalRuntime:
                 self._say(f"  {machine}: its supervisor died again ({died}); not started again")
                 return code
             restart += 1
-            self._say(
-                f"  [{time.strftime('%H:%M:%S')}] {machine}: its supervisor died "
-                f"({signal.Signals(-code).name}); starting it again on the same machine"
+            self.view.event(
+                f"{machine}: its supervisor died ({signal.Signals(-code).name}); "
+                "starting it again on the same machine"
             )
 
     async def _launch(
@@ -292,7 +299,7 @@ class LocalRuntime:
             self._capacity.remove(fault)
             for _ in range(fault.count):
                 spare = f"spare-{sum(1 for m in self._machines if m.startswith('spare-'))}"
-                self._say(f"  [{time.strftime('%H:%M:%S')}] chaos: {fault}: {spare} joins")
+                self.view.event(f"chaos: {fault}: {spare} joins")
                 self._spares.append(self._keep(plan, plan_path, spare, joined_by=str(fault)))
 
     def _interrupt(self) -> None:
@@ -353,12 +360,11 @@ class LocalRuntime:
             deadline = time.time() + 60
 
     async def _show(self, plan: JobPlan, plan_path: Path, reader: asyncio.StreamReader) -> None:
-        last_line = 0.0
         with contextlib.suppress(OSError):  # ConnectionError, or ssl.SSLError on a cut TLS stream
             while line := await reader.readline():
                 message = messages.to_watcher(line)
                 if isinstance(message, messages.EventNote):
-                    self._say(f"  [{time.strftime('%H:%M:%S')}] {message.text}")
+                    self.view.event(message.text, message.t)
                     continue
                 if self._capacity and message.state == "running":
                     await self._capacity_returns(plan, plan_path, max(h.step for h in message.hosts))
@@ -369,9 +375,7 @@ class LocalRuntime:
                         "  metrics: "
                         + ", ".join(f"host {i} http://127.0.0.1:{p}/metrics" for i, p in enumerate(ports))
                     )
-                if time.time() - last_line >= 2.0 and message.state in ("running", "stopping"):
-                    last_line = time.time()
-                    self._say("  " + _status_line(message, self.total_steps))
+                self.view.status(message)
 
 
 def write_page_beside(report: dict[str, Any], report_path: Path, say: Callable[[str], None]) -> None:
@@ -383,15 +387,3 @@ def write_page_beside(report: dict[str, Any], report_path: Path, say: Callable[[
         say(f"  page: not written ({type(error).__name__}: {error})")
     else:
         say(f"  page: {page}")
-
-
-def _status_line(status: messages.Status, total: int) -> str:
-    hosts = status.hosts
-    training = [h for h in hosts if h.state not in ("parked", "lost")] or hosts
-    step = min(h.step for h in training)
-    losses = [h.loss for h in hosts if h.loss is not None]
-    rates = [h.steps_per_second for h in training if h.steps_per_second]
-    states = " ".join(f"{h.host}:{h.state}" for h in hosts)
-    loss = f"{losses[0]:.4f}" if losses else "-"
-    rate = f"{min(rates):.1f}" if rates else "-"
-    return f"step {step:>5}/{total}  loss {loss}  {rate} steps/s  gen {status.generation}  hosts {states}"

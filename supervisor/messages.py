@@ -290,6 +290,8 @@ class HostView(BaseModel):
     loss: float | None = None
     steps_per_second: float | None = None
     metrics_port: int | None = None
+    machine: str = ""
+    """The machine serving the host (`host-1`, or the spare that took it over); "" before it registered."""
 
 
 class Status(Message):

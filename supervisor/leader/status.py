@@ -34,6 +34,7 @@ def status_line(memory: JobMemory, status: dict[int, HostStatus]) -> messages.St
                 loss=known.loss,
                 steps_per_second=rate,
                 metrics_port=known.metrics_port,
+                machine=known.machine,
             )
         )
     return messages.Status(

@@ -1,4 +1,5 @@
-"""Helpers for tests that run `slicekeeper` as users do: a subprocess, files, exit codes.
+"""Helpers for tests that run `slicekeeper` as users do: a subprocess (its output a pipe, or a
+pseudo-terminal as at a user's terminal), files, exit codes.
 
 A CLI run never outlives its test. `run_cli` and `started_cli` start the CLI in a session of its
 own, marked with an environment variable (`RUN_MARK`) that every process it starts inherits (its
@@ -21,14 +22,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import hashlib
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
 import sys
+import termios
 import threading
 import time
 import uuid
@@ -282,6 +286,85 @@ def leftover_processes(grace: float = 5.0) -> dict[str, list[int]]:
         kill_run(mark)
     _marks.clear()
     return leaks
+
+
+CTRL_C = b"\x03"
+
+
+@dataclass(frozen=True)
+class TerminalRun:
+    returncode: int
+    screen: str
+    """Everything the CLI wrote to its terminal (stdout and stderr), escape sequences included; the
+    terminal's line ends (\r\n) are turned back into \n."""
+
+
+def run_cli_in_terminal(
+    *args: str,
+    columns: int = 120,
+    rows: int = 50,
+    ctrl_c_after: str | None = None,
+    timeout: float | None = None,
+) -> TerminalRun:
+    """`python -m slicekeeper.cli ARGS` at a terminal, as a user runs it: a pseudo-terminal of
+    `columns` x `rows` is its controlling terminal, stdin, stdout and stderr (TERM=xterm-256color).
+
+    `ctrl_c_after`: once the CLI has written this text, Ctrl-C is typed on the terminal, which sends
+    SIGINT to the CLI's process group (not to the supervisors: they run in sessions of their own).
+    Time limits and the kill on any interruption are run_cli's.
+    """
+    limit = cli_time_limit(timeout)
+    mark = uuid.uuid4().hex
+    _marks.append(mark)
+    dies_with = _dies_with(os.getpid()) if threading.current_thread() is threading.main_thread() else None
+
+    def preexec() -> None:
+        if dies_with is not None:
+            dies_with()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # a session leader takes its stdin as controlling terminal
+
+    controller, terminal = os.openpty()
+    termios.tcsetwinsize(terminal, (rows, columns))
+    env = {name: value for name, value in os.environ.items() if name not in ("COLUMNS", "LINES")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "slicekeeper.cli", *args],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        cwd=ROOT,
+        env={**env, RUN_MARK: mark, "TERM": "xterm-256color"},
+        start_new_session=True,
+        preexec_fn=preexec,
+    )
+    os.close(terminal)
+    written = bytearray()
+    typed = ctrl_c_after is None
+    deadline = None if limit is None else time.monotonic() + limit
+    try:
+        while True:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(process.args, limit or 0.0, output=bytes(written))
+            if not select.select([controller], [], [], 0.5)[0]:
+                continue
+            try:
+                chunk = os.read(controller, 1 << 16)
+            except OSError:  # EIO: no process holds the terminal open any more
+                chunk = b""
+            if not chunk:
+                break
+            written += chunk
+            if not typed and ctrl_c_after is not None and ctrl_c_after.encode() in written:
+                os.write(controller, CTRL_C)
+                typed = True
+        returncode = process.wait(timeout=KILL_WAIT_SECONDS)
+    except BaseException as error:
+        kill_run(mark)
+        process.wait()
+        error.add_note(f"--- the terminal (end) ---\n{bytes(written[-3000:]).decode(errors='replace')}")
+        raise
+    finally:
+        os.close(controller)
+    return TerminalRun(returncode, written.decode(errors="replace").replace("\r\n", "\n"))
 
 
 def run_job(
