@@ -108,7 +108,7 @@ def _operator(args: argparse.Namespace) -> int:
         raise UserError(
             f"the operator needs its extra: pip install 'slicekeeper[operator]' ({error})"
         ) from None
-    return run(args.namespace, args.server, args.liveness)
+    return run(args.namespace, args.server, args.liveness, args.metrics_port)
 
 
 def _crd(args: argparse.Namespace) -> int:
@@ -209,6 +209,13 @@ def parser() -> argparse.ArgumentParser:
     )
     operator.add_argument(
         "--liveness", default="http://0.0.0.0:8080/healthz", help="kopf's liveness endpoint for the probe"
+    )
+    operator.add_argument(
+        "--metrics-port",
+        type=_whole,
+        default=9464,
+        help="port of the operator's Prometheus metrics, /metrics on every address (default: 9464; "
+        "0: a free port, logged)",
     )
     operator.set_defaults(handler=_operator)
     crd = commands.add_parser("crd", help="print the TrainingJob CustomResourceDefinition")
