@@ -59,7 +59,8 @@ async def running_operator(url: str, log: Path) -> AsyncIterator[asyncio.subproc
     with log.open("w") as out:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "slicekeeper.cli", "operator", "--server", url,
-            "--liveness", f"http://127.0.0.1:{port}/healthz", stdout=out, stderr=subprocess.STDOUT,
+            "--liveness", f"http://127.0.0.1:{port}/healthz", "--metrics-port", "0",
+            stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
             yield process

@@ -14,19 +14,31 @@ peak memory to 1.9 GB when it deleted such a job (benchmarks/operator_scale.py);
 same listing fills the operator's pod store when it first reads a job (operator/pod_store.py).
 
 `writes` counts the write requests made, for the scale benchmark's "API writes per hot-swap".
+
+Every HTTP request the client makes is also counted in the operator's metrics (operator/metrics.py),
+by verb and resource, with the failed ones by HTTP status: each attempt, a retried one too, so the
+counts are what the API server saw (`Cluster` gives the client's HTTP layer a counting subclass and
+its retry policy an observer; the client sends `USER_AGENT`, which the API server's audit log shows).
+What the rules above call done is no error: a 409 to a create, a 404 to a delete or to a get (the
+pod store's check asks whether a pod is there).
 """
 
 from __future__ import annotations
 
 import json
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, cast
+from types import TracebackType
+from typing import Any, Self, cast
 
 import kubernetes
 import urllib3
+from kubernetes.client.rest import RESTClientObject, RESTResponse
+from slicekeeper.operator.metrics import NO_ANSWER, OperatorMetrics
 from slicekeeper.operator.render import GROUP, LABEL_JOB, Manifest
+from urllib3.connectionpool import ConnectionPool
 
 VERSION = "v1alpha1"
 PLURAL = "trainingjobs"
@@ -34,6 +46,11 @@ PLURAL = "trainingjobs"
 RETRIED_STATUSES = (429, 500, 502, 503, 504)
 LIST_PAGE_SIZE = 500
 """Pods per list request: a page is about 2 MB of JSON, a 25,000-pod job 50 pages."""
+USER_AGENT = "slicekeeper-operator"
+ANSWERS = frozenset({("create", 409), ("delete", 404), ("get", 404)})
+"""(verb, HTTP status) that the operator takes as an answer, not an error (see the module doc)."""
+Observer = Callable[[str, str, int | None], None]
+"""Told of each HTTP request: its method, URL, and the answer's status (None: no answer came)."""
 
 
 def _done_unless(call: Callable[[], object], already: int) -> bool:
@@ -47,8 +64,71 @@ def _done_unless(call: Callable[[], object], already: int) -> bool:
     return True
 
 
-def retry_policy() -> urllib3.Retry:
-    return urllib3.Retry(
+def request_kind(method: str, url: str) -> tuple[str, str]:
+    """The Kubernetes verb and resource of an API request, named as the API server's own metrics name
+    them: GET of one object `get`, of a collection `list` (`watch` with `?watch=true`), POST `create`,
+    PUT `update`, PATCH `patch`, DELETE `delete` (`deletecollection` of a collection); the resource is
+    its plural, with its subresource if any (`pods`, `trainingjobs/status`)."""
+    parts = urllib.parse.urlsplit(url)
+    segments = [segment for segment in parts.path.split("/") if segment]
+    rest = segments[2:] if segments[:1] == ["api"] else segments[3:] if segments[:1] == ["apis"] else []
+    if len(rest) >= 3 and rest[0] == "namespaces":  # a namespaced path; `namespaces/N` alone is one
+        rest = rest[2:]
+    resource = "/".join(rest[:1] + rest[2:3]) or "unknown"
+    named, method = len(rest) >= 2, method.upper()
+    if method == "GET":
+        watch = urllib.parse.parse_qs(parts.query).get("watch", [""])[0] in ("true", "1")
+        return ("watch" if watch else "get" if named else "list"), resource
+    if method == "DELETE":
+        return ("delete" if named else "deletecollection"), resource
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower()), resource
+
+
+class _ObservedRetry(urllib3.Retry):
+    """urllib3's retry policy, telling `observe` of each attempt it retries (its answer will not be the
+    call's: the call's last answer is counted where the call returns, `_CountedRestClient`)."""
+
+    observe: Observer | None = None
+
+    def new(self, **kw: Any) -> Self:
+        retry = super().new(**kw)
+        retry.observe = self.observe
+        return retry
+
+    def increment(
+        self,
+        method: str | None = None,
+        url: str | None = None,
+        response: urllib3.BaseHTTPResponse | None = None,
+        error: Exception | None = None,
+        _pool: ConnectionPool | None = None,
+        _stacktrace: TracebackType | None = None,
+    ) -> Self:
+        retry = super().increment(method, url, response, error, _pool, _stacktrace)  # raises when spent
+        if self.observe is not None:
+            self.observe(method or "", url or "", response.status if response is not None else None)
+        return retry
+
+
+class _CountedRestClient(RESTClientObject):
+    """The client's HTTP layer, telling `observe` of each call's answer (or that none came)."""
+
+    def __init__(self, configuration: kubernetes.client.Configuration, observe: Observer) -> None:
+        super().__init__(configuration)
+        self._observe = observe
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> RESTResponse:
+        try:
+            response: RESTResponse = super().request(method, url, *args, **kwargs)
+        except Exception:  # no answer: refused, cut, timed out, or retries spent on those
+            self._observe(method, url, None)
+            raise
+        self._observe(method, url, int(response.status))
+        return response
+
+
+def retry_policy(observe: Observer | None = None) -> urllib3.Retry:
+    retry = _ObservedRetry(
         total=6,
         backoff_factor=0.2,  # 0.2, 0.4, 0.8, ... seconds
         status_forcelist=RETRIED_STATUSES,
@@ -56,10 +136,13 @@ def retry_policy() -> urllib3.Retry:
         respect_retry_after_header=True,
         raise_on_status=False,
     )
+    retry.observe = observe
+    return retry
 
 
 def client_configuration(server: str | None = None) -> kubernetes.client.Configuration:
-    """In a pod: the service account; else the kubeconfig; `server` overrides both (tests)."""
+    """In a pod: the service account; else the kubeconfig; `server` overrides both (tests). The
+    `Cluster` made with it sets its retry policy."""
     if server is not None:
         configuration = kubernetes.client.Configuration()
         configuration.host = server
@@ -69,19 +152,25 @@ def client_configuration(server: str | None = None) -> kubernetes.client.Configu
         except kubernetes.config.ConfigException:
             kubernetes.config.load_kube_config()
         configuration = kubernetes.client.Configuration.get_default_copy()
-    configuration.retries = retry_policy()
     return configuration
 
 
 @dataclass
 class Cluster:
+    """The operator's API client. Its `configuration` gets the retry policy (`retry_policy`); every
+    request is counted in `metrics`, the operator's (operator/metrics.py)."""
+
     configuration: kubernetes.client.Configuration
     writes: int = 0
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     _core: kubernetes.client.CoreV1Api = field(init=False)
     _custom: kubernetes.client.CustomObjectsApi = field(init=False)
 
     def __post_init__(self) -> None:
+        self.configuration.retries = retry_policy(observe=self.record_request)
         client = kubernetes.client.ApiClient(self.configuration)
+        client.rest_client = _CountedRestClient(self.configuration, observe=self.record_request)
+        client.user_agent = USER_AGENT
         self._core = kubernetes.client.CoreV1Api(client)
         self._custom = kubernetes.client.CustomObjectsApi(client)
         self._networking = kubernetes.client.NetworkingV1Api(client)
@@ -193,3 +282,11 @@ class Cluster:
     def create_all(self, manifests: Iterable[Manifest]) -> int:
         """Create each manifest not there yet; the number created."""
         return sum(self.create(manifest) for manifest in manifests)
+
+    def record_request(self, method: str, url: str, status: int | None) -> None:
+        """One HTTP request made, and how it was answered: into the operator's metrics."""
+        verb, resource = request_kind(method, url)
+        self.metrics.api_requests.labels(verb=verb, resource=resource).inc()
+        if status is None or (status >= 400 and (verb, status) not in ANSWERS):
+            code = NO_ANSWER if status is None else str(status)
+            self.metrics.api_errors.labels(verb=verb, resource=resource, code=code).inc()

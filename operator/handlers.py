@@ -21,6 +21,10 @@ Handlers, all idempotent (kopf retries them, and a restarted operator runs `resu
 - node events: a NotReady node's job pods are hot-swapped (deleted, then re-created elsewhere).
 - delete: the finalizer (kopf adds it for a non-optional delete handler) deletes the children.
 
+The operator's metrics (operator/metrics.py) are read from the same state (jobs by phase from the
+`jobs` index, pods by phase from the store) and counted where things happen: each handler's time,
+each pod replaced, each scale event recorded; `Cluster` counts the API requests.
+
 The handlers read pods and nodes from the operator's own store (operator/pod_store.py), kept by the
 pod and node event handlers, never from a list request per run and never from kopf indexes, whose
 filling makes a restarted operator quadratic in the pods. The only kopf index is `jobs` (few objects).
@@ -36,7 +40,13 @@ from typing import Any
 import kopf
 from slicekeeper.operator.cluster import LIST_PAGE_SIZE, PLURAL, VERSION, Cluster
 from slicekeeper.operator.hot_swap import AVOID_ANNOTATION, replacement, replacement_reason
-from slicekeeper.operator.job_status import HOT_SWAPS_ANNOTATION, condition, derive, with_condition
+from slicekeeper.operator.job_status import (
+    HOT_SWAPS_ANNOTATION,
+    SCALE_EVENTS,
+    condition,
+    derive,
+    with_condition,
+)
 from slicekeeper.operator.pod_store import PodStore
 from slicekeeper.operator.render import GROUP, LABEL_JOB, manifests, render
 
@@ -104,14 +114,29 @@ def _suspended(body: kopf.Body) -> bool:
     return bool((body.get("spec") or {}).get("suspend"))
 
 
+def _indexed(jobs: kopf.Index[tuple[str, str], kopf.Body]) -> list[tuple[str, str | None]]:
+    """(namespace, phase) of each TrainingJob in kopf's `jobs` index, read from a scrape's thread while
+    kopf may change the index: each of its dicts is copied in one step (`list()` of a dict lets no
+    other thread in), and a job gone meanwhile is skipped."""
+    return [
+        (namespace, (body.get("status") or {}).get("phase"))
+        for namespace, name in list(jobs)
+        for body in list(jobs.get((namespace, name), ()))
+    ]
+
+
 def register(
     registry: kopf.OperatorRegistry, cluster: Cluster, status_interval: float = STATUS_INTERVAL_SECONDS
 ) -> None:
-    """Put every handler on `registry`, acting on the cluster through `cluster`."""
+    """Put every handler on `registry`, acting on the cluster through `cluster`, counting in its metrics."""
     store = PodStore()
+    metrics = cluster.metrics
+    metrics.read_pods_from(store.placed)
 
     @kopf.on.startup(registry=registry)
-    def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
+    def configure(*, settings: kopf.OperatorSettings, **kwargs: Any) -> None:
+        jobs: kopf.Index[tuple[str, str], kopf.Body] = kwargs["jobs"]  # (kopf hands startup its indexes)
+        metrics.read_jobs_from(lambda: _indexed(jobs))
         # Only our own events (remediations, invalid specs) and kopf's warnings and errors become
         # Kubernetes events: kopf's INFO logs would post one per timer run, every few seconds.
         settings.posting.level = logging.WARNING
@@ -131,6 +156,7 @@ def register(
     @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
+    @metrics.timed("reconcile")
     def reconcile(*, body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         job = _validated(body, patch)
         if job is None:
@@ -161,6 +187,7 @@ def register(
             )
 
     @kopf.timer(GROUP, VERSION, PLURAL, interval=status_interval, registry=registry)
+    @metrics.timed("timer")
     def keep(*, body: kopf.Body, patch: kopf.Patch, status: kopf.Status, **_: Any) -> None:
         if status.get("phase") in (*FINAL_PHASES, None):
             return
@@ -185,6 +212,8 @@ def register(
                 patch.status[key] = value
         for event in derived.events:
             (_post_warning if event.warning else _post)(body, reason=event.reason, message=event.message)
+            if event.reason in SCALE_EVENTS:
+                metrics.scale_events.labels(namespace=namespace, kind=SCALE_EVENTS[event.reason]).inc()
         for leftover in derived.leftover_pods:
             cluster.delete_pod(namespace, leftover)
 
@@ -192,6 +221,7 @@ def register(
     # to a thread. A restarted operator gets an event per existing pod (25,000 for a large job);
     # as sync handlers they queued on kopf's thread pool ahead of the job's resume handler and timer.
     @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
+    @metrics.timed("pod_event")
     async def pod_event(*, type: str | None, body: kopf.Body, **kwargs: Any) -> None:
         store.observe(type, body)
         jobs: kopf.Index[tuple[str, str], kopf.Body] = kwargs["jobs"]
@@ -219,6 +249,7 @@ def register(
             await asyncio.to_thread(_hot_swap, owner, pod, reason, delete=True)
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
+    @metrics.timed("node_event")
     async def node_event(*, body: kopf.Body, **_: Any) -> None:
         if not store.observe_node(body):
             return
@@ -226,6 +257,7 @@ def register(
             await asyncio.to_thread(cluster.delete_pod, namespace, name)  # its DELETED event re-creates it
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
+    @metrics.timed("delete")
     def cleanup(*, body: kopf.Body, **_: Any) -> None:
         cluster.delete_children(*_where(body))
         store.forget_job(*_where(body))
@@ -269,7 +301,8 @@ def register(
         swaps = int((pod["metadata"].get("annotations") or {}).get(HOT_SWAPS_ANNOTATION, 0)) + 1
         fresh["metadata"].setdefault("annotations", {})[HOT_SWAPS_ANNOTATION] = str(swaps)
         kopf.adopt(fresh, owner=owner, strict=False)
-        if cluster.create(fresh):
+        if cluster.create(fresh):  # (not when it was there already: a retried handler)
+            metrics.hot_swaps.labels(namespace=fresh["metadata"]["namespace"]).inc()
             avoided = fresh["metadata"]["annotations"].get(AVOID_ANNOTATION, "none")
             _post(
                 owner,

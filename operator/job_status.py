@@ -31,6 +31,8 @@ from slicekeeper.api import TrainingJob
 
 HOT_SWAPS_ANNOTATION = f"{GROUP}/hot-swaps"
 """On a replacement pod: how many times its host has been replaced (status.restarts.replace sums them)."""
+SCALE_EVENTS = {"ScaleDown": "down", "ScaleUp": "up"}
+"""The reasons of the events a change of `slicesActive` posts, and the kind of scaling each says."""
 
 
 @dataclass(frozen=True)

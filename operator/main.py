@@ -1,8 +1,9 @@
 """`slicekeeper operator`: run the kopf operator (handlers in operator/handlers.py) in this process.
 
 One replica, standalone (no kopf peering), serving every namespace unless `--namespace` is given,
-with kopf's liveness endpoint for the Deployment's probe. The API server is found in the pod's
-service account, else in the kubeconfig; `--server` overrides both (tests, emulators).
+with kopf's liveness endpoint for the Deployment's probe and the operator's Prometheus metrics
+(operator/metrics.py) on `--metrics-port`. The API server is found in the pod's service account, else
+in the kubeconfig; `--server` overrides both (tests, emulators).
 """
 
 from __future__ import annotations
@@ -13,17 +14,23 @@ import logging
 import kopf
 from slicekeeper.operator.cluster import Cluster, client_configuration
 from slicekeeper.operator.handlers import register
+from slicekeeper.operator.metrics import METRICS_PORT, OperatorMetrics
+
+from slicekeeper.errors import UserError
 
 LIVENESS = "http://0.0.0.0:8080/healthz"
+logger = logging.getLogger(__name__)
 
 
 def run(
     namespaces: list[str],
     server: str | None = None,
     liveness: str | None = LIVENESS,
+    metrics_port: int = METRICS_PORT,
     *,
     log_level: str = "info",
 ) -> int:
+    """Run until stopped; `metrics_port` 0 serves the metrics on a free port (logged)."""
     level = getattr(logging, log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     registry = kopf.OperatorRegistry()
@@ -35,7 +42,13 @@ def run(
 
     else:
         kopf.on.login(registry=registry)(kopf.login_via_client)
-    register(registry, Cluster(client_configuration(server)))
+    metrics = OperatorMetrics()
+    register(registry, Cluster(client_configuration(server), metrics=metrics))
+    try:
+        port = metrics.serve(metrics_port)
+    except OSError as error:  # in use, or not ours to bind
+        raise UserError(f"--metrics-port {metrics_port}: {error}") from None
+    logger.info("serving the operator's metrics on port %d (/metrics)", port)
     asyncio.run(
         kopf.operator(
             registry=registry,

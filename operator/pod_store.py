@@ -183,6 +183,15 @@ class PodStore:
             self._verify_next.pop(key, None)
             self._listed[key] = self._relists
 
+    def placed(self) -> list[tuple[str, str | None]]:
+        """(namespace, phase) of every job pod held (the operator's metrics count them by phase)."""
+        with self._lock:
+            return [
+                (namespace, pod_summary["status"]["phase"])
+                for (namespace, _), pods in self._by_job.items()
+                for pod_summary in pods.values()
+            ]
+
     def observe_node(self, node: Mapping[str, Any]) -> bool:
         """A node's watch event; True when the node is NotReady."""
         name = str((node.get("metadata") or {}).get("name"))

@@ -109,7 +109,7 @@ def _operator(args: argparse.Namespace) -> int:
         raise UserError(
             f"the operator needs its extra: pip install 'slicekeeper[operator]' ({error})"
         ) from None
-    return run(args.namespace, args.server, args.liveness, log_level=args.log_level)
+    return run(args.namespace, args.server, args.liveness, args.metrics_port, log_level=args.log_level)
 
 
 def _crd(args: argparse.Namespace) -> int:
@@ -223,6 +223,13 @@ def parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         default="info",
         help="the operator's log level (default info; debug includes kopf's own)",
+    )
+    operator.add_argument(
+        "--metrics-port",
+        type=_whole,
+        default=9464,
+        help="port of the operator's Prometheus metrics, /metrics on every address (default: 9464; "
+        "0: a free port, logged)",
     )
     operator.set_defaults(handler=_operator)
     crd = commands.add_parser("crd", help="print the TrainingJob CustomResourceDefinition")

@@ -258,6 +258,15 @@ class TestWrites:
                 )
             assert refused.value.status == 415
 
+    async def test_a_request_refused_once_is_answered_with_the_status_and_changes_nothing_then_served(self):
+        async with emulated_cluster(watch_seconds=None) as kube:
+            kube.emulator.refuse_once("post", PODS_PATH, 500)
+            with pytest.raises(ApiError) as refused:
+                await kube.request("POST", PODS_PATH, pod("a"))
+            assert refused.value.status == 500 and kube.pods(NS) == {}
+            await kube.request("POST", PODS_PATH, pod("a"))  # the client's retry
+            assert list(kube.pods(NS)) == ["a"]
+
 
 async def test_an_emulator_fault_fails_the_test_that_met_it():
     """A bug in the emulator is raised in the test (not only answered as a 500 the client retries)."""

@@ -17,6 +17,7 @@ from slicekeeper.supervisor.plan import free_port
 from slicekeeper import credentials
 from tests.support.operator_example import NAMES, NS, example
 from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
+from tests.support.operator_metrics import scrape, tally
 from tests.support.secrets import leaked_fragments
 
 NETWORK_POLICIES = "networking.k8s.io/v1/networkpolicies"
@@ -281,12 +282,13 @@ async def test_a_node_going_not_ready_has_its_job_pods_replaced_elsewhere():
 
 async def test_slicekeeper_operator_runs_the_same_handlers_from_the_command_line(tmp_path):
     async with emulated_cluster() as kube:
-        port = free_port()
+        port, metrics_port = free_port(), free_port()
         log_path = tmp_path / "operator.log"
         with log_path.open("w") as log:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "slicekeeper.cli", "operator", "--server", kube.url,
-                "--liveness", f"http://127.0.0.1:{port}/healthz", stdout=log, stderr=subprocess.STDOUT,
+                "--liveness", f"http://127.0.0.1:{port}/healthz", "--metrics-port", str(metrics_port),
+                stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
             try:
                 await kube.apply(example())
@@ -296,6 +298,12 @@ async def test_slicekeeper_operator_runs_the_same_handlers_from_the_command_line
                 # The Deployment's liveness probe: answered while the operator runs.
                 async with kube.session.get(f"http://127.0.0.1:{port}/healthz") as response:
                     assert response.status == 200, await response.text()
+                # Its metrics, on the port asked for (docs/operator.md, "Metrics").
+                url = f"http://127.0.0.1:{metrics_port}/metrics"
+                await eventually(
+                    lambda: tally(scrape(url), "slicekeeper_operator_jobs", "namespace") == {(NS,): 1},
+                    what="the job in the CLI operator's metrics",
+                )
             finally:
                 if process.returncode is None:
                     process.terminate()

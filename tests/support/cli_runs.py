@@ -116,18 +116,26 @@ class DocumentedMetric:
     labels: frozenset[str]
 
 
-def documented_metrics() -> dict[str, DocumentedMetric]:
-    """The supervisor's metrics as docs/supervisor.md's table lists them, by exposed name."""
+def documented_metrics(doc: str = "supervisor.md") -> dict[str, DocumentedMetric]:
+    """The metrics the table of docs/`doc` lists (the supervisor's by default), by exposed name."""
+    return metrics_table((ROOT / "docs" / doc).read_text())
+
+
+def metrics_table(text: str) -> dict[str, DocumentedMetric]:
+    """The metrics a document's table lists, by exposed name. Two shapes of row: `| names | types |
+    meaning |`, labels in braces after each name, one type for all or one per name (docs/supervisor.md);
+    and `| name | type | labels | meaning |`, each label in backquotes (docs/operator.md)."""
     metrics = {}
-    for row in (ROOT / "docs" / "supervisor.md").read_text().splitlines():
+    for row in text.splitlines():
         cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
-        if not row.startswith("| `slicekeeper_") or len(cells) != 3:
+        if not row.startswith("| `slicekeeper_") or len(cells) not in (3, 4):
             continue
         names = re.findall(r"`([a-z_]+)(?:\{([a-z_,]+)\})?`", cells[0])
         kinds = [kind.strip() for kind in cells[1].split(",")]
         kinds = kinds * len(names) if len(kinds) == 1 else kinds
         for (name, labels), kind in zip(names, kinds, strict=True):
-            metrics[name] = DocumentedMetric(kind, frozenset(filter(None, labels.split(","))))
+            listed = re.findall(r"`([a-z_]+)`", cells[2]) if len(cells) == 4 else labels.split(",")
+            metrics[name] = DocumentedMetric(kind, frozenset(filter(None, listed)))
     return metrics
 
 

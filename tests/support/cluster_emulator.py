@@ -29,8 +29,10 @@ Not emulated: graceful pod deletion (a deleted pod goes at once), strategic merg
 strategic merge patch of a built-in resource merges like a merge patch), admission webhooks, RBAC.
 
 For the tests: `unavailable` makes it answer 503 to everything for a while (an API server
-restarting); `faults` collects what went wrong inside the emulator itself (a bug here would
-otherwise reach the clients as a 500 they retry), and the harness fails the test with it.
+restarting); `refuse_once` answers the next request of a method and path with an error status, once
+(an API server failing one request, which a client retries); `faults` collects what went wrong
+inside the emulator itself (a bug here would otherwise reach the clients as a 500 they retry), and
+the harness fails the test with it.
 
 Two of kmock's costs grow with what it has served, which a 25,000-pod job (the scale benchmark,
 benchmarks/operator_scale.py) makes quadratic; both are replaced by equivalents that do not walk
@@ -130,6 +132,8 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
         }
         self.unavailable = False
         """While True, every request is answered 503 (an API server restarting behind its balancer)."""
+        self.refusals: list[tuple[str, str, int]] = []
+        """(method, path, status) of the requests to refuse, each once (`refuse_once`)."""
         self.faults: list[BaseException] = []
         self._latest = 0
         self._by_uid: dict[str, ObjectKey] = {}
@@ -143,6 +147,11 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
             raise KubernetesError(
                 status=503, reason="ServiceUnavailable", message="the API server is restarting"
             )
+        refusal = (request.method.value, request.url.path)
+        status = next((s for method, path, s in self.refusals if (method, path) == refusal), None)
+        if status is not None:
+            self.refusals.remove((*refusal, status))
+            raise KubernetesError(status=status, reason="Refused", message="refused once, for the test")
         if request.method == enums.method.PUT and request.resource is not None and request.name is not None:
             async with self._lock:
                 return aiohttp.web.json_response(await self._replace(request))
@@ -162,6 +171,11 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
             if created is not None:
                 async with self._lock:
                     await self._collect_if_orphaned(created)
+
+    def refuse_once(self, method: str, path: str, status: int) -> None:
+        """Answer the next `method` request to `path` (no query) with `status`, before anything is
+        committed; the one after it is served."""
+        self.refusals.append((method.upper(), path, status))
 
     async def _commit(self, request: rendering.Request) -> ObjectKey | None:
         """Apply a write to the stored objects; the key of an object created."""

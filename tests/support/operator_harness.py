@@ -3,7 +3,7 @@
 `emulated_cluster()` starts the emulator (tests/support/cluster_emulator.py) and yields a `Kube` to act as a
 user (apply, delete), as the scheduler, kubelet and node controller (bind a pod, set a pod's or
 node's status, through the status subresource as they do), and to read the state; `operator()` runs
-the operator against it until its block ends.
+the operator against it until its block ends, its metrics served at `Kube.metrics_url`.
 
 A failure in the test's own machinery fails the test at once, with its traceback: the emulator's
 internal errors and the fake kubelet's (tests/support/fake_kubelet.py) are recorded with `Kube.fail` and
@@ -54,6 +54,8 @@ class Kube:
         self.url = url
         self.session = session
         self.cluster: Cluster | None = None
+        self.metrics_url = ""
+        """The running operator's /metrics (on a free port of 127.0.0.1)."""
         self.failures: list[BaseException] = []
 
     def fail(self, error: BaseException) -> None:
@@ -183,9 +185,11 @@ async def operator(kube: Kube) -> AsyncIterator[Cluster]:
     )
     await asyncio.wait_for(ready.wait(), 20)
     kube.cluster = cluster
+    kube.metrics_url = f"http://127.0.0.1:{cluster.metrics.serve(0, '127.0.0.1')}/metrics"
     try:
         yield cluster
     finally:
+        cluster.metrics.close()
         stop.set()
         await asyncio.wait_for(task, 20)
 

@@ -11,6 +11,7 @@ from typing import Any
 import helm_python
 import pytest
 import yaml
+from slicekeeper.operator.render import PORTS
 
 from tests.support import chart
 from tests.support.cli_runs import ROOT
@@ -124,7 +125,7 @@ def test_the_values_reach_the_operator_deployment():
     assert container["image"] == "registry.example.com/sk:1.2.3" and container["imagePullPolicy"] == "Always"
     assert container["env"] == private["operator"]["extraEnv"]
     assert "--liveness=http://0.0.0.0:9808/healthz" in container["args"]
-    assert container["ports"] == [{"name": "healthz", "containerPort": 9808}]
+    assert {"name": "healthz", "containerPort": 9808} in container["ports"]
     pod = chart.the("Deployment", values=private)["spec"]["template"]["spec"]
     assert pod["imagePullSecrets"] == [{"name": "registry"}]
 
@@ -193,3 +194,19 @@ def test_the_monitoring_pieces_follow_their_values():
     assert all(d["metadata"]["namespace"] == "grafana" for d in dashboards)
     assert all(d["metadata"]["annotations"] == {"grafana_folder": "Training"} for d in dashboards)
     assert all(d["metadata"]["labels"]["grafana_dashboard"] == "1" for d in dashboards)
+
+
+def test_each_pod_monitor_scrapes_a_port_its_pods_name():
+    """The operator's PodMonitor selects the operator's pod and a port it names; the supervisors'
+    asks for the port the operator renders on every TPU pod."""
+    objects = chart.objects({"operator": {"metricsPort": 9100}})
+    monitors = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "PodMonitor"}
+    operator_pod = chart.the("Deployment", values={"operator": {"metricsPort": 9100}})["spec"]["template"]
+    selector = monitors["slicekeeper-operator"]["selector"]["matchLabels"]
+    assert selector.items() <= operator_pod["metadata"]["labels"].items()
+    (container,) = operator_pod["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": 9100} in container["ports"]
+    assert "--metrics-port=9100" in container["args"]
+    [endpoint] = monitors["slicekeeper-operator"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "metrics"
+    assert monitors["slicekeeper-supervisors"]["podMetricsEndpoints"][0]["port"] in PORTS

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from packaging.specifiers import SpecifierSet
 from slicekeeper.operator.main import LIVENESS
+from slicekeeper.operator.metrics import METRICS_PORT
 from slicekeeper.operator.render import render
 
 from slicekeeper import cli
@@ -67,6 +68,13 @@ def test_the_liveness_probe_asks_where_kopf_serves_it():
     assert served.port == urlsplit(LIVENESS).port  # the chart's default is the command's
     assert box["command"] == ["slicekeeper", "operator"]
     assert "slicekeeper" in PYPROJECT["project"]["scripts"]
+
+
+def test_the_port_named_metrics_is_where_the_operator_serves_its_metrics_by_default():
+    """A PodMonitor scrapes the port by its name; `slicekeeper operator` serves there by default."""
+    ports = {p["name"]: p["containerPort"] for p in container()["ports"]}
+    assert ports["metrics"] == METRICS_PORT != ports["healthz"]
+    assert cli.parser().parse_args(["operator"]).metrics_port == METRICS_PORT
 
 
 def test_it_runs_as_the_operator_account_that_rbac_yaml_defines_and_binds():
