@@ -7,8 +7,8 @@ scrapes them every second and evaluates the chart's rules, as rendered by the He
 example loop with a crash, a lost host taken over by a spare and a hang. Once the job has recovered
 from all three, every recording rule and every query of the Job goodput, Fleet and Hosts dashboards
 (the job's variables filled in) must be accepted and return series; the recorded goodput must be
-the supervisors' own figure. The Operator dashboard's queries need an operator and are parsed only
-(tests/unit/test_dashboards.py).
+the supervisors' own figure. The Operator dashboard's queries need an operator: they are run against
+one started as the chart deploys it (tests/operator/test_operator_as_the_chart_deploys_it.py).
 """
 
 from __future__ import annotations

@@ -7,58 +7,32 @@ the errors by HTTP status (an answer the operator takes as done, a 409 to a crea
 
 from __future__ import annotations
 
-import collections
-import json
-from typing import Any
-
 import pytest
 from slicekeeper.operator.metrics import HANDLERS
 
 from tests.support.cluster_emulator import TRAININGJOBS
 from tests.support.operator_example import NAMES, NS, example
-from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
-from tests.support.operator_metrics import read, scrape, sent_by_operator, tally
+from tests.support.operator_harness import emulated_cluster, eventually, operator
+from tests.support.operator_metrics import (
+    HOT_SWAPS,
+    JOBS,
+    PODS,
+    SCALE_EVENTS,
+    counted_as_in_status,
+    leader_publishes,
+    phases_agree,
+    read,
+    scrape,
+    sent_by_operator,
+    tally,
+    uid_of,
+)
 
 pytestmark = pytest.mark.asyncio
 
-JOBS, PODS = "slicekeeper_operator_jobs", "slicekeeper_operator_pods"
-HOT_SWAPS, SCALE_EVENTS = "slicekeeper_operator_hot_swaps_total", "slicekeeper_operator_scale_events_total"
 REQUESTS, ERRORS = "slicekeeper_operator_api_requests_total", "slicekeeper_operator_api_errors_total"
 HANDLER_CALLS = "slicekeeper_operator_reconcile_seconds_count"
 PODS_PATH = f"/api/v1/namespaces/{NS}/pods"
-
-
-async def phases_agree(kube: Kube, job: str, pods: dict[str, int]) -> None:
-    """Wait until the API server has the job in phase `job` and its pods in `pods` (phase: count), and
-    the operator's metrics say the same."""
-
-    def agreed() -> bool:
-        samples = scrape(kube.metrics_url)
-        on_server = collections.Counter(p["status"].get("phase") for p in kube.pods(NS).values())
-        return (
-            on_server == pods
-            and kube.job(NS, "tiny-lm").get("status", {}).get("phase") == job
-            and tally(samples, JOBS, "namespace", "phase") == {(NS, job): 1}
-            and tally(samples, PODS, "namespace", "phase") == {(NS, k): v for k, v in on_server.items()}
-        )
-
-    await eventually(agreed, what=f"the metrics: job {job}, pods {pods}, as the API server has them")
-
-
-def uid_of(kube: Kube, pod: str) -> str | None:
-    return kube.pods(NS).get(pod, {}).get("metadata", {}).get("uid")
-
-
-async def leader_publishes(kube: Kube, **view: Any) -> None:
-    text = json.dumps({"state": "running", **view})
-    await kube.patch_pod(NS, "tiny-lm-s0-w0", {"metadata": {"annotations": {"slicekeeper.dev/status": text}}})
-
-
-def counted_as_in_status(kube: Kube) -> bool:
-    """The pods the operator replaced: counted in its metrics as the job's status has them (its
-    `restarts.replace`, from the annotation each replacement carries); at least one."""
-    replaced = kube.job(NS, "tiny-lm").get("status", {}).get("restarts", {}).get("replace", 0)
-    return replaced > 0 and tally(scrape(kube.metrics_url), HOT_SWAPS, "namespace") == {(NS,): replaced}
 
 
 async def test_jobs_and_pods_by_phase_replacements_scale_events_and_handler_times_follow_a_job():

@@ -7,17 +7,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
-from slicekeeper.supervisor.plan import free_port
 
 from slicekeeper import credentials
 from tests.support.operator_example import NAMES, NS, example
 from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
-from tests.support.operator_metrics import scrape, tally
 from tests.support.secrets import leaked_fragments
 
 NETWORK_POLICIES = "networking.k8s.io/v1/networkpolicies"
@@ -278,37 +274,6 @@ async def test_a_node_going_not_ready_has_its_job_pods_replaced_elsewhere():
                 "requiredDuringSchedulingIgnoredDuringExecution"
             ]
             assert expressions["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["tpu-b"]
-
-
-async def test_slicekeeper_operator_runs_the_same_handlers_from_the_command_line(tmp_path):
-    async with emulated_cluster() as kube:
-        port, metrics_port = free_port(), free_port()
-        log_path = tmp_path / "operator.log"
-        with log_path.open("w") as log:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "slicekeeper.cli", "operator", "--server", kube.url,
-                "--liveness", f"http://127.0.0.1:{port}/healthz", "--metrics-port", str(metrics_port),
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-            try:
-                await kube.apply(example())
-                await eventually(
-                    lambda: len(kube.pods(NS)) == 4, timeout=60, what="4 pods from the CLI's operator"
-                )
-                # The Deployment's liveness probe: answered while the operator runs.
-                async with kube.session.get(f"http://127.0.0.1:{port}/healthz") as response:
-                    assert response.status == 200, await response.text()
-                # Its metrics, on the port asked for (docs/operator.md, "Metrics").
-                url = f"http://127.0.0.1:{metrics_port}/metrics"
-                await eventually(
-                    lambda: tally(scrape(url), "slicekeeper_operator_jobs", "namespace") == {(NS,): 1},
-                    what="the job in the CLI operator's metrics",
-                )
-            finally:
-                if process.returncode is None:
-                    process.terminate()
-                code = await asyncio.wait_for(process.wait(), 30)
-        assert code == 0, f"exit {code} on SIGTERM:\n{log_path.read_text()[-3000:]}"
 
 
 async def test_a_job_at_rest_costs_no_writes():

@@ -4,20 +4,28 @@ requests, to hold one against the other.
 `scrape` reads an endpoint (blocking: a few milliseconds, inside an `eventually` check) into samples;
 `tally` picks one metric's non-zero samples by some of their labels; `sent_by_operator` counts the
 requests the operator's own client (its User-Agent) sent to the emulator, by verb and resource as the
-emulator parsed them, independently of how the operator names them.
+emulator parsed them, independently of how the operator names them. The example job's life
+(`phases_agree`, `leader_publishes`, `counted_as_in_status`) is driven and checked alike by the
+in-process operator's tests and the chart-started one's.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import urllib.request
+from typing import Any
 
 from kmock._internal import enums
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from slicekeeper.operator.cluster import USER_AGENT
 
-from tests.support.operator_harness import Kube
+from tests.support.operator_example import NS
+from tests.support.operator_harness import Kube, eventually
+
+JOBS, PODS = "slicekeeper_operator_jobs", "slicekeeper_operator_pods"
+HOT_SWAPS, SCALE_EVENTS = "slicekeeper_operator_hot_swaps_total", "slicekeeper_operator_scale_events_total"
 
 Labels = frozenset[tuple[str, str]]
 Samples = dict[tuple[str, Labels], float]
@@ -74,3 +82,39 @@ def sent_by_operator(kube: Kube, start: int = 0, end: int | None = None) -> dict
         resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
         found[(verb, resource)] += 1
     return dict(found)
+
+
+# --- the example job's life, as the operator's metrics follow it ------------------------------------
+
+
+async def phases_agree(kube: Kube, job: str, pods: dict[str, int]) -> None:
+    """Wait until the API server has the job in phase `job` and its pods in `pods` (phase: count), and
+    the operator's metrics say the same."""
+
+    def agreed() -> bool:
+        samples = scrape(kube.metrics_url)
+        on_server = collections.Counter(p["status"].get("phase") for p in kube.pods(NS).values())
+        return (
+            on_server == pods
+            and kube.job(NS, "tiny-lm").get("status", {}).get("phase") == job
+            and tally(samples, JOBS, "namespace", "phase") == {(NS, job): 1}
+            and tally(samples, PODS, "namespace", "phase") == {(NS, k): v for k, v in on_server.items()}
+        )
+
+    await eventually(agreed, what=f"the metrics: job {job}, pods {pods}, as the API server has them")
+
+
+def uid_of(kube: Kube, pod: str) -> str | None:
+    return kube.pods(NS).get(pod, {}).get("metadata", {}).get("uid")
+
+
+async def leader_publishes(kube: Kube, **view: Any) -> None:
+    text = json.dumps({"state": "running", **view})
+    await kube.patch_pod(NS, "tiny-lm-s0-w0", {"metadata": {"annotations": {"slicekeeper.dev/status": text}}})
+
+
+def counted_as_in_status(kube: Kube) -> bool:
+    """The pods the operator replaced: counted in its metrics as the job's status has them (its
+    `restarts.replace`, from the annotation each replacement carries); at least one."""
+    replaced = kube.job(NS, "tiny-lm").get("status", {}).get("restarts", {}).get("replace", 0)
+    return replaced > 0 and tally(scrape(kube.metrics_url), HOT_SWAPS, "namespace") == {(NS,): replaced}

@@ -108,7 +108,10 @@ class LoopErrors:
 
 
 class FakeProcess:
-    pid = -1  # no hello of a workload names it: every connection is the generation's workload
+    # Equal to nothing a JSON line decodes to, so no hostile hello is this standby's: every connection
+    # is read as the generation's workload. (A pid a line can name, -1 once, made a generated hello
+    # a real standby's, whose connection then rightly waited for a promotion that never came.)
+    pid = object()
 
     async def wait(self) -> int:
         await asyncio.sleep(3600)
@@ -182,6 +185,7 @@ def run_in(scenario: Callable[[Path], Awaitable[None]]) -> None:
 @example(lines=[line_of({"type": "step_end", "step": 1, "loss": [1]})], standby=False)  # found: forwarded
 @example(lines=[line_of({"type": "done", "fingerprint": "f"})], standby=False)  # found: KeyError at exit
 @example(lines=[nested(2000)], standby=False)
+@example(lines=[line_of({"type": "hello", "standby": 1, "pid": -1})], standby=True)  # found: see FakeProcess
 def test_malformed_events_are_ignored_the_connection_read_on_and_only_valid_reports_forwarded(
     tmp_path_factory, lines, standby
 ):
