@@ -18,6 +18,8 @@ Handlers, all idempotent (kopf retries them, and a restarted operator runs `resu
   supervisor exiting 1 means the job failed as a whole (its policy said so, or its budgets are
   spent): the job is marked Failed and nothing is replaced. A supervisor exiting 4 could not reach
   its leader in time: its pod is replaced, its node not avoided (nothing says the node is at fault).
+  A pod whose image cannot run the supervisor (no slicekeeper in it, no `python`: operator/
+  image_check.py) fails the job with a message naming the image: a replacement would run it again.
 - node events: a NotReady node's job pods are hot-swapped (deleted, then re-created elsewhere).
 - delete: the finalizer (kopf adds it for a non-optional delete handler) deletes the children.
 
@@ -39,7 +41,8 @@ from typing import Any
 
 import kopf
 from slicekeeper.operator.cluster import LIST_PAGE_SIZE, PLURAL, VERSION, Cluster
-from slicekeeper.operator.hot_swap import AVOID_ANNOTATION, replacement, replacement_reason
+from slicekeeper.operator.hot_swap import AVOID_ANNOTATION, replacement, replacement_reason, terminated_state
+from slicekeeper.operator.image_check import unusable_image
 from slicekeeper.operator.job_status import (
     HOT_SWAPS_ANNOTATION,
     SCALE_EVENTS,
@@ -232,10 +235,14 @@ def register(
         if (owner.get("status") or {}).get("phase") in FINAL_PHASES or _suspended(owner):
             return  # a suspended job's pods were deleted on purpose
         pod = dict(body)
-        terminated = _terminated(pod) or {}
+        terminated = terminated_state(pod) or {}
         if type == "DELETED":
             why = LEADER_UNREACHABLE if _left_for_its_leader(pod) else "it was deleted"
             await asyncio.to_thread(_hot_swap, owner, pod, why, delete=False)
+            return
+        unusable = unusable_image(pod)
+        if unusable is not None:  # a replacement would start the same image again
+            await asyncio.to_thread(_fail, owner, unusable)
             return
         if terminated.get("exitCode") == JOB_FAILED_EXIT_CODE:
             message = terminated.get("message") or f"pod {body.metadata.name}'s supervisor failed the job"
@@ -335,12 +342,4 @@ def register(
 
 def _left_for_its_leader(pod: dict[str, Any]) -> bool:
     """The pod's supervisor ended because it could not reach the leader (LEADER_UNREACHABLE_EXIT_CODE)."""
-    return (_terminated(pod) or {}).get("exitCode") == LEADER_UNREACHABLE_EXIT_CODE
-
-
-def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
-    for container in (pod.get("status") or {}).get("containerStatuses") or []:
-        terminated = (container.get("state") or {}).get("terminated")
-        if terminated:
-            return dict(terminated)
-    return None
+    return (terminated_state(pod) or {}).get("exitCode") == LEADER_UNREACHABLE_EXIT_CODE

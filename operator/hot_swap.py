@@ -38,6 +38,15 @@ def replacement_reason(pod: dict[str, Any]) -> str | None:
     return None
 
 
+def terminated_state(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The `terminated` state of the pod's container (exit code, reason, message), if it ended."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated:
+            return dict(terminated)
+    return None
+
+
 def avoided_nodes(pod: dict[str, Any]) -> list[str]:
     """The nodes the pod's host failed on, this pod's own node included."""
     annotations = pod.get("metadata", {}).get("annotations") or {}

@@ -5,9 +5,11 @@ taint, slice affinity, the `google.com/tpu` resource), the real image training t
 and the operator's remediations against real node and pod life cycles: a hot-swap after a node loss,
 a scale-down when a replacement cannot be scheduled and the scale-up when capacity returns, suspend.
 
-Needs the operator installed (CRD, RBAC, Deployment: docs/kind.md) and, on kind, the nodes made to
-look like TPU nodes (tests/support/fake_tpu_nodes.py: two pools of 2 hosts + 1 spare). Each test creates
-its own namespace and deletes it at the end; nodes it cordons are uncordoned whatever happens.
+Installs the chart (`helm install` through the Helm engine, tests/support/e2e_cluster.py) with the
+e2e image and uninstalls it at the end, or uses an operator already installed; on kind, needs the
+nodes made to look like TPU nodes (tests/support/fake_tpu_nodes.py: two pools of 2 hosts + 1 spare).
+Each test creates its own namespace and deletes it at the end; nodes it cordons are uncordoned
+whatever happens.
 `SLICEKEEPER_E2E_IMAGE` names the image (default ghcr.io/slicekeeper/slicekeeper:latest; on kind use
 a non-`latest` tag loaded with `kind load docker-image`).
 """
@@ -43,10 +45,12 @@ FINISH_TIMEOUT = 1800.0
 
 
 @pytest.fixture(scope="module")
-def api() -> Api:
+def api() -> Iterator[Api]:
+    """The cluster, with the chart installed for these tests (or the operator found there)."""
     connected = cluster.connect()
-    cluster.require_operator(connected)
-    return connected
+    with cluster.chart_installed(connected):
+        cluster.require_operator(connected)
+        yield connected
 
 
 @pytest.fixture

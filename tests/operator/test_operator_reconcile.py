@@ -157,19 +157,42 @@ async def test_a_pod_its_supervisor_marks_for_replacement_is_replaced():
         )
 
 
-async def test_a_job_its_supervisors_failed_stays_failed_and_is_not_replaced():
+EXAMPLE_IMAGE = example()["spec"]["workload"]["image"]
+NO_SLICEKEEPER = "/usr/local/bin/python: No module named slicekeeper.supervisor\n"
+NO_PYTHON = 'exec: "python": executable file not found in $PATH: unknown'
+
+
+@pytest.mark.parametrize(
+    ("terminated", "said"),
+    [
+        ({"exitCode": 1, "message": "restart budget spent: 10 restarts"}, "restart budget spent"),
+        # An image without slicekeeper or without python: replacing the pod would run it again.
+        ({"exitCode": 1, "message": NO_SLICEKEEPER}, "does not carry slicekeeper"),
+        ({"exitCode": 128, "reason": "StartError", "message": NO_PYTHON}, "no `python` on its PATH"),
+    ],
+    ids=["supervisor", "no-slicekeeper", "no-python"],
+)
+async def test_a_job_its_supervisors_failed_stays_failed_and_is_not_replaced(terminated, said):
     async with emulated_cluster() as kube, operator(kube):
         await kube.apply(example())
         await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
         old_uid = kube.pods(NS)["tiny-lm-s0-w0"]["metadata"]["uid"]
-        terminated = {"exitCode": 1, "message": "restart budget spent: 10 restarts"}
         await kube.patch_pod(
             NS,
             "tiny-lm-s0-w0",
             {
                 "status": {
                     "phase": "Failed",
-                    "containerStatuses": [{"name": "training", "state": {"terminated": terminated}}],
+                    "containerStatuses": [
+                        {
+                            "name": "training",
+                            "image": EXAMPLE_IMAGE,
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {"terminated": terminated},
+                        }
+                    ],
                 }
             },
         )
@@ -180,7 +203,7 @@ async def test_a_job_its_supervisors_failed_stays_failed_and_is_not_replaced():
             )
         )
         failed = next(c for c in status["conditions"] if c["type"] == "Failed")
-        assert failed["status"] == "True" and "restart budget spent" in failed["message"]
+        assert failed["status"] == "True" and said in failed["message"], failed["message"]
         assert kube.pods(NS)["tiny-lm-s0-w0"]["metadata"]["uid"] == old_uid
 
 

@@ -1,5 +1,10 @@
 """Helpers of the opt-in end-to-end tests (tests/e2e/): a real cluster, the official client.
 
+The tests install the chart themselves (`chart_installed`: the Helm engine, helm-python-sdk, the
+same `helm install` a user runs, with the e2e image and without the Prometheus Operator's kinds when
+the cluster lacks them) and uninstall it at the end, unless an operator is already installed: then
+they use it as found and leave it.
+
 Each test gets its own namespace (with the supervisors' service account and Role as the chart
 renders them, which the pods run as), waits on the TrainingJob's status, pods and
 events by polling, and says on timeout what it saw last. Nodes it cordons are uncordoned when the
@@ -18,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import helm_python
 import kubernetes
 import pytest
 import urllib3
@@ -33,10 +39,14 @@ OPERATOR_DEPLOYMENT = "slicekeeper-operator"
 IMAGE = os.environ.get("SLICEKEEPER_E2E_IMAGE", "ghcr.io/slicekeeper/slicekeeper:latest")
 JAX_PLATFORMS = os.environ.get("SLICEKEEPER_E2E_JAX_PLATFORMS", "cpu")
 """`cpu` on kind (JAX on CPU devices, gloo between pods); empty on real TPU nodes."""
+RELEASE = "slicekeeper"
 INSTALL = (
-    "install the operator first (docs/kind.md): "
+    "see docs/kind.md, or install it by hand: "
     "helm install slicekeeper charts/slicekeeper --namespace slicekeeper-system --create-namespace"
 )
+INSTALL_TIMEOUT = 600
+"""Seconds for the install to be ready (the operator's image pulled or loaded, its pod available)."""
+MONITORING_GROUP = "monitoring.coreos.com"
 T = TypeVar("T")
 
 
@@ -66,6 +76,79 @@ def connect() -> Api:
         custom=kubernetes.client.CustomObjectsApi(client),
         extensions=kubernetes.client.ApiextensionsV1Api(client),
     )
+
+
+def image_values(image: str) -> dict[str, str]:
+    """The chart's `image` values for an image reference `repository[:tag]` (a registry's port is no tag)."""
+    repository, _, tag = image.rpartition(":")
+    if not repository or "/" in tag:
+        repository, tag = image, ""
+    return {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"}
+
+
+def install_values(image: str, monitoring: bool) -> dict[str, Any]:
+    """The values the e2e tests install the chart with: the operator runs `image`, sized for a laptop
+    (docs/kind.md); the tests make their own namespaces and their supervisors' accounts; the
+    Prometheus Operator's kinds only where the cluster has them."""
+    return {
+        "image": image_values(image),
+        "operator": {
+            "resources": {
+                "requests": {"cpu": "100m", "memory": "512Mi"},
+                "limits": {"cpu": "1", "memory": "1Gi"},
+            }
+        },
+        "supervisors": {"namespaces": []},
+        "monitoring": {part: {"enabled": monitoring} for part in ("supervisors", "operator", "rules")},
+    }
+
+
+def has_prometheus_operator(api: Api) -> bool:
+    groups = kubernetes.client.ApisApi(api.core.api_client).get_api_versions().groups
+    return any(group.name == MONITORING_GROUP for group in groups)
+
+
+def _operator_deployed(api: Api) -> bool:
+    try:
+        api.apps.read_namespaced_deployment(OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE)
+    except kubernetes.client.ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
+@contextlib.contextmanager
+def chart_installed(api: Api) -> Iterator[str]:
+    """charts/slicekeeper installed as release `slicekeeper` in `slicekeeper-system` for the block,
+    then uninstalled (its CRD stays, as Helm leaves CRDs); an operator already there is used as found.
+    Yields how: "installed" or "found"."""
+    if _operator_deployed(api):
+        yield "found"
+        return
+    values = install_values(IMAGE, monitoring=has_prometheus_operator(api))
+    config = helm_python.Config(namespace=OPERATOR_NAMESPACE)  # KUBECONFIG
+    try:
+        try:
+            config.install(
+                chart.CHART,
+                RELEASE,
+                values,
+                namespace=OPERATOR_NAMESPACE,
+                create_namespace=True,
+                wait="watcher",
+                timeout=INSTALL_TIMEOUT,
+            )
+        except helm_python.HelmError as error:
+            with contextlib.suppress(helm_python.HelmError):
+                config.uninstall(RELEASE, ignore_not_found=True, wait="watcher", timeout=300)
+            pytest.fail(f"helm install of charts/slicekeeper with {values} failed: {error}")
+        try:
+            yield "installed"
+        finally:
+            config.uninstall(RELEASE, ignore_not_found=True, wait="watcher", timeout=300)
+    finally:
+        config.close()
 
 
 def require_operator(api: Api) -> None:

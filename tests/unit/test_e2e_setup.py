@@ -14,6 +14,7 @@ import pytest
 from slicekeeper.operator.render import NODE_POOL_LABEL, TPU_RESOURCE, render
 
 from slicekeeper.api import load_training_job, parse_training_job
+from tests.support import chart
 from tests.support import e2e_cluster as cluster
 from tests.support.cli_runs import EXAMPLE
 from tests.support.fake_tpu_nodes import FakeTpuNode, plan
@@ -76,3 +77,36 @@ def test_the_e2e_jobs_are_valid_training_jobs_for_the_e2e_image():
     assert box["image"] == cluster.IMAGE
     env = {e["name"]: e.get("value") for e in box["env"]}
     assert env.get("JAX_PLATFORMS") == (cluster.JAX_PLATFORMS or None)
+
+
+@pytest.mark.parametrize(
+    ("image", "repository", "tag"),
+    [
+        ("ghcr.io/slicekeeper/slicekeeper:kind", "ghcr.io/slicekeeper/slicekeeper", "kind"),
+        ("localhost:5000/slicekeeper", "localhost:5000/slicekeeper", ""),  # a registry's port, no tag
+        ("localhost:5000/slicekeeper:e2e", "localhost:5000/slicekeeper", "e2e"),
+        ("slicekeeper", "slicekeeper", ""),
+    ],
+)
+def test_the_e2e_image_becomes_the_charts_image_values(image, repository, tag):
+    values = cluster.image_values(image)
+    assert (values["repository"], values["tag"]) == (repository, tag)
+
+
+@pytest.mark.parametrize("monitoring", [False, True])
+def test_the_e2e_install_values_are_the_charts_and_run_the_e2e_image(monitoring):
+    """What the e2e tests `helm install`: accepted by the chart's schema, every object valid, the
+    operator on the e2e image, the Prometheus Operator's kinds only where the cluster has them."""
+    image = "ghcr.io/slicekeeper/slicekeeper:kind"
+    values = cluster.install_values(image, monitoring=monitoring)
+    installed = chart.objects(values)
+    assert chart.invalid(installed) == {}
+    deployment = chart.the("Deployment", cluster.OPERATOR_DEPLOYMENT, values)
+    assert deployment["metadata"]["namespace"] == cluster.OPERATOR_NAMESPACE
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == image
+    monitors = {o["kind"] for o in installed if o["apiVersion"].startswith(cluster.MONITORING_GROUP)}
+    assert monitors == ({"PodMonitor", "PrometheusRule"} if monitoring else set())
+    assert not [
+        o for o in installed if o["kind"] == "ServiceAccount" and o["metadata"]["namespace"] == "default"
+    ]
