@@ -158,7 +158,10 @@ async def test_a_pod_its_supervisor_marks_for_replacement_is_replaced():
 
 
 EXAMPLE_IMAGE = example()["spec"]["workload"]["image"]
-NO_SLICEKEEPER = "/usr/local/bin/python: No module named slicekeeper.supervisor\n"
+NO_SLICEKEEPER = (
+    "/usr/local/bin/python: Error while finding module specification for 'slicekeeper.supervisor' "
+    "(ModuleNotFoundError: No module named 'slicekeeper')\n"
+)
 NO_PYTHON = 'exec: "python": executable file not found in $PATH: unknown'
 
 

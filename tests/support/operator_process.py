@@ -35,10 +35,13 @@ class OperatorProcess:
     log: Path
     container: dict[str, Any]
 
-    def port(self, name: str) -> int:
-        """The container port the Deployment names `name` (healthz, metrics)."""
-        (port,) = [p["containerPort"] for p in self.container["ports"] if p["name"] == name]
-        return int(port)
+    def port(self, name: str | int) -> int:
+        """The container port the Deployment names `name` (healthz, metrics), or `name` if a number."""
+        if isinstance(name, int):
+            return name
+        ports = [p["containerPort"] for p in self.container["ports"] if p.get("name") == name]
+        assert len(ports) == 1, f"the Deployment's container has {len(ports)} ports named {name!r}"
+        return int(ports[0])
 
     def tail(self) -> str:
         return self.log.read_text()[-3000:]
@@ -89,7 +92,11 @@ async def operator_as_deployed(
         "PATH": f"{bin_folder}{os.pathsep}{os.environ.get('PATH', '')}",
         "HOME": str(where),
         "KUBECONFIG": str(_kubeconfig(where / "kubeconfig", server)),
-        **{variable["name"]: variable["value"] for variable in container.get("env", [])},
+        **{
+            variable["name"]: variable["value"]
+            for variable in container.get("env", [])
+            if "value" in variable
+        },
     }
     log = where / "operator.log"
     with log.open("w") as output:

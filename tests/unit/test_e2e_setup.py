@@ -83,9 +83,9 @@ def test_the_e2e_jobs_are_valid_training_jobs_for_the_e2e_image():
     ("image", "repository", "tag"),
     [
         ("ghcr.io/slicekeeper/slicekeeper:kind", "ghcr.io/slicekeeper/slicekeeper", "kind"),
-        ("localhost:5000/slicekeeper", "localhost:5000/slicekeeper", ""),  # a registry's port, no tag
+        ("localhost:5000/slicekeeper", "localhost:5000/slicekeeper", "latest"),  # a registry's port
         ("localhost:5000/slicekeeper:e2e", "localhost:5000/slicekeeper", "e2e"),
-        ("slicekeeper", "slicekeeper", ""),
+        ("slicekeeper", "slicekeeper", "latest"),  # as the training pods get it, not the appVersion
     ],
 )
 def test_the_e2e_image_becomes_the_charts_image_values(image, repository, tag):
