@@ -23,7 +23,6 @@ wait for the others begins, which is what the supervisor's straggler score measu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import jax
@@ -32,7 +31,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from slicekeeper.workload.reference.transformer import ModelConfig, Params, init_params, loss_fn, optimizer
+from slicekeeper.workload.reference.batches import ChunkPlan, ModelConfig, synthetic_batch
+from slicekeeper.workload.reference.transformer import Params, init_params, loss_fn, optimizer
 
 AXES = ("replica", "fsdp", "model")
 """The mesh's axes: slices of this generation, hosts of a slice, devices of a host."""
@@ -63,70 +63,6 @@ def gathered_spec(spec: P) -> P:
     """The layout a host computes with: the parameter whole across the slice's hosts, still split
     over its own devices (what FSDP's all-gather produces)."""
     return P(*(None if axis == "fsdp" else axis for axis in spec))
-
-
-def synthetic_batch(config: ModelConfig, seed: int, step: int, global_batch: int) -> np.ndarray:
-    """The global batch for `step`: a pure function of (seed, step), so a restored job replays it.
-
-    Each row is an arithmetic progression modulo the vocabulary, with its own start and stride:
-    a pattern a small model learns quickly, so the loss visibly falls.
-    """
-    rng = np.random.default_rng([seed, step])
-    start = rng.integers(0, config.vocab, (global_batch, 1))
-    stride = rng.integers(1, 8, (global_batch, 1))
-    positions = np.arange(config.seq_len + 1)[None, :]
-    return ((start + stride * positions) % config.vocab).astype(np.int32)
-
-
-@dataclass(frozen=True)
-class ChunkPlan:
-    """Where each chunk of the global batch is computed when `hosts` hosts share `chunks` chunks.
-
-    The global batch is sized for the full job: one chunk of `batch_per_host` rows per host of the
-    full job. With fewer hosts (slices dropped) each one works through several chunks in turn
-    (micro-steps) and sums their gradients: chunk c goes to host slot c % hosts at micro-step
-    c // hosts. Slots past the last chunk are padding with weight 0. With every host present it is
-    one chunk each. Host slot r is the host of rank r in this generation.
-    """
-
-    chunks: int
-    hosts: int
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.hosts <= self.chunks:
-            raise ValueError(f"{self.hosts} hosts cannot share a batch of {self.chunks} chunks")
-
-    @property
-    def micro_steps(self) -> int:
-        return -(-self.chunks // self.hosts)
-
-    def slot(self, chunk: int) -> tuple[int, int]:
-        """(micro-step, host slot) that computes `chunk`."""
-        return divmod(chunk, self.hosts)
-
-    def chunk_at(self, micro_step: int, host: int) -> int | None:
-        """The chunk computed at this slot, or None for padding."""
-        chunk = micro_step * self.hosts + host
-        return chunk if chunk < self.chunks else None
-
-    def weights(self) -> np.ndarray:
-        """[micro_steps, hosts]: 1 for a real chunk, 0 for padding."""
-        slots = np.arange(self.micro_steps * self.hosts).reshape(self.micro_steps, self.hosts)
-        return (slots < self.chunks).astype(np.float32)
-
-    def lay_out(self, rows: np.ndarray) -> np.ndarray:
-        """Global batch rows [chunks * n, ...] as [micro_steps, hosts, n, ...], zero-padded.
-
-        Slot (m, r) holds chunk m * hosts + r, so a plain reshape of the padded rows does it.
-        """
-        per_chunk, remainder = divmod(len(rows), self.chunks)
-        if remainder:
-            raise ValueError(f"{len(rows)} rows do not split into {self.chunks} chunks")
-        padding = np.zeros(
-            ((self.micro_steps * self.hosts - self.chunks) * per_chunk, *rows.shape[1:]), rows.dtype
-        )
-        padded = np.concatenate([rows, padding])
-        return padded.reshape(self.micro_steps, self.hosts, per_chunk, *rows.shape[1:])
 
 
 Leaf = TypeVar("Leaf")

@@ -7,27 +7,16 @@ the supervisor times, so the mathematics and the layout each read on their own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from slicekeeper.workload.reference.batches import ModelConfig
 
 Params = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab: int = 128
-    d_model: int = 64
-    heads: int = 4
-    layers: int = 2
-    d_ff: int = 256
-    seq_len: int = 32
-    batch_per_host: int = 4
-    learning_rate: float = 3e-3
+__all__ = ["ModelConfig", "Params", "forward", "init_params", "loss_fn", "optimizer"]
 
 
 def init_params(config: ModelConfig, key: jax.Array) -> Params:

@@ -1,0 +1,97 @@
+"""The acceptance runs on the reference PyTorch job (examples/trainingjob-torch.yaml): every fault kind,
+hot-swap from a peer, scale-down and back up, each ending with the fault-free run's parameters.
+
+The same checks as the JAX job's (test_jax_recovery.py, test_jax_policies.py) on the torch trainer
+(workload/reference/torch_trainer.py), whose state is split over the hosts of a slice the same way
+and checkpointed through the same SDK, so every tier, restore and check works unchanged. One thing
+is stronger here: the torch trainer sums gradients in chunk order, so a job scaled down and back up
+ends bit for bit with the fault-free fingerprint (the JAX job is checked up to float summation
+order). Its negative control reduces in host order, as a reduce-scatter would, and must fail that
+check.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.cli_runs import ROOT, processes_mentioning
+from tests.support.example_runs import STEPS, run_example
+from tests.support.recovery_checks import detected_on, problems, recovery_summary, tiers
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+TORCH_TRAINER = ["python", "-m", "slicekeeper.workload.reference.torch_trainer"]
+HOST_ORDER_TRAINER = [sys.executable, str(ROOT / "tests" / "fixtures" / "torch_host_order_trainer.py")]
+NO_HOT_SWAP = str(ROOT / "examples" / "policies" / "no_hot_swap.py")
+ELASTIC = ("--spares", "1", "--policy", NO_HOT_SWAP, "--chaos", "lose:host=3@step=40,spare:+1@step=80")
+
+
+def run_torch(where: Path, *extra: str, command: list[str] = TORCH_TRAINER) -> dict[str, Any]:
+    return run_example(where, *extra, workload={"command": command})
+
+
+@pytest.fixture(scope="module")
+def torch_clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The fault-free run of the torch example job, once for this module."""
+    report = run_torch(tmp_path_factory.mktemp("torch-clean"))
+    assert problems(report, steps=STEPS) == [], report["stderr"][-3000:]
+    return report
+
+
+def nothing_lost(report: dict[str, Any], clean: dict[str, Any]) -> list[str]:
+    return problems(report, fingerprint=clean["params_fingerprint"], steps=STEPS)
+
+
+def test_a_kill_a_lost_host_and_a_hang_end_with_the_fault_free_parameters(tmp_path, torch_clean):
+    chaos = "kill:host=1@step=30,lose:host=2@step=60,hang:host=3@step=90"
+    report = run_torch(tmp_path, "--spares", "1", "--chaos", chaos)
+    assert report["exit_code"] == 0, report["stderr"][-3000:]
+    assert nothing_lost(report, torch_clean) == []
+    assert recovery_summary(report) == [("crash", 25, 4), ("host_lost", 55, 4), ("hang", 85, 4)]
+    assert report["hot_swaps"]["count"] == 1
+    assert tiers(report, 2) == {0: "local", 1: "local", 2: "peer", 3: "local"}  # the spare took host 2
+    assert processes_mentioning(report["run_dir"]) == []
+
+
+def test_a_corrupt_copy_is_restored_from_the_twin_and_a_slowed_host_is_found(tmp_path, torch_clean):
+    chaos = "kill:host=2@step=40,corrupt:host=1@step=78,hang:host=0@step=80,slow:host=3,factor=2@step=90"
+    report = run_torch(tmp_path, "--spares", "0", "--chaos", chaos)
+    assert nothing_lost(report, torch_clean) == []
+    assert recovery_summary(report) == [("crash", 35, 4), ("hang", 75, 4)]
+    assert detected_on(report)[0] == 2
+    corrupt = next(f for f in report["faults"] if f["kind"] == "corrupt")
+    assert corrupt["detail"].startswith("flipped bytes in local step 75")
+    assert tiers(report, 2) == {0: "local", 1: "peer", 2: "local", 3: "local"}
+    assert [(f["kind"], f["detected_as"]) for f in report["faults"]] == [
+        ("kill", "crash"),
+        ("corrupt", None),
+        ("hang", "hang"),
+        ("slow", "straggler"),
+    ]
+    [straggler] = [s for s in report["stragglers"] if s["host"] == 3]
+    assert straggler["score"] > 1.3 and straggler["step"] > 90
+
+
+def test_scaled_down_and_back_up_it_trains_bit_for_bit_the_same_model(tmp_path, torch_clean):
+    report = run_torch(tmp_path, *ELASTIC)
+    assert report["exit_code"] == 0, report["stderr"][-3000:]
+    assert [w["hosts"] for w in report["world"]] == [4, 2, 4]
+    assert report["hot_swaps"]["count"] == 0
+    [down, up] = report["recoveries"]
+    assert (down["cause"], down["restore_step"], down["world"]) == ("host_lost", 35, [0, 1])
+    assert tiers(report, up["generation"]) == {0: "local", 1: "local", 2: "peer", 3: "peer"}
+    assert nothing_lost(report, torch_clean) == []  # the exact fingerprint, not a tolerance
+
+
+def test_reducing_in_host_order_is_caught_by_the_fingerprint_once_scaled_down(tmp_path, torch_clean):
+    """The negative control: the scaled run of a trainer that adds each host's chunks first."""
+    report = run_torch(tmp_path, *ELASTIC, command=HOST_ORDER_TRAINER)
+    assert [w["hosts"] for w in report["world"]] == [4, 2, 4]
+    fingerprint = report["params_fingerprint"]
+    assert nothing_lost(report, torch_clean) == [
+        f"final parameters {fingerprint} differ from the fault-free run's {torch_clean['params_fingerprint']}"
+    ]

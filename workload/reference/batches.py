@@ -1,0 +1,89 @@
+"""What the reference trainers train on, with no framework: the model's size and the step's batch.
+
+Both reference trainers (JAX, `model.py`; PyTorch, `torch_sharded.py`) train the same tiny language
+model on the same data, a pure function of (seed, step), so a restored job replays exactly the
+batches it lost. The global batch is sized for the full job whatever the world size of a generation:
+`ChunkPlan` says which host computes which chunk of it when slices are missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab: int = 128
+    d_model: int = 64
+    heads: int = 4
+    layers: int = 2
+    d_ff: int = 256
+    seq_len: int = 32
+    batch_per_host: int = 4
+    learning_rate: float = 3e-3
+
+
+def synthetic_batch(config: ModelConfig, seed: int, step: int, global_batch: int) -> np.ndarray:
+    """The global batch for `step`: a pure function of (seed, step), so a restored job replays it.
+
+    Each row is an arithmetic progression modulo the vocabulary, with its own start and stride:
+    a pattern a small model learns quickly, so the loss visibly falls.
+    """
+    rng = np.random.default_rng([seed, step])
+    start = rng.integers(0, config.vocab, (global_batch, 1))
+    stride = rng.integers(1, 8, (global_batch, 1))
+    positions = np.arange(config.seq_len + 1)[None, :]
+    return ((start + stride * positions) % config.vocab).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """Where each chunk of the global batch is computed when `hosts` hosts share `chunks` chunks.
+
+    The global batch is sized for the full job: one chunk of `batch_per_host` rows per host of the
+    full job. With fewer hosts (slices dropped) each one works through several chunks in turn
+    (micro-steps) and sums their gradients: chunk c goes to host slot c % hosts at micro-step
+    c // hosts. Slots past the last chunk are padding with weight 0. With every host present it is
+    one chunk each. Host slot r is the host of rank r in this generation.
+    """
+
+    chunks: int
+    hosts: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.hosts <= self.chunks:
+            raise ValueError(f"{self.hosts} hosts cannot share a batch of {self.chunks} chunks")
+
+    @property
+    def micro_steps(self) -> int:
+        return -(-self.chunks // self.hosts)
+
+    def slot(self, chunk: int) -> tuple[int, int]:
+        """(micro-step, host slot) that computes `chunk`."""
+        return divmod(chunk, self.hosts)
+
+    def chunk_at(self, micro_step: int, host: int) -> int | None:
+        """The chunk computed at this slot, or None for padding."""
+        chunk = micro_step * self.hosts + host
+        return chunk if chunk < self.chunks else None
+
+    def weights(self) -> np.ndarray:
+        """[micro_steps, hosts]: 1 for a real chunk, 0 for padding."""
+        slots = np.arange(self.micro_steps * self.hosts).reshape(self.micro_steps, self.hosts)
+        return (slots < self.chunks).astype(np.float32)
+
+    def lay_out(self, rows: np.ndarray) -> np.ndarray:
+        """Global batch rows [chunks * n, ...] as [micro_steps, hosts, n, ...], zero-padded.
+
+        Slot (m, r) holds chunk m * hosts + r, so a plain reshape of the padded rows does it.
+        """
+        per_chunk, remainder = divmod(len(rows), self.chunks)
+        if remainder:
+            raise ValueError(f"{len(rows)} rows do not split into {self.chunks} chunks")
+        padding = np.zeros(
+            ((self.micro_steps * self.hosts - self.chunks) * per_chunk, *rows.shape[1:]), rows.dtype
+        )
+        padded = np.concatenate([rows, padding])
+        return padded.reshape(self.micro_steps, self.hosts, per_chunk, *rows.shape[1:])

@@ -1,0 +1,137 @@
+"""The reference PyTorch workload: one process per TPU host, the tiny LM trained like a multislice job.
+
+The JAX trainer's twin (jax_trainer.py), for the PyTorch users: the same model, data and layout
+(torch_sharded.py), the same public SDK (phases, every step bracketed, this host's shards saved to the
+local tier through the SDK's Checkpointer, so the peer and persistent tiers and every restore work
+unchanged), and the same end: every host's rows compared with its twins', the parameters'
+fingerprint reported.
+
+The world is this generation's hosts (`num_hosts`, rank `process_id`), joined with torch.distributed
+at the coordinator the supervisor names for the generation (rank 0 serves the TCP store there, as
+JAX's process 0 serves its coordinator). On CPU (here) the collectives go over gloo. On a TPU, with
+`torch_xla` importable, the process group is XLA's (`xla` backend, PJRT runtime) and the collectives
+run on the TPU's interconnect; that path is import-guarded and untested here (no TPU, and torch_xla
+has no wheel for the CPU torch this project installs): docs/workload-sdk.md says what it does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import slicekeeper.workload as sk
+import torch
+import torch.distributed as dist
+from slicekeeper.workload.checkpointing import Checkpointer
+from slicekeeper.workload.reference.batches import ModelConfig
+from slicekeeper.workload.reference.torch_sharded import ShardedTorchModel, TrainState, host_mesh
+
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
+"""Longer than any hang detection: the supervisor, not gloo, decides when a step is stuck."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="slicekeeper.workload.reference.torch_trainer")
+    parser.add_argument("--seed", type=int, default=0, help="model init and data seed")
+    parser.add_argument("--d-model", type=int, default=ModelConfig.d_model)
+    parser.add_argument("--layers", type=int, default=ModelConfig.layers)
+    parser.add_argument("--batch-per-host", type=int, default=ModelConfig.batch_per_host)
+    parser.add_argument("--seq-len", type=int, default=ModelConfig.seq_len)
+    parser.add_argument(
+        "--final-params",
+        type=Path,
+        metavar="PATH",
+        help="after training, rank 0 writes the final parameters here (.npz, keys = parameter names)",
+    )
+    return parser.parse_args(argv)
+
+
+def _backend() -> str:
+    """`xla` on a TPU host with torch_xla (its process group runs on the TPU interconnect), else gloo."""
+    try:
+        import torch_xla.distributed.xla_backend  # noqa: F401  (registers the `xla` backend)
+    except ImportError:
+        return "gloo"
+    return "xla"
+
+
+def init_distributed(session: sk.Session) -> None:
+    identity = session.identity
+    if identity.coordinator is None:
+        raise SystemExit(
+            "slicekeeper torch trainer: no coordinator for this generation (run it under a supervisor)"
+        )
+    dist.init_process_group(
+        _backend(),
+        init_method=f"tcp://{identity.coordinator}",
+        rank=identity.process_id,
+        world_size=identity.num_hosts,
+        timeout=COLLECTIVE_TIMEOUT,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)  # one core per host, and a reduction order that never changes
+    session = sk.connect()
+    identity = session.identity
+    config = ModelConfig(
+        d_model=args.d_model, layers=args.layers, batch_per_host=args.batch_per_host, seq_len=args.seq_len
+    )
+
+    with session.phase(sk.Phase.TPU_INITIALIZATION):
+        init_distributed(session)
+
+    with session.phase(sk.Phase.TRAINING_PREP):
+        model = ShardedTorchModel(config, host_mesh(identity.hosts_per_slice), full_hosts=identity.full_hosts)
+        checkpointer = Checkpointer(session)
+    shards = checkpointer.restore(identity.restore_step)
+    state: TrainState
+    if shards is None:
+        with session.phase(sk.Phase.TRAINING_PREP):
+            state = model.init_state(args.seed)
+        first = 1
+    else:
+        state = model.from_host_shards(shards)
+        first = (identity.restore_step or 0) + 1
+
+    with session.phase(sk.Phase.PROGRAM_STARTUP):
+        params = model.gather(state.shard)  # what this host computes on: gathered over its slice
+
+    for step in range(first, identity.total_steps + 1):
+        with session.step(step, clock=sk.WorkClock.CPU) as record:
+            local = model.local_grads(params, args.seed, step)
+            record.work_done()  # what follows is the reduction: waiting for the slowest host
+            state, params, record.loss = model.apply(state, local)
+        checkpointer.maybe_save(step, functools.partial(model.host_shards, state))
+
+    with session.phase(sk.Phase.TEARDOWN):
+        checkpointer.close()  # waits for the last write
+        fingerprint = model.fingerprint(params)
+        diverged, digest = model.replica_agreement(state)  # a collective too
+        if diverged:
+            slices = ",".join(map(str, diverged))
+            print(
+                f"slicekeeper torch trainer: the state of slice(s) {slices} differs from slice 0's: "
+                "a wrong shard was restored somewhere",
+                file=sys.stderr,
+                flush=True,
+            )
+            fingerprint = f"diverged:{slices}:{digest}"  # the same on every host
+        if args.final_params is not None and dist.get_rank() == 0:
+            with args.final_params.open("wb") as file:
+                final: dict[str, Any] = {name: value.numpy() for name, value in params.items()}
+                np.savez(file, **final)
+    session.done(identity.total_steps, fingerprint)
+    dist.destroy_process_group()
+    session.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
