@@ -25,6 +25,12 @@ median, min and max over runs. A run fails (exit status 1, after the remaining r
 `slicekeeper run` fails or times out, or a fault was not detected or not recovered from.
 
     .venv/bin/python benchmarks/recovery.py [--runs 3] [--steps 120] [--json figures.json]
+        [--framework jax|torch|both]
+
+`--framework` picks the example job: the JAX trainer (examples/trainingjob.yaml, the default) or the
+PyTorch one (examples/trainingjob-torch.yaml); `both` measures the two in the same invocation, JAX's
+runs first, and prints how the PyTorch job's recovery (detected -> productive) compares with JAX's
+(target: within 20 %).
 
 Runs, event logs and the table are read and written with benchmarks/harness.py, as the other
 benchmarks do.
@@ -64,6 +70,9 @@ CRASH_TARGET_SECONDS = 1.0
 HANG_TARGET_FACTOR = 3.0
 HANG_TARGET_SLACK_SECONDS = 2.0
 RECOVERY_TARGET_SECONDS = 10.0
+FRAMEWORK_JOBS = {"jax": DEFAULT_JOB, "torch": DEFAULT_JOB.parent / "trainingjob-torch.yaml"}
+TORCH_WITHIN = 0.20
+"""The PyTorch job's recovery may take at most this much longer than the JAX job's (medians)."""
 
 
 # --- figures of one run -----------------------------------------------------------------------------
@@ -242,8 +251,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--runs", type=int, default=3, help="runs to measure (default 3)")
     parser.add_argument("--steps", type=int, default=120, help="training steps per run (default 120)")
+    parser.add_argument("--job", type=Path, help="TrainingJob YAML (default: the example of --framework)")
     parser.add_argument(
-        "--job", type=Path, default=DEFAULT_JOB, help="TrainingJob YAML (default: the example)"
+        "--framework",
+        choices=("jax", "torch", "both"),
+        default="jax",
+        help="the example job's trainer; both: the two, compared (default jax)",
     )
     parser.add_argument(
         "--chaos",
@@ -260,6 +273,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.runs < 1 or args.steps < 1:
         parser.error("--runs and --steps must be at least 1")
+    if args.job is not None and args.framework == "both":
+        parser.error("--job names one job: it cannot be measured as both frameworks")
     return args
 
 
@@ -268,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="slicekeeper-bench-"))
     started_at = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     machine = f"{platform.node()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
-    say(f"recovery benchmark: {args.runs} run(s) of {args.steps} steps, chaos '{args.chaos}'")
+    frameworks = ["jax", "torch"] if args.framework == "both" else [args.framework]
+    say(f"recovery benchmark: {args.runs} run(s) of {args.steps} steps per job, chaos '{args.chaos}'")
     say(f"  started {started_at} on {machine}; load average {os.getloadavg()[0]:.2f}; work dir {work}")
 
     def describe(run: RunFigures) -> str:
@@ -280,29 +296,52 @@ def main(argv: list[str] | None = None) -> int:
             f"{hang.productive_seconds:.2f} s later"
         )
 
-    def command(report_path: Path) -> list[str]:
-        return [
-            *slicekeeper_command(),
-            "run",
-            str(args.job),
-            "--steps",
-            str(args.steps),
-            "--chaos",
-            args.chaos,
-            "--report",
-            str(report_path),
-        ]
+    failures: list[str] = []
+    keep = args.keep
+    results: dict[str, dict[str, Any]] = {}
+    for framework in frameworks:
+        job = args.job or FRAMEWORK_JOBS[framework]
+        folder = work / framework
+        folder.mkdir()
+        say(f"{framework}: {job}")
 
-    measured = measure_runs(
-        args.runs, command, analyse, work=work, timeout=args.timeout, keep=args.keep, describe=describe
-    )
-    figures, failures = measured.figures, measured.failures
+        def command(report_path: Path, job: Path = job) -> list[str]:
+            return [
+                *slicekeeper_command(),
+                "run",
+                str(job),
+                "--steps",
+                str(args.steps),
+                "--chaos",
+                args.chaos,
+                "--report",
+                str(report_path),
+            ]
 
-    rows = build_rows(figures) if figures else []
-    if rows:
-        say("")
-        say(f"{len(figures)} of {args.runs} run(s), {args.steps} steps each; median/min/max over runs")
-        say(format_table(rows, len(figures)))
+        measured = measure_runs(
+            args.runs, command, analyse, work=folder, timeout=args.timeout, keep=args.keep, describe=describe
+        )
+        failures += [f"{framework} {failure}" for failure in measured.failures]
+        keep = keep or measured.keep
+        rows = build_rows(measured.figures) if measured.figures else []
+        if rows:
+            say("")
+            say(
+                f"{framework}: {len(measured.figures)} of {args.runs} run(s), {args.steps} steps each; "
+                "median/min/max"
+            )
+            say(format_table(rows, len(measured.figures)))
+            say("")
+        results[framework] = {
+            "job": str(job),
+            "failures": measured.failures,
+            "summary": [row.summary() for row in rows],
+            "runs": [asdict(f) for f in measured.figures],
+            "figures": measured.figures,
+        }
+    comparison = compare(results) if len(results) == 2 else []
+    for line in comparison:
+        say(line)
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -312,17 +351,38 @@ def main(argv: list[str] | None = None) -> int:
                     "cpu_count": os.cpu_count(),
                     "runs_requested": args.runs,
                     "steps": args.steps,
-                    "job": str(args.job),
                     "chaos": args.chaos,
                     "failures": failures,
-                    "summary": [row.summary() for row in rows],
-                    "runs": [asdict(f) for f in figures],
+                    "frameworks": {
+                        name: {k: v for k, v in result.items() if k != "figures"}
+                        for name, result in results.items()
+                    },
+                    "comparison": comparison,
                 },
                 indent=1,
             )
         )
         say(f"raw figures: {args.json}")
-    return finish(failures, work, measured.keep)
+    return finish(failures, work, keep)
+
+
+def compare(results: dict[str, dict[str, Any]]) -> list[str]:
+    """How the PyTorch job's recovery compares with the JAX job's: medians of detected -> productive."""
+    jax_runs, torch_runs = results["jax"]["figures"], results["torch"]["figures"]
+    if not jax_runs or not torch_runs:
+        return ["no comparison: a framework has no successful run"]
+    lines = [
+        f"PyTorch against JAX (median detected -> productive; target: at most {TORCH_WITHIN:.0%} longer)"
+    ]
+    for kind, name in (("kill", "crash"), ("hang", "hang")):
+        jax_median = statistics.median(r.fault(kind).productive_seconds for r in jax_runs)
+        torch_median = statistics.median(r.fault(kind).productive_seconds for r in torch_runs)
+        ratio = torch_median / jax_median
+        verdict = "met" if ratio <= 1 + TORCH_WITHIN else "NOT met"
+        lines.append(
+            f"  {name}: torch {torch_median:.2f} s, jax {jax_median:.2f} s, ratio {ratio:.2f}: {verdict}"
+        )
+    return lines
 
 
 if __name__ == "__main__":

@@ -195,6 +195,21 @@ class Session:
             "process_id": self.identity.process_id,
         }
 
+    def torch_distributed_args(self) -> dict[str, Any]:
+        """Keyword arguments for `torch.distributed.init_process_group` for this generation (add the
+        backend): the TCP store at the generation's coordinator, served by rank 0, as JAX's process 0
+        serves its coordinator there; the world is this generation's hosts, as for JAX."""
+        if self.identity.coordinator is None:
+            raise RuntimeError(
+                "no coordinator for this generation: torch.distributed needs the supervisor's "
+                f"{protocol.ENV_COORDINATOR} (run the loop under `slicekeeper run` or in a TrainingJob)"
+            )
+        return {
+            "init_method": f"tcp://{self.identity.coordinator}",
+            "rank": self.identity.process_id,
+            "world_size": self.identity.num_hosts,
+        }
+
     # --- events -----------------------------------------------------------------------------
     def _send(self, event: Event, **fields: Any) -> None:
         if self._sock is None:

@@ -1,6 +1,7 @@
-"""The PyTorch reference trainer's pieces on their own: its learning-rate schedule and optimizer are the
-JAX trainer's (optax's, checked against optax), and its checkpoint shards round-trip exactly and name
-what is missing. The distributed behaviour (every fault kind, scaling) is tests/chaos/test_torch_recovery.py.
+"""The PyTorch pieces on their own: the reference trainer's learning-rate schedule and optimizer are
+the JAX trainer's (optax's, checked against optax), its checkpoint shards round-trip exactly and name
+what is missing, and a DDP loop's state round-trips through the SDK's torch_checkpoint. The
+distributed behaviour (every fault kind, scaling) is tests/chaos/test_torch_recovery.py.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch.distributed as dist
 from slicekeeper.workload.reference import torch_model
 from slicekeeper.workload.reference.batches import ModelConfig
 from slicekeeper.workload.reference.torch_sharded import MissingShard, ShardedTorchModel, host_mesh
+from slicekeeper.workload.torch_checkpoint import load_state_shards, state_shards
 
 CONFIG = ModelConfig()
 
@@ -98,3 +100,35 @@ def test_a_missing_shard_is_named_with_what_the_checkpoint_holds(one_host):
     del shards[missing]
     with pytest.raises(MissingShard, match=f"no shard {missing} in this host's checkpoint"):
         one_host.from_host_shards(shards)
+
+
+def test_a_ddp_loops_model_and_optimizer_state_round_trip_through_shards():
+    """slicekeeper.workload.torch_checkpoint: weights and AdamW moments of one step, and nothing of
+    the next (a restore never mixes steps)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def train_step() -> None:
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        optimizer.step()
+
+    train_step()
+    train_step()
+    saved = state_shards(model, optimizer)
+    expected = {name: value.clone() for name, value in model.state_dict().items()}
+    moments = {
+        index: {k: v.clone() for k, v in s.items()} for index, s in optimizer.state_dict()["state"].items()
+    }
+    train_step()  # the loop goes on after the save
+
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    load_state_shards(saved, fresh, fresh_optimizer)
+    for name, value in fresh.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+    for index, state in fresh_optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, moments[index][key]), (index, key)
+    assert all(name.startswith(("model/", "optimizer/")) for name in saved)

@@ -337,3 +337,21 @@ def test_bad_policy_or_min_slices_settings_name_the_field(mutate, expected):
     document = example()
     mutate(document)
     assert expected in errors_for(document)
+
+
+def test_the_torch_example_is_the_jax_example_with_the_torch_trainer():
+    """examples/trainingjob-torch.yaml stays the JAX example's twin: only its name, its command and
+    its persistent directory (two runs side by side must not share one) differ."""
+    torch_example = yaml.safe_load((EXAMPLE.parent / "trainingjob-torch.yaml").read_text())
+    api.parse_training_job(torch_example, "examples/trainingjob-torch.yaml")
+    assert torch_example["spec"]["workload"]["command"] == [
+        "python",
+        "-m",
+        "slicekeeper.workload.reference.torch_trainer",
+    ]
+    jax_example = example()
+    for document in (torch_example, jax_example):
+        document["metadata"].pop("name")
+        document["spec"]["workload"].pop("command")
+        document["spec"]["checkpoint"]["persistent"].pop("uri")
+    assert torch_example == jax_example

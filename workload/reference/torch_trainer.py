@@ -61,18 +61,7 @@ def _backend() -> str:
 
 
 def init_distributed(session: sk.Session) -> None:
-    identity = session.identity
-    if identity.coordinator is None:
-        raise SystemExit(
-            "slicekeeper torch trainer: no coordinator for this generation (run it under a supervisor)"
-        )
-    dist.init_process_group(
-        _backend(),
-        init_method=f"tcp://{identity.coordinator}",
-        rank=identity.process_id,
-        world_size=identity.num_hosts,
-        timeout=COLLECTIVE_TIMEOUT,
-    )
+    dist.init_process_group(_backend(), timeout=COLLECTIVE_TIMEOUT, **session.torch_distributed_args())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,38 @@
+"""examples/sdk_torch_loop.py, a plain DistributedDataParallel loop with the SDK's handful of lines,
+under `slicekeeper run`: a kill and a hang, each detected and recovered from, and the run ends with
+the parameters of a fault-free run (its weights and AdamW state restored from the same step, through
+slicekeeper.workload.torch_checkpoint)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.cli_runs import ROOT, processes_mentioning, read_report, run_cli, sdk_loop_job
+
+pytestmark = pytest.mark.timeout(300)
+
+STEPS = 40
+TORCH_LOOP = [sys.executable, str(ROOT / "examples" / "sdk_torch_loop.py")]
+
+
+def run_loop(where: Path, *extra: str) -> dict[str, Any]:
+    job = sdk_loop_job(where / "job.yaml", steps=STEPS, workload={"command": TORCH_LOOP})
+    report_path = where / "report.json"
+    result = run_cli("run", str(job), "--report", str(report_path), *extra, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return read_report(report_path)
+
+
+def test_a_killed_and_a_hung_host_of_a_ddp_loop_recover_with_the_fault_free_parameters(tmp_path):
+    clean = run_loop(tmp_path / "clean")
+    report = run_loop(tmp_path / "chaos", "--chaos", "kill:host=1@step=12,hang:host=3@step=27")
+    assert report["params_fingerprint"] == clean["params_fingerprint"]
+    assert report["restarts"] == {"crash": 1, "hang": 1}
+    assert [(f["kind"], f["detected_as"]) for f in report["faults"]] == [("kill", "crash"), ("hang", "hang")]
+    # Both restarts went back to the newest step every host held (interval 5), none from scratch.
+    assert [r["restore_step"] for r in report["recoveries"]] == [10, 25]
+    assert processes_mentioning(report["run_dir"]) == []
