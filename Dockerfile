@@ -7,8 +7,12 @@
 #   docker build --build-arg EXTRA_PACKAGES='jax[tpu]' -t ...   # on TPU nodes: JAX for TPU
 #
 # The [jax] extra brings CPU JAX (the reference trainer on kind, docs/kind.md); the [operator] extra
-# brings kopf and the Kubernetes client. The image's user is numeric (10001) so that the kubelet can
-# enforce `runAsNonRoot` (the operator's Deployment sets runAsUser: 10001 to match).
+# brings kopf and the Kubernetes client. For examples/trainingjob-torch.yaml add torch, its CPU build
+# from PyTorch's index (PyPI's is CUDA's):
+#   docker build \
+#     --build-arg EXTRA_PACKAGES='torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu' ...
+# The image's user is numeric (10001) so that the kubelet can enforce `runAsNonRoot` (the operator's
+# Deployment sets runAsUser: 10001 to match).
 
 # Build the wheel from the sources only (.dockerignore keeps tests, docs and caches out).
 FROM python:3.12-slim AS wheel

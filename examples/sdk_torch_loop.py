@@ -3,8 +3,9 @@
 An ordinary DistributedDataParallel loop (a small MLP regressing a fixed random function of its
 input, data a pure function of (seed, step)); what the supervisor needs is the handful of lines marked
 `# slicekeeper`: connect, join the generation's world, restore the agreed step, bracket each step,
-save every few steps, say the run is done. A restored run ends with exactly the parameters of an
-uninterrupted one. Run it as the workload of a TrainingJob
+save every few steps, say the run is done. A restored run of the same world size ends with exactly
+the parameters of an uninterrupted one (its samples are indexed by rank and world size: a job scaled
+down to fewer hosts trains on other samples). Run it as the workload of a TrainingJob
 (`spec.workload.command: ["python", "examples/sdk_torch_loop.py"]`, the `torch` extra installed).
 """
 

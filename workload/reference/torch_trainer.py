@@ -8,10 +8,9 @@ fingerprint reported.
 
 The world is this generation's hosts (`num_hosts`, rank `process_id`), joined with torch.distributed
 at the coordinator the supervisor names for the generation (rank 0 serves the TCP store there, as
-JAX's process 0 serves its coordinator). On CPU (here) the collectives go over gloo. On a TPU, with
-`torch_xla` importable, the process group is XLA's (`xla` backend, PJRT runtime) and the collectives
-run on the TPU's interconnect; that path is import-guarded and untested here (no TPU, and torch_xla
-has no wheel for the CPU torch this project installs): docs/workload-sdk.md says what it does.
+JAX's process 0 serves its coordinator). Its tensors live on the CPU and its collectives go over
+gloo: the TPU path (tensors on XLA devices, torch_xla's `xla` process group) is not written yet
+(docs/workload-sdk.md).
 """
 
 from __future__ import annotations
@@ -51,17 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _backend() -> str:
-    """`xla` on a TPU host with torch_xla (its process group runs on the TPU interconnect), else gloo."""
-    try:
-        import torch_xla.distributed.xla_backend  # noqa: F401  (registers the `xla` backend)
-    except ImportError:
-        return "gloo"
-    return "xla"
-
-
 def init_distributed(session: sk.Session) -> None:
-    dist.init_process_group(_backend(), timeout=COLLECTIVE_TIMEOUT, **session.torch_distributed_args())
+    dist.init_process_group("gloo", timeout=COLLECTIVE_TIMEOUT, **session.torch_distributed_args())
 
 
 def main(argv: list[str] | None = None) -> int:
