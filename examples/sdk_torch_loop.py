@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from slicekeeper.workload.checkpointing import Checkpointer
 from slicekeeper.workload.torch_checkpoint import load_state_shards, state_shards
+from slicekeeper.workload.torch_ddp import add_in_rank_order
 from torch.nn.parallel import DistributedDataParallel
 
 SEED, BATCH, WIDTH = 0, 32, 64
@@ -37,6 +38,7 @@ if restored is not None:
     load_state_shards(restored, model, optimizer)  # slicekeeper: weights and optimizer state of that step
     first = session.identity.restore_step + 1
 ddp = DistributedDataParallel(model)
+ddp.register_comm_hook(None, add_in_rank_order)  # slicekeeper: the same sums after a restart
 
 for step in range(first, session.total_steps + 1):
     with session.step(step, clock=sk.WorkClock.CPU) as record:  # slicekeeper: timed, watched for hangs

@@ -1,7 +1,9 @@
 """examples/sdk_torch_loop.py, a plain DistributedDataParallel loop with the SDK's handful of lines,
 under `slicekeeper run`: a kill and a hang, each detected and recovered from, and the run ends with
 the parameters of a fault-free run (its weights and AdamW state restored from the same step, through
-slicekeeper.workload.torch_checkpoint)."""
+slicekeeper.workload.torch_checkpoint, its gradients added in rank order by
+slicekeeper.workload.torch_ddp's hook). The negative control: without the hook a restart alone
+makes the parameters part from the fault-free run's."""
 
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ pytestmark = pytest.mark.timeout(300)
 
 STEPS = 40
 TORCH_LOOP = [sys.executable, str(ROOT / "examples" / "sdk_torch_loop.py")]
+WITHOUT_HOOK = [sys.executable, str(ROOT / "tests" / "fixtures" / "sdk_torch_loop_without_hook.py")]
 
 
-def run_loop(where: Path, *extra: str) -> dict[str, Any]:
-    job = sdk_loop_job(where / "job.yaml", steps=STEPS, workload={"command": TORCH_LOOP})
+def run_loop(where: Path, *extra: str, command: list[str] = TORCH_LOOP) -> dict[str, Any]:
+    job = sdk_loop_job(where / "job.yaml", steps=STEPS, workload={"command": command})
     report_path = where / "report.json"
     result = run_cli("run", str(job), "--report", str(report_path), *extra, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -36,3 +39,10 @@ def test_a_killed_and_a_hung_host_of_a_ddp_loop_recover_with_the_fault_free_para
     # Both restarts went back to the newest step every host held (interval 5), none from scratch.
     assert [r["restore_step"] for r in report["recoveries"]] == [10, 25]
     assert processes_mentioning(report["run_dir"]) == []
+
+
+def test_without_the_rank_order_hook_a_restart_alone_changes_the_parameters(tmp_path):
+    clean = run_loop(tmp_path / "clean", command=WITHOUT_HOOK)
+    report = run_loop(tmp_path / "chaos", "--chaos", "kill:host=1@step=12", command=WITHOUT_HOOK)
+    assert report["restarts"] == {"crash": 1}
+    assert report["params_fingerprint"] != clean["params_fingerprint"]
