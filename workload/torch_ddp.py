@@ -10,15 +10,16 @@ must share with a fault-free one. With this hook every element is summed over th
 wherever DDP puts it. It all-gathers instead of all-reducing: the world size times the gradient's
 memory for a moment, nothing for a small model, too much for a large one (which would accept
 float-close instead).
-"""
 
-from __future__ import annotations
+No `from __future__ import annotations` here: DDP checks the hook's annotations against the real
+`GradBucket` and `Future[Tensor]` objects, which postponed (string) annotations are not.
+"""
 
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import GradBucket  # what torch.distributed re-exports (untyped there)
+from torch._C._distributed_c10d import GradBucket  # torch.distributed.GradBucket (mypy cannot see it there)
 
 
 def add_in_rank_order(_: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -23,6 +23,7 @@ WITHOUT_HOOK = [sys.executable, str(ROOT / "tests" / "fixtures" / "sdk_torch_loo
 
 
 def run_loop(where: Path, *extra: str, command: list[str] = TORCH_LOOP) -> dict[str, Any]:
+    where.mkdir(parents=True)
     job = sdk_loop_job(where / "job.yaml", steps=STEPS, workload={"command": command})
     report_path = where / "report.json"
     result = run_cli("run", str(job), "--report", str(report_path), *extra, timeout=240)
