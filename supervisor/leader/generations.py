@@ -221,7 +221,10 @@ class Generations:
     def _record_recovery(self, restore_step: int | None, held: dict[str, Any], *, resumed: bool) -> None:
         cause = self.memory.stop_cause or {}
         restored = restore_step or 0
-        high_water = restored if resumed else int(cause.get("high_water", self.memory.high_water))
+        # The hosts train on until they are stopped: a planned stop (a scale-up) recorded at step 88 may
+        # restore a step 90 committed meanwhile, which was reached too.
+        stopped_at = int(cause.get("high_water", self.memory.high_water))
+        high_water = restored if resumed else max(stopped_at, restored)
         self.memory.recoveries.append(
             {
                 "generation": self.memory.generation,

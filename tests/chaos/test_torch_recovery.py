@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.support.cli_runs import ROOT, processes_mentioning
 from tests.support.example_runs import STEPS, run_example
@@ -24,15 +25,20 @@ from tests.support.recovery_checks import detected_on, problems, recovery_summar
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-TORCH_TRAINER = ["python", "-m", "slicekeeper.workload.reference.torch_trainer"]
+TORCH_EXAMPLE = yaml.safe_load((ROOT / "examples" / "trainingjob-torch.yaml").read_text())
+TORCH_TRAINER = TORCH_EXAMPLE["spec"]["workload"]["command"]
 HOST_ORDER_TRAINER = [sys.executable, str(ROOT / "tests" / "fixtures" / "torch_host_order_trainer.py")]
 NO_HOT_SWAP = str(ROOT / "examples" / "policies" / "no_hot_swap.py")
-ELASTIC = ("--spares", "1", "--policy", NO_HOT_SWAP, "--chaos", "lose:host=1@step=40,spare:+1@step=80")
-"""Slice 0 dropped: hosts 2 and 3 go on as ranks 0 and 1 (a rank that is not its host), then back."""
+ELASTIC = ("--spares", "1", "--policy", NO_HOT_SWAP, "--chaos", "lose:host=1@step=30,spare:+1@step=45")
+"""Slice 0 dropped: hosts 2 and 3 go on as ranks 0 and 1 (a rank that is not its host), then back.
+Early in the run: at ~50 ms a step (~100 ms scaled down) the job must still be training when the
+scale-up, a few seconds of decisions and restarts, is ready."""
 
 
 def run_torch(where: Path, *extra: str, command: list[str] = TORCH_TRAINER) -> dict[str, Any]:
-    return run_example(where, *extra, workload={"command": command})
+    """The example job with the torch trainer and the torch example's save interval."""
+    interval = TORCH_EXAMPLE["spec"]["checkpoint"]["interval"]
+    return run_example(where, *extra, workload={"command": command}, checkpoint={"interval": interval})
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +103,7 @@ def test_reducing_in_host_order_is_caught_by_the_fingerprint_once_scaled_down(tm
     report = run_torch(tmp_path, *ELASTIC, command=HOST_ORDER_TRAINER)
     assert [w["hosts"] for w in report["world"]] == [4, 2, 4]
     fingerprint = report["params_fingerprint"]
+    assert problems(report, steps=STEPS) == []  # a good run in every other respect
     assert nothing_lost(report, torch_clean) == [
         f"final parameters {fingerprint} differ from the fault-free run's {torch_clean['params_fingerprint']}"
     ]
