@@ -23,15 +23,17 @@ from slicekeeper.workload.torch_checkpoint import load_state_shards, state_shard
 CONFIG = ModelConfig()
 
 
+def optax_schedule() -> optax.Schedule:
+    """The JAX trainer's schedule (transformer.optimizer): what the torch trainer must follow."""
+    peak = CONFIG.learning_rate
+    return optax.warmup_cosine_decay_schedule(
+        0.0, peak, torch_model.WARMUP_STEPS, torch_model.DECAY_STEPS, 0.1 * peak
+    )
+
+
 @pytest.mark.parametrize("count", [0, 1, 7, 19, 20, 21, 500, 1999, 2000, 5000])
 def test_the_schedule_is_optaxs_warmup_cosine_decay(count):
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0,
-        CONFIG.learning_rate,
-        torch_model.WARMUP_STEPS,
-        torch_model.DECAY_STEPS,
-        0.1 * CONFIG.learning_rate,
-    )
+    schedule = optax_schedule()
     assert torch_model.learning_rate(CONFIG, count) == pytest.approx(
         float(schedule(count)), rel=1e-5, abs=1e-9
     )
@@ -44,13 +46,7 @@ def test_three_updates_match_optaxs_clipped_adamw():
         {name: rng.normal(size=value.shape).astype(np.float32) * 3 for name, value in params.items()}
         for _ in range(3)
     ]
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0,
-        CONFIG.learning_rate,
-        torch_model.WARMUP_STEPS,
-        torch_model.DECAY_STEPS,
-        0.1 * CONFIG.learning_rate,
-    )
+    schedule = optax_schedule()
     tx = optax.chain(
         optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=torch_model.WEIGHT_DECAY)
     )

@@ -8,7 +8,9 @@ batches it lost. The global batch is sized for the full job whatever the world s
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -23,6 +25,26 @@ class ModelConfig:
     seq_len: int = 32
     batch_per_host: int = 4
     learning_rate: float = 3e-3
+
+
+def trainer_arguments(prog: str, final_params: str) -> argparse.ArgumentParser:
+    """The command line both reference trainers take: the seed, the model's size, and where to write
+    the final parameters (`final_params` says who writes what)."""
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--seed", type=int, default=0, help="model init and data seed")
+    parser.add_argument("--d-model", type=int, default=ModelConfig.d_model)
+    parser.add_argument("--layers", type=int, default=ModelConfig.layers)
+    parser.add_argument("--batch-per-host", type=int, default=ModelConfig.batch_per_host)
+    parser.add_argument("--seq-len", type=int, default=ModelConfig.seq_len)
+    parser.add_argument("--final-params", type=Path, metavar="PATH", help=final_params)
+    return parser
+
+
+def model_config(args: argparse.Namespace) -> ModelConfig:
+    """The model a trainer's parsed arguments ask for."""
+    return ModelConfig(
+        d_model=args.d_model, layers=args.layers, batch_per_host=args.batch_per_host, seq_len=args.seq_len
+    )
 
 
 def synthetic_batch(config: ModelConfig, seed: int, step: int, global_batch: int) -> np.ndarray:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -35,24 +34,15 @@ from slicekeeper.workload.jax_checkpoint import (
     gather,
     replica_agreement,
 )
+from slicekeeper.workload.reference.batches import model_config, trainer_arguments
 from slicekeeper.workload.reference.model import ShardedModel, host_mesh
-from slicekeeper.workload.reference.transformer import ModelConfig
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="slicekeeper.workload.reference.jax_trainer")
-    parser.add_argument("--seed", type=int, default=0, help="model init and data seed")
-    parser.add_argument("--d-model", type=int, default=ModelConfig.d_model)
-    parser.add_argument("--layers", type=int, default=ModelConfig.layers)
-    parser.add_argument("--batch-per-host", type=int, default=ModelConfig.batch_per_host)
-    parser.add_argument("--seq-len", type=int, default=ModelConfig.seq_len)
-    parser.add_argument(
-        "--final-params",
-        type=Path,
-        metavar="PATH",
-        help="after training, process 0 writes the final parameters here (.npz, keys = leaf paths)",
-    )
-    return parser.parse_args(argv)
+    return trainer_arguments(
+        "slicekeeper.workload.reference.jax_trainer",
+        final_params="after training, process 0 writes the final parameters here (.npz, keys = leaf paths)",
+    ).parse_args(argv)
 
 
 def configure_jax(cache_dir: str | None) -> None:
@@ -76,9 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     session = sk.connect()
     identity = session.identity
-    config = ModelConfig(
-        d_model=args.d_model, layers=args.layers, batch_per_host=args.batch_per_host, seq_len=args.seq_len
-    )
+    config = model_config(args)
 
     with session.phase(sk.Phase.TPU_INITIALIZATION):
         configure_jax(identity.compilation_cache)

@@ -20,7 +20,6 @@ import datetime
 import functools
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ import slicekeeper.workload as sk
 import torch
 import torch.distributed as dist
 from slicekeeper.workload.checkpointing import Checkpointer
-from slicekeeper.workload.reference.batches import ModelConfig
+from slicekeeper.workload.reference.batches import model_config, trainer_arguments
 from slicekeeper.workload.reference.torch_sharded import ShardedTorchModel, TrainState, host_mesh
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
@@ -36,19 +35,10 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="slicekeeper.workload.reference.torch_trainer")
-    parser.add_argument("--seed", type=int, default=0, help="model init and data seed")
-    parser.add_argument("--d-model", type=int, default=ModelConfig.d_model)
-    parser.add_argument("--layers", type=int, default=ModelConfig.layers)
-    parser.add_argument("--batch-per-host", type=int, default=ModelConfig.batch_per_host)
-    parser.add_argument("--seq-len", type=int, default=ModelConfig.seq_len)
-    parser.add_argument(
-        "--final-params",
-        type=Path,
-        metavar="PATH",
-        help="after training, rank 0 writes the final parameters here (.npz, keys = parameter names)",
-    )
-    return parser.parse_args(argv)
+    return trainer_arguments(
+        "slicekeeper.workload.reference.torch_trainer",
+        final_params="after training, rank 0 writes the final parameters here (.npz, keys = parameter names)",
+    ).parse_args(argv)
 
 
 def init_distributed(session: sk.Session) -> None:
@@ -60,9 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # one core per host, and a reduction order that never changes
     session = sk.connect()
     identity = session.identity
-    config = ModelConfig(
-        d_model=args.d_model, layers=args.layers, batch_per_host=args.batch_per_host, seq_len=args.seq_len
-    )
+    config = model_config(args)
 
     with session.phase(sk.Phase.TPU_INITIALIZATION):
         init_distributed(session)
