@@ -70,6 +70,14 @@ class WorkloadSpec(Model):
     args: list[str] = Field(default_factory=list)
     env: list[EnvVar] = Field(default_factory=list)
     steps: PositiveInt = Field(default=200, description="Training steps the workload runs in total.")
+    init_from: str | None = Field(
+        default=None,
+        min_length=1,
+        description="A checkpoint in the framework's standard format (an orbax checkpoint for JAX, a "
+        "torch.distributed.checkpoint directory for PyTorch; e.g. made by `slicekeeper checkpoint "
+        "export`) that the job starts from, resharded onto its mesh, at the step it holds, until the job "
+        "has a checkpoint of its own. A path every host can read, or a URI the framework reads.",
+    )
     standby: bool = Field(
         default=False,
         description="Keep a pre-started workload process (imports done) waiting to replace the workload "

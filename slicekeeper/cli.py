@@ -1,5 +1,6 @@
 """The `slicekeeper` command line: `run` a job locally, `render` its cluster manifests, `operator` to
-run the Kubernetes operator, `policy replay` a policy on an event log, `crd` to print the CRD.
+run the Kubernetes operator, `policy replay` a policy on an event log, `checkpoint list` and
+`checkpoint export` a run's checkpoints, `crd` to print the CRD.
 
 User errors (a bad file, a bad field, a bad flag) print one clear message and exit 2; a job that
 fails exits 1; success exits 0. The CLI is the one core module that dispatches to the runtimes.
@@ -37,6 +38,7 @@ def _run(args: argparse.Namespace) -> int:
         local = job.spec.local.model_copy(update=overrides)
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"local": local})})
     job = _with_checked_policy(job, job_file=args.file, policy=args.policy)
+    job = _with_checked_init_from(job, job_file=args.file, init_from=args.init_from)
     layout = local_layout(job)
     runtime = LocalRuntime(
         job,
@@ -72,6 +74,27 @@ def _with_checked_policy(job: TrainingJob, *, job_file: Path, policy: Path | Non
     ref = job.spec.policy.model_copy(update={"file": str(path) if path else None, "source": None})
     PolicyEngine.from_spec(ref)  # raises UserError for a file that cannot work
     return job.model_copy(update={"spec": job.spec.model_copy(update={"policy": ref})})
+
+
+def _with_checked_init_from(job: TrainingJob, *, job_file: Path, init_from: str | None) -> TrainingJob:
+    """The job with the checkpoint it starts from (`--init-from`, relative to the current directory,
+    else `spec.workload.initFrom`, relative to the TrainingJob file) made absolute, so that every host
+    reads the same one; a local checkpoint that is not there stops the run before it starts."""
+    field = "--init-from" if init_from is not None else "spec.workload.initFrom"
+    location = init_from if init_from is not None else job.spec.workload.init_from
+    if location is None:
+        return job
+    if "://" not in location:
+        base = Path.cwd() if init_from is not None else job_file.parent
+        path = (base / location).resolve()
+        if not path.is_dir():
+            raise UserError(
+                f"{field}: {path} is not a checkpoint directory "
+                "(make one with `slicekeeper checkpoint export`)"
+            )
+        location = str(path)
+    workload = job.spec.workload.model_copy(update={"init_from": location})
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"workload": workload})})
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -112,6 +135,18 @@ def _operator(args: argparse.Namespace) -> int:
     return run(args.namespace, args.server, args.liveness, args.metrics_port, log_level=args.log_level)
 
 
+def _checkpoint_list(args: argparse.Namespace) -> int:
+    from slicekeeper.checkpoint_cli import list_command
+
+    return list_command(args)
+
+
+def _checkpoint_export(args: argparse.Namespace) -> int:
+    from slicekeeper.checkpoint_cli import export_command
+
+    return export_command(args)
+
+
 def _crd(args: argparse.Namespace) -> int:
     from slicekeeper.crd import render_crd_yaml
 
@@ -147,6 +182,27 @@ def _slice_list(text: str) -> list[int]:
     return slices
 
 
+def _checkpoint_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    checkpoint = commands.add_parser(
+        "checkpoint", help="list a run's checkpoints, export one to orbax or DCP (docs/checkpointing.md)"
+    )
+    verbs = checkpoint.add_subparsers(dest="checkpoint_command", required=True)
+    where = "a run directory (with plan.json) or a persistent-tier location <uri>/<job>/<run>"
+    listing = verbs.add_parser("list", help="steps, tiers, hosts, sizes and integrity of a run's checkpoints")
+    listing.add_argument("source", help=where)
+    listing.add_argument(
+        "--no-verify", action="store_true", help="read the manifests only, do not re-hash every file"
+    )
+    listing.set_defaults(handler=_checkpoint_list)
+    export = verbs.add_parser(
+        "export", help="write one whole step as an orbax checkpoint (JAX) or a torch.distributed.checkpoint"
+    )
+    export.add_argument("source", help=where)
+    export.add_argument("destination", type=Path, help="the new checkpoint directory (must not exist)")
+    export.add_argument("--step", type=_whole, help="the step to export (default: the newest whole one)")
+    export.set_defaults(handler=_checkpoint_export)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="slicekeeper", description="Keep sharded TPU training jobs productive."
@@ -172,6 +228,12 @@ def parser() -> argparse.ArgumentParser:
         "--policy",
         type=Path,
         help="remediation policy file (overrides spec.policy.file; docs/policy.md)",
+    )
+    run.add_argument(
+        "--init-from",
+        metavar="CHECKPOINT",
+        help="start from this orbax (JAX) or torch.distributed.checkpoint (PyTorch) checkpoint, at the "
+        "step it holds (overrides spec.workload.initFrom; docs/checkpointing.md)",
     )
     run.add_argument(
         "--progress",
@@ -232,6 +294,7 @@ def parser() -> argparse.ArgumentParser:
         "0: a free port, logged)",
     )
     operator.set_defaults(handler=_operator)
+    _checkpoint_commands(commands)
     crd = commands.add_parser("crd", help="print the TrainingJob CustomResourceDefinition")
     crd.set_defaults(handler=_crd)
     return top

@@ -40,6 +40,8 @@ ENV_RESTORE_VERIFIED: Final = "SLICEKEEPER_RESTORE_VERIFIED"
 """1 when the supervisor stages and verifies this host's shard of every restore step in the local tier
 before the workload starts: the workload need not hash it again."""
 ENV_TOTAL_STEPS: Final = "SLICEKEEPER_TOTAL_STEPS"
+ENV_INIT_FROM: Final = "SLICEKEEPER_INIT_FROM"
+"""spec.workload.initFrom: a standard-format checkpoint to start from when there is no restore step."""
 ENV_CHECKPOINT_DIR: Final = "SLICEKEEPER_CHECKPOINT_DIR"
 """This host's local checkpoint tier directory."""
 ENV_CHECKPOINT_INTERVAL: Final = "SLICEKEEPER_CHECKPOINT_INTERVAL"

@@ -6,12 +6,19 @@ supervisor agree on it without importing each other):
 
     step-00000045/            committed: the manifest exists and the folder has its final name
       00000.npy ...           one file per named shard (the workload's choice of encoding)
-      manifest.json           {"step": 45, "shards": {name: {"file", "sha256", "size"}}}, written last
+      manifest.json           {"step": 45, "shards": {name: {"file", "sha256", "size"}},
+                               "layout": {...}}, written last
     step-00000050.tmp/        a save under way or cut short: never listed, never restored
     step-00000040.corrupt/    found not to match its manifest: set aside, never listed again
 
 A folder is committed by writing its manifest last and renaming it from `.tmp` to its final name,
 so a reader sees a whole step or none. Verification re-hashes every file against the manifest.
+
+A shard's name is `<leaf>/<position>`: the leaf of the training state (`leaf0003`) and the part of
+the global array the file holds (`0-64_0-128`, rows 0-63 and columns 0-127; `scalar` for a 0-d leaf).
+The optional layout says what each leaf is: its path in the state (`params/layers/0/qkv`), global
+shape and dtype, and the framework that wrote it. It is what lets `slicekeeper checkpoint export`
+put the hosts' shards back together into whole arrays with their names, with no framework code.
 """
 
 from __future__ import annotations
@@ -46,9 +53,55 @@ class ShardFile:
 
 
 @dataclass(frozen=True)
+class LeafLayout:
+    key: str
+    """The leaf's part of every shard name (`leaf0003`)."""
+    path: str
+    """Where the leaf lives in the training state, `/`-separated (`params/layers/0/qkv`)."""
+    shape: tuple[int, ...]
+    """The global array's shape (a shard holds a part of it)."""
+    dtype: str
+    """numpy's name for its element type (`float32`)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the leaves of a checkpoint are: the framework that wrote it and each leaf's path."""
+
+    framework: str
+    """`jax` or `torch`: which standard format an export writes."""
+    leaves: tuple[LeafLayout, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        leaves = {
+            leaf.key: {"path": leaf.path, "shape": list(leaf.shape), "dtype": leaf.dtype}
+            for leaf in self.leaves
+        }
+        return {"framework": self.framework, "leaves": leaves}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> Layout:
+        """Raises ValueError, KeyError, TypeError or AttributeError on malformed data."""
+        leaves = data["leaves"]
+        if not isinstance(leaves, dict):
+            raise TypeError("layout leaves must be an object")
+        return cls(
+            str(data["framework"]),
+            tuple(
+                LeafLayout(
+                    str(key), str(entry["path"]), tuple(int(n) for n in entry["shape"]), str(entry["dtype"])
+                )
+                for key, entry in leaves.items()
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class Manifest:
     step: int
     shards: tuple[ShardFile, ...]
+    layout: Layout | None = None
+    """What the leaves are, when the writer said (the SDK's checkpointers do)."""
 
     @property
     def total_bytes(self) -> int:
@@ -56,7 +109,10 @@ class Manifest:
 
     def to_json(self) -> str:
         shards = {s.name: {"file": s.file, "sha256": s.sha256, "size": s.size} for s in self.shards}
-        return json.dumps({"step": self.step, "shards": shards}, indent=1)
+        data: dict[str, object] = {"step": self.step, "shards": shards}
+        if self.layout is not None:
+            data["layout"] = self.layout.to_dict()
+        return json.dumps(data, indent=1)
 
     @classmethod
     def from_json(cls, text: str, where: str) -> Manifest:
@@ -66,7 +122,8 @@ class Manifest:
                 ShardFile(str(name), str(entry["file"]), str(entry["sha256"]), int(entry["size"]))
                 for name, entry in data["shards"].items()
             )
-            manifest = cls(int(data["step"]), shards)
+            layout = Layout.from_dict(data["layout"]) if data.get("layout") is not None else None
+            manifest = cls(int(data["step"]), shards, layout)
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as error:
             # OverflowError: a size of Infinity; RecursionError: JSON nested too deeply.
             raise CorruptCheckpoint(f"{where}: unreadable manifest ({error!r})") from None

@@ -286,6 +286,13 @@ class PersistentTier:
             self._fresh(fs)
             return [s for s in self._step_folders(fs) if fs.exists(f"{self._step_path(s)}/{COMMITTED}")]
 
+    def manifest(self, host: int, step: int) -> Manifest:
+        """The manifest of host's shard of `step` (what it holds and its checksums), not verified."""
+        source = self._host_path(step, host)
+        with self._errors(f"reading {self._where(source)}") as fs:
+            self._fresh(fs)
+            return self._read_manifest(fs, source)
+
     def download(self, host: int, step: int, destination: Path) -> int:
         """Copy host's shard of committed `step` to destination/step-X (via step-X.tmp), verified.
 

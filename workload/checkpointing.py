@@ -17,6 +17,7 @@ from slicekeeper.workload.local_tier import CorruptCheckpoint, LocalTier, Shards
 from slicekeeper.workload.sdk import Session
 
 from slicekeeper.protocol import Phase
+from slicekeeper.shard_folder import Layout
 
 
 class Checkpointer:
@@ -26,6 +27,7 @@ class Checkpointer:
         directory: str | Path | None = None,
         interval: int | None = None,
         keep: int | None = None,
+        layout: Layout | None = None,
     ) -> None:
         identity = session.identity
         self._session = session
@@ -33,6 +35,9 @@ class Checkpointer:
         folder = directory or identity.checkpoint_dir or f"/tmp/slicekeeper-standalone/host-{identity.host}"
         self.tier = LocalTier(folder, keep or identity.checkpoint_keep)
         self._pending: list[tuple[int, Future[None]]] = []
+        self.layout = layout
+        """What the saved leaves are (kept in every step's manifest): what lets `slicekeeper
+        checkpoint export` name them. Without it the shards are saved and restored all the same."""
 
     def restore(self, step: int | None) -> Shards | None:
         """This host's verified shards of `step`, or None for a fresh start (step None)."""
@@ -65,7 +70,7 @@ class Checkpointer:
             return
         with self._session.phase(Phase.CHECKPOINT_SAVE):
             shards = snapshot()  # the blocking part of a save
-        self._pending.append((step, self.tier.save_async(step, shards)))
+        self._pending.append((step, self.tier.save_async(step, shards, self.layout)))
 
     def poll(self) -> None:
         """Report every finished save; a failed one is reported as failed, never as committed."""

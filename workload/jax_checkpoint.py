@@ -26,6 +26,8 @@ from slicekeeper.workload.checkpointing import Checkpointer
 from slicekeeper.workload.local_tier import Shards
 from slicekeeper.workload.sdk import Session
 
+from slicekeeper.shard_folder import Layout, LeafLayout
+
 
 def _index_key(index: tuple[slice, ...], shape: tuple[int, ...]) -> str:
     """A stable name for a shard's position in the global array, e.g. `0-256_64-128`."""
@@ -48,6 +50,23 @@ def host_shards(tree: Any) -> Shards:
             if name not in shards:
                 shards[name] = np.array(shard.data, copy=True)
     return shards
+
+
+def layout_of(tree: Any) -> Layout:
+    """What `host_shards(tree)`'s leaves are: each one's path in the tree (`params/layers/0/qkv`),
+    global shape and dtype, kept in every manifest so an export can name the arrays."""
+    return Layout(
+        "jax",
+        tuple(
+            LeafLayout(
+                f"leaf{number:04d}",
+                jax.tree_util.keystr(path, simple=True, separator="/"),
+                tuple(leaf.shape),
+                np.dtype(leaf.dtype).name,
+            )
+            for number, (path, leaf) in enumerate(jax.tree_util.tree_flatten_with_path(tree)[0])
+        ),
+    )
 
 
 class MissingShard(LookupError):
@@ -163,6 +182,8 @@ class JaxCheckpointer:
         return state
 
     def maybe_save(self, step: int, state: Any) -> None:
+        if self._checkpointer.layout is None:
+            self._checkpointer.layout = layout_of(state)
         self._checkpointer.maybe_save(step, lambda: host_shards(state))
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from slicekeeper import shard_folder
-from slicekeeper.shard_folder import CorruptCheckpoint, Manifest, ShardFile
+from slicekeeper.shard_folder import CorruptCheckpoint, Layout, Manifest, ShardFile
 
 Shards = dict[str, np.ndarray]
 """Flat mapping of a shard's name (leaf and position) to its data."""
@@ -43,11 +43,12 @@ class LocalTier:
     def committed_steps(self) -> list[int]:
         return shard_folder.committed_steps(self.directory)
 
-    def save_async(self, step: int, shards: Shards) -> Future[None]:
-        """Write `shards` for `step` in the background; the future fails if the save did."""
-        return self._writer.submit(self._write, step, shards)
+    def save_async(self, step: int, shards: Shards, layout: Layout | None = None) -> Future[None]:
+        """Write `shards` for `step` in the background (`layout`: what its leaves are, kept in the
+        manifest); the future fails if the save did."""
+        return self._writer.submit(self._write, step, shards, layout)
 
-    def _write(self, step: int, shards: Shards) -> None:
+    def _write(self, step: int, shards: Shards, layout: Layout | None) -> None:
         tmp = shard_folder.tmp_dir(self.directory, step)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -59,7 +60,7 @@ class LocalTier:
                 out.flush()
                 os.fsync(out.fileno())
             entries.append(ShardFile(name, file.name, shard_folder.sha256_file(file), file.stat().st_size))
-        shard_folder.write_manifest(tmp, Manifest(step, tuple(entries)))
+        shard_folder.write_manifest(tmp, Manifest(step, tuple(entries), layout))
         shard_folder.commit(tmp, self._step_dir(step))
         shard_folder.retain(self.directory, self._keep)
 

@@ -47,6 +47,9 @@ class HostIdentity:
     checkpoint_interval: int
     checkpoint_keep: int
     compilation_cache: str | None
+    init_from: str | None = None
+    """`spec.workload.initFrom`: where a fresh start (no `restore_step`) takes its state and step from,
+    a checkpoint in the framework's standard format (orbax_format, dcp_format)."""
     slow: tuple[float, int] | None = None
     """Chaos `slow` on this machine: (factor, first step); see protocol.ENV_CHAOS_SLOW."""
     own_work_core: int | None = None
@@ -74,6 +77,7 @@ class HostIdentity:
             checkpoint_interval=int(env.get(protocol.ENV_CHECKPOINT_INTERVAL, "10")),
             checkpoint_keep=int(env.get(protocol.ENV_CHECKPOINT_KEEP, "3")),
             compilation_cache=env.get(protocol.ENV_COMPILATION_CACHE) or None,
+            init_from=env.get(protocol.ENV_INIT_FROM) or None,
             slow=_slow(env.get(protocol.ENV_CHAOS_SLOW, "")),
             own_work_core=int(core) if (core := env.get(protocol.ENV_OWN_WORK_CORE)) else None,
         )

@@ -113,6 +113,8 @@ def workload_env(
     )
     if plan.compilation_cache:
         env[protocol.ENV_COMPILATION_CACHE] = plan.compilation_cache
+    if spec.workload.init_from:
+        env[protocol.ENV_INIT_FROM] = spec.workload.init_from
     if plan.local:
         # Its own temporary directory: the run's directory may be in /tmp, whose new entries a
         # confined workload cannot read (supervisor.host.confinement).

@@ -11,7 +11,9 @@ host's checkpoint holds only its own shard. Elastic: the JAX world is the hosts 
 (`num_hosts`, rank `process_id`), whole slices, which after a scale-down are fewer than the job's;
 the global batch stays sized for the full job (`full_hosts`) and each host accumulates the chunks
 of the missing ones (model.ChunkPlan). Each step marks where this host's own work ends
-(`record.work_done()`) before the cross-host reduction.
+(`record.work_done()`) before the cross-host reduction. A job with `spec.workload.initFrom` starts,
+until it has a checkpoint of its own, from that orbax checkpoint's state and step, resharded onto
+its mesh.
 
 At the end every host's own shards are compared with its twins' in the other slices: replicas that
 no longer agree (a wrong shard restored somewhere) turn the fingerprint into `diverged:...`, which
@@ -28,6 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 import slicekeeper.workload as sk
+from slicekeeper.workload import orbax_format
 from slicekeeper.workload.jax_checkpoint import (
     JaxCheckpointer,
     fingerprint_gathered,
@@ -79,12 +82,17 @@ def main(argv: list[str] | None = None) -> int:
         model = ShardedModel(config, mesh, full_hosts=identity.full_hosts)
         checkpointer = JaxCheckpointer(session)
     state = checkpointer.restore(identity.restore_step, model.abstract_state())
-    if state is None:
+    if state is not None:
+        first = (identity.restore_step or 0) + 1
+    elif identity.init_from:  # no checkpoint of its own yet: start where the given one ends
+        with session.phase(sk.Phase.CHECKPOINT_RESTORE):
+            state, step = orbax_format.restore_onto(identity.init_from, model.abstract_state())
+            jax.block_until_ready(state)
+        first = step + 1
+    else:
         with session.phase(sk.Phase.TRAINING_PREP):
             state = model.init_state(args.seed)
         first = 1
-    else:
-        first = (identity.restore_step or 0) + 1
 
     with session.phase(sk.Phase.PROGRAM_STARTUP):
         model.compile()

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
+from slicekeeper.workload import dcp_format
 from slicekeeper.workload.local_tier import Shards
 from slicekeeper.workload.reference.batches import ChunkPlan, ModelConfig, synthetic_batch
 from slicekeeper.workload.reference.torch_model import (
@@ -42,7 +43,12 @@ from slicekeeper.workload.reference.torch_model import (
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from slicekeeper.shard_folder import Layout, LeafLayout
+
 AXES = ("replica", "fsdp")
+LEAF_PATHS = {"param": "model/", "mu": "optim/mu/", "nu": "optim/nu/"}
+"""Where each kind of leaf lives in an exported checkpoint (a parameter's name follows)."""
+COUNT_PATH = "optim/count"
 
 
 class MissingShard(LookupError):
@@ -174,6 +180,38 @@ class ShardedTorchModel:
     def _leaves(self) -> list[tuple[str, str]]:
         """(leaf name, what it is) in checkpoint order: parameters, first moments, second moments."""
         return [(name, kind) for kind in ("param", "mu", "nu") for name in self.shapes]
+
+    def layout(self) -> Layout:
+        """What `host_shards`'s leaves are, for the manifests: `model/<name>`, `optim/mu/<name>`,
+        `optim/nu/<name>` and `optim/count`, the keys of a `slicekeeper checkpoint export`."""
+        leaves = [
+            LeafLayout(f"leaf{number:04d}", LEAF_PATHS[kind] + name, self.shapes[name], "float32")
+            for number, (name, kind) in enumerate(self._leaves())
+        ]
+        leaves.append(LeafLayout(f"leaf{len(leaves):04d}", COUNT_PATH, (), "int64"))
+        return Layout("torch", tuple(leaves))
+
+    def load_exported(self, location: str) -> tuple[TrainState, int]:
+        """This host's rows and the step from a DCP checkpoint (`slicekeeper checkpoint export`'s, or
+        any with the same keys), read as DTensors on this job's mesh: DCP reads each host's rows only,
+        whatever world size wrote it. A collective: every host calls it."""
+        shard = {
+            name: torch.zeros(stop - start, *self.shapes[name][1:])
+            for name, (start, stop) in self.rows.items()
+        }
+        state = TrainState(shard, AdamWShard.zeros_like(shard))
+        sources = {"param": state.shard, "mu": state.opt.mu, "nu": state.opt.nu}
+        count = torch.zeros((), dtype=torch.int64)
+        tensors: dict[str, torch.Tensor] = {
+            LEAF_PATHS[kind] + name: DTensor.from_local(
+                sources[kind][name], self.mesh, [Replicate(), Shard(0)]
+            )
+            for name, kind in self._leaves()
+        }
+        tensors[COUNT_PATH] = count
+        step = dcp_format.load_into(location, tensors)
+        state.opt.count = int(count)
+        return state, step
 
     def host_shards(self, state: TrainState) -> Shards:
         """{`leafNNNN/position`: numpy copy} of this host's rows, and `count` as a replicated scalar."""

@@ -4,7 +4,8 @@ The JAX trainer's twin (jax_trainer.py), for the PyTorch users: the same model, 
 (torch_sharded.py), the same public SDK (phases, every step bracketed, this host's shards saved to the
 local tier through the SDK's Checkpointer, so the peer and persistent tiers and every restore work
 unchanged), and the same end: every host's rows compared with its twins', the parameters'
-fingerprint reported.
+fingerprint reported. A job with `spec.workload.initFrom` starts, until it has a checkpoint of its
+own, from that torch.distributed.checkpoint's state and step, read onto this job's mesh.
 
 The world is this generation's hosts (`num_hosts`, rank `process_id`), joined with torch.distributed
 at the coordinator the supervisor names for the generation (rank 0 serves the TCP store there, as
@@ -57,16 +58,20 @@ def main(argv: list[str] | None = None) -> int:
 
     with session.phase(sk.Phase.TRAINING_PREP):
         model = ShardedTorchModel(config, host_mesh(identity.hosts_per_slice), full_hosts=identity.full_hosts)
-        checkpointer = Checkpointer(session)
+        checkpointer = Checkpointer(session, layout=model.layout())
     shards = checkpointer.restore(identity.restore_step)
     state: TrainState
-    if shards is None:
+    if shards is not None:
+        state = model.from_host_shards(shards)
+        first = (identity.restore_step or 0) + 1
+    elif identity.init_from:  # no checkpoint of its own yet: start where the given one ends
+        with session.phase(sk.Phase.CHECKPOINT_RESTORE):
+            state, step = model.load_exported(identity.init_from)
+        first = step + 1
+    else:
         with session.phase(sk.Phase.TRAINING_PREP):
             state = model.init_state(args.seed)
         first = 1
-    else:
-        state = model.from_host_shards(shards)
-        first = (identity.restore_step or 0) + 1
 
     with session.phase(sk.Phase.PROGRAM_STARTUP):
         params = model.gather(state.shard)  # what this host computes on: gathered over its slice
