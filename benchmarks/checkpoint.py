@@ -49,6 +49,7 @@ shows the median, min and max over runs.
 
     .venv/bin/python benchmarks/checkpoint.py [--runs 1] [--steps 80] [--fault-step 50] [--json out.json]
         [--scenario lose-peer ...]   (only these scenarios; default all six)
+        [--framework jax|torch]      (the JAX example job, the default, or the PyTorch one)
 
 Runs, event logs and the table are read and written with benchmarks/harness.py (imported from this
 directory, as the other benchmarks do); the scenarios are in checkpoint_scenarios.py, the figures of a
@@ -75,7 +76,7 @@ from checkpoint_figures import RunFigures, analyse, progress_line
 from checkpoint_scenarios import CHECKPOINT_INTERVAL, SCENARIOS, Scenario, write_job
 from checkpoint_table import build_rows
 from harness import (
-    DEFAULT_JOB,
+    FRAMEWORK_JOBS,
     RunFailed,
     finish,
     format_table,
@@ -152,8 +153,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         help="step at which the kill / lose faults fire (default: 50, or steps - 10 if smaller)",
     )
+    parser.add_argument("--job", type=Path, help="TrainingJob YAML (default: the example of --framework)")
     parser.add_argument(
-        "--job", type=Path, default=DEFAULT_JOB, help="TrainingJob YAML (default: the example)"
+        "--framework",
+        choices=sorted(FRAMEWORK_JOBS),
+        default="jax",
+        help="the example job to measure: the JAX trainer (default) or the PyTorch one",
     )
     parser.add_argument("--json", type=Path, help="write the raw figures of every run and the summary here")
     parser.add_argument(
@@ -170,6 +175,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--keep", action="store_true", help="keep every run's directory and log (default: only failed runs')"
     )
     args = parser.parse_args(argv)
+    args.job = args.job or FRAMEWORK_JOBS[args.framework]
     if args.runs < 1 or args.steps < 1:
         parser.error("--runs and --steps must be at least 1")
     keys = args.scenarios or [scenario.key for scenario in SCENARIOS]

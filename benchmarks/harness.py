@@ -32,6 +32,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_JOB = REPO / "examples" / "trainingjob.yaml"
+FRAMEWORK_JOBS = {"jax": DEFAULT_JOB, "torch": REPO / "examples" / "trainingjob-torch.yaml"}
+"""The example job of each reference trainer."""
 STOP_GRACE_SECONDS = 20.0
 """After a timeout or Ctrl-C: how long `slicekeeper run` gets to stop its hosts before being killed."""
 

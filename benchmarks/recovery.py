@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
-    DEFAULT_JOB,
+    FRAMEWORK_JOBS,
     Row,
     RunFailed,
     checkpoint_save_seconds,
@@ -70,7 +70,6 @@ CRASH_TARGET_SECONDS = 1.0
 HANG_TARGET_FACTOR = 3.0
 HANG_TARGET_SLACK_SECONDS = 2.0
 RECOVERY_TARGET_SECONDS = 10.0
-FRAMEWORK_JOBS = {"jax": DEFAULT_JOB, "torch": DEFAULT_JOB.parent / "trainingjob-torch.yaml"}
 TORCH_WITHIN = 0.20
 """The PyTorch job's recovery may take at most this much longer than the JAX job's (medians)."""
 

@@ -6,7 +6,9 @@ distributed behaviour (every fault kind, scaling) is tests/chaos/test_torch_reco
 
 from __future__ import annotations
 
+import sys
 import tempfile
+import types
 from collections.abc import Iterator
 
 import jax.numpy as jnp
@@ -15,7 +17,7 @@ import optax
 import pytest
 import torch
 import torch.distributed as dist
-from slicekeeper.workload.reference import torch_model
+from slicekeeper.workload.reference import torch_model, torch_trainer
 from slicekeeper.workload.reference.batches import ModelConfig
 from slicekeeper.workload.reference.torch_sharded import MissingShard, ShardedTorchModel, host_mesh
 from slicekeeper.workload.torch_checkpoint import load_state_shards, state_shards
@@ -128,3 +130,19 @@ def test_a_ddp_loops_model_and_optimizer_state_round_trip_through_shards():
         for key, value in state.items():
             assert torch.equal(value, moments[index][key]), (index, key)
     assert all(name.startswith(("model/", "optimizer/")) for name in saved)
+
+
+def test_the_tpu_path_is_taken_only_on_a_tpu_host_and_never_falls_back_silently(monkeypatch):
+    """torch_xla is imported only with PJRT_DEVICE=TPU; there, without it, the trainer stops with the
+    reason instead of training on the CPU. With a stand-in torch_xla the TPU path is chosen."""
+    monkeypatch.delenv("PJRT_DEVICE", raising=False)
+    assert torch_trainer.xla_runtime() is None
+    monkeypatch.setenv("PJRT_DEVICE", "TPU")
+    monkeypatch.setitem(sys.modules, "torch_xla", None)  # not importable
+    with pytest.raises(SystemExit, match="PJRT_DEVICE=TPU, but torch_xla cannot be imported"):
+        torch_trainer.xla_runtime()
+    stand_in = types.ModuleType("torch_xla")
+    for name in ("torch_xla.distributed", "torch_xla.distributed.xla_backend"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "torch_xla", stand_in)
+    assert torch_trainer.xla_runtime() is stand_in

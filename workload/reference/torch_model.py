@@ -53,7 +53,7 @@ def forward(config: ModelConfig, params: Params, tokens: torch.Tensor) -> torch.
     batch, seq = tokens.shape
     head_dim = config.d_model // config.heads
     x = params["embed"][tokens] + params["pos"][:seq]
-    causal = torch.tril(torch.ones(seq, seq, dtype=torch.bool))
+    causal = torch.tril(torch.ones(seq, seq, dtype=torch.bool, device=tokens.device))
     for layer in range(config.layers):
         p = {name: params[f"layers/{layer}/{name}"] for name in ("qkv", "out", "w1", "w2", "ln1", "ln2")}
         h = _norm(x, p["ln1"])

@@ -71,12 +71,13 @@ class LocalGrads:
     slots: torch.Tensor
 
 
-def host_mesh(hosts_per_slice: int) -> DeviceMesh:
-    """The (replica, fsdp) mesh over this generation's processes, ranked slice by slice."""
+def host_mesh(hosts_per_slice: int, device_type: str = "cpu") -> DeviceMesh:
+    """The (replica, fsdp) mesh over this generation's processes, ranked slice by slice (`device_type`:
+    `cpu` here, `xla` on a TPU host)."""
     world = dist.get_world_size()
     if world % hosts_per_slice:
         raise ValueError(f"{world} hosts do not make whole slices of {hosts_per_slice} hosts")
-    return init_device_mesh("cpu", (world // hosts_per_slice, hosts_per_slice), mesh_dim_names=AXES)
+    return init_device_mesh(device_type, (world // hosts_per_slice, hosts_per_slice), mesh_dim_names=AXES)
 
 
 def _position_key(start: int, stop: int, shape: tuple[int, ...]) -> str:
@@ -88,11 +89,15 @@ class ShardedTorchModel:
     """The model on a (replica, fsdp) mesh: each host's rows, the two phases of a step, checkpoint
     shards named by position, and the whole parameters for the fingerprint."""
 
-    def __init__(self, config: ModelConfig, mesh: DeviceMesh, *, full_hosts: int) -> None:
+    def __init__(
+        self, config: ModelConfig, mesh: DeviceMesh, *, full_hosts: int, device: torch.device | None = None
+    ) -> None:
         if mesh.mesh_dim_names != AXES:
             raise ValueError(f"the mesh's axes must be {AXES}, not {mesh.mesh_dim_names}")
         self.config = config
         self.mesh = mesh
+        self.device = device or torch.device("cpu")
+        """Where the tensors live: the CPU here, the TPU's XLA device with torch_xla."""
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.parts = mesh.size(1)
         self.position = mesh.get_local_rank("fsdp")
@@ -113,7 +118,9 @@ class ShardedTorchModel:
     # --- state ---------------------------------------------------------------------------------
     def init_state(self, seed: int) -> TrainState:
         full = init_params(self.config, seed)
-        shard = {name: full[name][start:stop].clone() for name, (start, stop) in self.rows.items()}
+        shard = {
+            name: full[name][start:stop].clone().to(self.device) for name, (start, stop) in self.rows.items()
+        }
         return TrainState(shard, AdamWShard.zeros_like(shard))
 
     def gather(self, shard: Params) -> Params:
@@ -135,9 +142,10 @@ class ShardedTorchModel:
         """Phase one: this host's chunks of the step's global batch, each chunk's gradient and loss
         on the whole parameters. No communication."""
         per_chunk = self.config.batch_per_host
-        rows = torch.from_numpy(synthetic_batch(self.config, seed, step, self.plan.chunks * per_chunk)).long()
+        batch = synthetic_batch(self.config, seed, step, self.plan.chunks * per_chunk)
+        rows = torch.from_numpy(batch).long().to(self.device)
         width = sum(self.sizes.values()) + 1
-        slots = torch.zeros(self.plan.micro_steps, width)
+        slots = torch.zeros(self.plan.micro_steps, width, device=self.device)
         for micro_step in range(self.plan.micro_steps):
             chunk = self.plan.chunk_at(micro_step, self.rank)
             if chunk is None:
@@ -153,10 +161,10 @@ class ShardedTorchModel:
         """Phase two: every chunk's gradient from every host, summed in chunk order, averaged; each
         host updates its own rows; the new parameters gathered for the next step. Returns the new
         state, the whole parameters and the step's mean loss."""
-        gathered = torch.empty(self.world * local.slots.shape[0], local.slots.shape[1])
+        gathered = torch.empty(self.world * local.slots.shape[0], local.slots.shape[1], device=self.device)
         dist.all_gather_single(gathered, local.slots)  # host after host, along the first axis
         every = gathered.reshape(self.world, *local.slots.shape)
-        total = torch.zeros(local.slots.shape[1])
+        total = torch.zeros(local.slots.shape[1], device=self.device)
         for chunk in range(self.plan.chunks):
             micro_step, host = self.plan.slot(chunk)
             total = total + every[host, micro_step]
@@ -196,7 +204,7 @@ class ShardedTorchModel:
         any with the same keys), read as DTensors on this job's mesh: DCP reads each host's rows only,
         whatever world size wrote it. A collective: every host calls it."""
         shard = {
-            name: torch.zeros(stop - start, *self.shapes[name][1:])
+            name: torch.zeros(stop - start, *self.shapes[name][1:], device=self.device)
             for name, (start, stop) in self.rows.items()
         }
         state = TrainState(shard, AdamWShard.zeros_like(shard))
@@ -220,7 +228,7 @@ class ShardedTorchModel:
         for number, (name, kind) in enumerate(self._leaves()):
             start, stop = self.rows[name]
             shards[f"leaf{number:04d}/{_position_key(start, stop, self.shapes[name])}"] = (
-                sources[kind][name].numpy().copy()
+                sources[kind][name].cpu().numpy().copy()
             )
         shards[f"leaf{len(self._leaves()):04d}/scalar"] = np.array(state.opt.count, np.int64)
         return shards
@@ -243,7 +251,7 @@ class ShardedTorchModel:
             start, stop = self.rows[name]
             values[kind][name] = torch.from_numpy(
                 np.array(read(f"leaf{number:04d}/{_position_key(start, stop, self.shapes[name])}"))
-            )
+            ).to(self.device)
         count = int(read(f"leaf{len(self._leaves()):04d}/scalar"))
         return TrainState(values["param"], AdamWShard(values["mu"], values["nu"], count))
 
@@ -252,7 +260,7 @@ class ShardedTorchModel:
         """sha256 over every whole parameter's shape, dtype and bytes, in order (as the JAX trainer's)."""
         digest = hashlib.sha256()
         for name in self.shapes:
-            whole = np.ascontiguousarray(params[name].numpy())
+            whole = np.ascontiguousarray(params[name].cpu().numpy())
             digest.update(f"{whole.shape}{whole.dtype}".encode())
             digest.update(whole.tobytes())
         return digest.hexdigest()
@@ -265,9 +273,9 @@ class ShardedTorchModel:
         for name, shard in sorted(self.host_shards(state).items()):
             digest.update(f"{name}{shard.shape}{shard.dtype}".encode())
             digest.update(np.ascontiguousarray(shard).tobytes())
-        mine = torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8)
-        every = torch.empty(self.world * mine.numel(), dtype=torch.uint8)
+        mine = torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8).to(self.device)
+        every = torch.empty(self.world * mine.numel(), dtype=torch.uint8, device=self.device)
         dist.all_gather_single(every, mine)
         slices = every.reshape(-1, self.parts, mine.numel())
         diverged = tuple(i for i in range(1, len(slices)) if not torch.equal(slices[i], slices[0]))
-        return diverged, hashlib.sha256(every.numpy().tobytes()).hexdigest()
+        return diverged, hashlib.sha256(every.cpu().numpy().tobytes()).hexdigest()

@@ -9,9 +9,12 @@ own, from that torch.distributed.checkpoint's state and step, read onto this job
 
 The world is this generation's hosts (`num_hosts`, rank `process_id`), joined with torch.distributed
 at the coordinator the supervisor names for the generation (rank 0 serves the TCP store there, as
-JAX's process 0 serves its coordinator). Its tensors live on the CPU and its collectives go over
-gloo: the TPU path (tensors on XLA devices, torch_xla's `xla` process group) is not written yet
-(docs/workload-sdk.md).
+JAX's process 0 serves its coordinator). Here its tensors live on the CPU and its collectives go over
+gloo. On a TPU host (`PJRT_DEVICE=TPU`, as GKE's TPU images set it) it trains on the XLA device with
+torch_xla: the `xla` process group (its world from the TPU runtime's environment, which the
+supervisor sets per generation), the mesh's device type `xla`, each step's graph executed at its
+end (`torch_xla.sync()`). That path is written but was never run: there is no TPU here and no
+torch_xla wheel for this torch (docs/workload-sdk.md says what that leaves untested).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import datetime
 import functools
 import os
 import sys
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -42,8 +46,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ).parse_args(argv)
 
 
-def init_distributed(session: sk.Session) -> None:
+def xla_runtime() -> ModuleType | None:
+    """torch_xla, when this host trains on a TPU (`PJRT_DEVICE=TPU`); None on the CPU.
+
+    On a TPU host without torch_xla the trainer stops with the reason, rather than train on the CPU."""
+    if os.environ.get("PJRT_DEVICE", "").upper() != "TPU":
+        return None
+    try:
+        import torch_xla
+        import torch_xla.distributed.xla_backend  # registers the `xla` process-group backend
+    except ImportError as error:
+        raise SystemExit(
+            f"slicekeeper torch trainer: PJRT_DEVICE=TPU, but torch_xla cannot be imported ({error}); "
+            f"install the torch_xla release matching torch {torch.__version__}, or unset PJRT_DEVICE to "
+            "train on the CPU"
+        ) from None
+    runtime: ModuleType = torch_xla
+    return runtime
+
+
+def init_distributed(session: sk.Session, xla: ModuleType | None) -> torch.device:
+    """Join this generation's world; the device the tensors live on."""
+    if xla is not None:
+        # The TPU runtime knows the world (worker id and hostnames, slices): PJRT's rendezvous.
+        dist.init_process_group("xla", init_method="xla://", timeout=COLLECTIVE_TIMEOUT)
+        return torch.device(xla.device())
     dist.init_process_group("gloo", timeout=COLLECTIVE_TIMEOUT, **session.torch_distributed_args())
+    return torch.device("cpu")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,11 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     identity = session.identity
     config = model_config(args)
 
+    xla = xla_runtime()
     with session.phase(sk.Phase.TPU_INITIALIZATION):
-        init_distributed(session)
+        device = init_distributed(session, xla)
 
     with session.phase(sk.Phase.TRAINING_PREP):
-        model = ShardedTorchModel(config, host_mesh(identity.hosts_per_slice), full_hosts=identity.full_hosts)
+        mesh = host_mesh(identity.hosts_per_slice, device.type)
+        model = ShardedTorchModel(config, mesh, full_hosts=identity.full_hosts, device=device)
         checkpointer = Checkpointer(session, layout=model.layout())
     shards = checkpointer.restore(identity.restore_step)
     state: TrainState
@@ -81,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             local = model.local_grads(params, args.seed, step)
             record.work_done()  # what follows is the reduction: waiting for the slowest host
             state, params, record.loss = model.apply(state, local)
+            if xla is not None:
+                xla.sync()  # run the step's graph now: the step ends when its work does
         checkpointer.maybe_save(step, functools.partial(model.host_shards, state))
 
     with session.phase(sk.Phase.TEARDOWN):
@@ -98,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             fingerprint = f"diverged:{slices}:{digest}"  # the same on every host
         if args.final_params is not None and dist.get_rank() == 0:
             with args.final_params.open("wb") as file:
-                final: dict[str, Any] = {name: value.numpy() for name, value in params.items()}
+                final: dict[str, Any] = {name: value.cpu().numpy() for name, value in params.items()}
                 np.savez(file, **final)
     session.done(identity.total_steps, fingerprint)
     session.close()
