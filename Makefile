@@ -75,6 +75,7 @@ bench: install
 	$(BIN)/python benchmarks/checkpoint.py
 	$(BIN)/python benchmarks/policy.py
 	$(BIN)/python benchmarks/layout.py
+	$(BIN)/python benchmarks/export.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
