@@ -140,9 +140,13 @@ def export_command(args: argparse.Namespace) -> int:
             )
         say(f"step {summary.step} ({framework}): putting {len(folders)} shard folders together")
         os.environ.setdefault("JAX_PLATFORMS", "cpu")  # an export must never take a TPU from training
-        from slicekeeper.workload.global_arrays import assemble
-
-        checkpoint = assemble(folders)
+        try:
+            from slicekeeper.workload.global_arrays import assemble
+        except ImportError as error:  # numpy comes with either framework's extra
+            raise UserError(
+                f"exporting needs the framework's extra: pip install 'slicekeeper[{framework}]' ({error})"
+            ) from None
+        checkpoint = assemble(folders, verified=True)  # every copy was just checked
         partial = destination.with_name(f"{destination.name}.partial-{os.getpid()}")
         say(f"writing {FORMATS[framework]} to {destination}")
         try:

@@ -72,11 +72,12 @@ def position(name: str, shape: tuple[int, ...]) -> tuple[slice, ...]:
     return index
 
 
-def assemble(folders: Iterable[Path]) -> GlobalCheckpoint:
-    """The whole state of one step from its shard folders (verified by the caller or here: each is
-    re-hashed against its manifest). Raises IncompleteCheckpoint for a part no folder holds, copies
-    of a part that differ, folders of different steps, or folders without a layout."""
-    manifests = [(folder, shard_folder.verify(folder)) for folder in folders]
+def assemble(folders: Iterable[Path], verified: bool = False) -> GlobalCheckpoint:
+    """The whole state of one step from its shard folders, each re-hashed against its manifest
+    unless the caller just did (`verified`). Raises IncompleteCheckpoint for a part no folder holds,
+    copies of a part that differ, folders of different steps, or folders without a layout."""
+    read = shard_folder.read_manifest if verified else shard_folder.verify
+    manifests = [(folder, read(folder)) for folder in folders]
     if not manifests:
         raise IncompleteCheckpoint("no shard folders to put together")
     steps = {manifest.step for _, manifest in manifests}

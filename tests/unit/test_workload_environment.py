@@ -5,10 +5,12 @@ promoted with `go`."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from slicekeeper.supervisor.host.workload import go_env, standby_env, workload_argv, workload_env
 from slicekeeper.supervisor.plan import JobPlan
+from slicekeeper.workload.sdk import HostIdentity
 
 from slicekeeper import protocol
 from tests.support.plans import example_plan
@@ -155,3 +157,14 @@ def test_locally_python_is_the_supervisors_own_interpreter(tmp_path):
     ]
     assert workload_argv(workload, local=False)[0] == "python"
     assert workload_argv(workload.model_copy(update={"command": ["./train"]}), local=True)[0] == "./train"
+
+
+def test_the_checkpoint_a_job_starts_from_reaches_every_workload_and_its_identity(tmp_path):
+    plan = example_plan(tmp_path, local=True)
+    assert protocol.ENV_INIT_FROM not in env_of(plan, 1)  # none named: none set
+    assert HostIdentity.from_env(env_of(plan, 1)).init_from is None
+    job = plan.job
+    job["spec"]["workload"]["initFrom"] = "/checkpoints/exported"
+    env = env_of(replace(plan, job=job), 1)
+    assert env[protocol.ENV_INIT_FROM] == "/checkpoints/exported"
+    assert HostIdentity.from_env(env).init_from == "/checkpoints/exported"
