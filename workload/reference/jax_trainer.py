@@ -31,6 +31,7 @@ import jax
 import numpy as np
 import slicekeeper.workload as sk
 from slicekeeper.workload import orbax_format
+from slicekeeper.workload.compiled_programs import ProgramCache
 from slicekeeper.workload.jax_checkpoint import (
     JaxCheckpointer,
     fingerprint_gathered,
@@ -52,13 +53,10 @@ def configure_jax(cache_dir: str | None) -> None:
     if os.environ.get("JAX_PLATFORMS") == "cpu":
         # Cross-process collectives on CPU devices (the TPU stand-in) go over gloo.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        # JAX's persistent cache serves only process 0 of a multi-process CPU job (the key holds
-        # the process's device view, and only process 0 writes), so the other hosts compile on
-        # every restart: halve that with a lighter LLVM pipeline (~10% slower steps here).
-        # XLA reads the flags when the backend starts, which is after this.
-        os.environ["XLA_FLAGS"] = (
-            os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
-        ).strip()
+        # No `--xla_backend_optimization_level=0` any more (it halved the other hosts' compiles
+        # when every restart compiled): each host now loads the programs it compiled before
+        # (workload/compiled_programs.py), and executables compiled at that level cannot be
+        # loaded back ("Function wrapped_copy not found").
     if cache_dir:
         jax.config.update("jax_compilation_cache_dir", cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -95,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         first = 1
 
     with session.phase(sk.Phase.PROGRAM_STARTUP):
-        model.compile()
+        cache = identity.compilation_cache
+        model.compile(ProgramCache(cache) if cache else None)  # a restart loads what it compiled
         params = model.gather(state["params"])  # what this host computes on: gathered over its slice
 
     # CPU devices (the local stand-in) share the machine's cores with the other hosts: time own work

@@ -31,6 +31,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from slicekeeper.workload.compiled_programs import ProgramCache
 from slicekeeper.workload.reference.batches import ChunkPlan, ModelConfig, synthetic_batch
 from slicekeeper.workload.reference.transformer import Params, init_params, loss_fn, optimizer
 
@@ -193,19 +194,24 @@ class ShardedModel:
         params = optax.apply_updates(state["params"], updates)
         return {"params": params, "opt": opt}, params, local.loss_sums.sum() / chunks
 
-    def compile(self) -> None:
-        """Compile the programs ahead of time (the persistent compilation cache may serve them)."""
+    def compile(self, programs: ProgramCache | None = None) -> None:
+        """Compile the programs ahead of time; with `programs`, load the ones this process compiled
+        before (a restart) instead (workload/compiled_programs.py)."""
+
+        def build(name: str, lowered: Any) -> Any:
+            return lowered.compile() if programs is None else programs.load_or_compile(name, lowered)
+
         state = self.abstract_state()
         gathered = self.abstract_gathered()
-        self._gather = self._gather.lower(state["params"]).compile()
-        self._local_grads = self._local_grads.lower(gathered, self.abstract_batch()).compile()
+        self._gather = build("gather", self._gather.lower(state["params"]))
+        self._local_grads = build("local_grads", self._local_grads.lower(gathered, self.abstract_batch()))
         local = jax.eval_shape(self._host_gradients, gathered, self.abstract_batch())
         local = jax.tree_util.tree_map(
             lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
             local,
             LocalGrads(self.grad_sum_shardings, self.loss_sums_sharding),
         )
-        self._apply = self._apply.lower(state, local).compile()
+        self._apply = build("apply", self._apply.lower(state, local))
 
     def init_state(self, seed: int) -> dict[str, Any]:
         return self._init(seed)  # type: ignore[no-any-return]
