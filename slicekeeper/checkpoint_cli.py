@@ -101,19 +101,26 @@ def list_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chosen(steps: list[StepSummary], wanted: int | None, source: str) -> StepSummary:
-    whole = [s for s in steps if s.complete]
-    if wanted is None:
-        if not whole:
-            held = ", ".join(f"{s.step} ({s.missing})" for s in steps) or "none"
-            raise UserError(f"{source}: no whole checkpoint to export (steps held: {held})")
-        return whole[-1]
-    for summary in steps:
-        if summary.step == wanted:
-            if not summary.complete:
-                raise UserError(f"--step {wanted}: not whole in {source} ({summary.missing})")
+def _chosen(source: CheckpointSource, wanted: int | None, where: str) -> StepSummary:
+    """The step to export, its copies verified: `wanted`, or the newest whose intact copies make a
+    whole state. Steps are picked from their manifests first, and only the candidate's copies are
+    re-hashed (and downloaded), newest first, so an export does not check every step it skips."""
+    listed = summarize(source.copies(verify=False))
+    if wanted is not None and wanted not in [s.step for s in listed]:
+        whole = [s.step for s in listed if s.complete]
+        raise UserError(f"--step {wanted}: not in {where} (steps held whole: {whole or 'none'})")
+    candidates = [s.step for s in reversed(listed) if s.complete and wanted in (None, s.step)]
+    tried = []
+    for step in candidates:
+        [summary] = summarize(source.copies(verify=True, steps=[step]))
+        if summary.complete:
             return summary
-    raise UserError(f"--step {wanted}: not in {source} (whole steps: {[s.step for s in whole] or 'none'})")
+        tried.append(f"{step} ({summary.missing})")
+    if wanted is not None:
+        missing = tried[0] if tried else next(f"{s.step} ({s.missing})" for s in listed if s.step == wanted)
+        raise UserError(f"--step {wanted}: not whole in {where}: {missing}")
+    held = ", ".join(tried + [f"{s.step} ({s.missing})" for s in listed if not s.complete]) or "none"
+    raise UserError(f"{where}: no whole checkpoint to export (steps held: {held})")
 
 
 def export_command(args: argparse.Namespace) -> int:
@@ -126,9 +133,8 @@ def export_command(args: argparse.Namespace) -> int:
     say = Console(stderr=True, highlight=False).print
     with tempfile.TemporaryDirectory(prefix="slicekeeper-export-") as scratch:
         source = CheckpointSource(args.source, Path(scratch))
-        say(f"reading {args.source} (every copy checked against its checksums)")
-        steps = summarize(source.copies(verify=True))
-        summary = _chosen(steps, args.step, args.source)
+        say(f"reading {args.source} (the chosen step's copies checked against their checksums)")
+        summary = _chosen(source, args.step, args.source)
         for copy in summary.copies:
             if copy.problem is not None:
                 say(f"  skipping {_copy_name(copy)}: {copy.problem}", markup=False)

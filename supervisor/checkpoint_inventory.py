@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from slicekeeper.supervisor.peer_tier import ReplicaStore
 from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.plan import JobPlan
 
@@ -109,11 +110,10 @@ class CheckpointSource:
                 yield _checked(
                     step, "local", machine, own, shard_folder.step_dir(disk / "local", step), verify
                 )
-            for owner_dir in sorted((disk / "peers").glob("host-*")):
-                owner = int(owner_dir.name.removeprefix("host-"))
-                for step in shard_folder.committed_steps(owner_dir):
-                    folder = shard_folder.step_dir(owner_dir, step)
-                    yield _checked(step, "peer", machine, owner, folder, verify)
+            replicas = ReplicaStore(disk / "peers", keep=0)  # read only: keep is for its writes
+            for owner, steps in replicas.inventory().items():
+                for step in steps:
+                    yield _checked(step, "peer", machine, owner, replicas.folder(owner, step), verify)
 
     def _persistent_copies(self, verify: bool, wanted: set[int] | None) -> Iterator[ShardCopy]:
         tier = self._persistent
