@@ -22,8 +22,13 @@ from slicekeeper.api import TrainingJob, dump_training_job, load_training_job
 from tests.support.plans import EXAMPLE
 
 RUNNING = "import time; time.sleep(600)"
-FAILED = "raise SystemExit(1)"
-ENDS_WELL_SOON = "import time; time.sleep(0.5)"
+# The failing supervisor exits only once every host has been started, as in a run. Exiting at once
+# raced the test's own spawning: a Popen made while the child is a zombie runs subprocess._cleanup(),
+# which polls pids of earlier tests' abandoned Popen objects; after the pid counter wraps (32768 here,
+# reached in a full suite) one can be the new child's, its exit status is reaped there, and asyncio
+# reports 255 instead of 1 (seen once in CI as a 60 s hang).
+FAILED = "import time; time.sleep(0.3); raise SystemExit(1)"
+ENDS_WELL_SOON = "import time; time.sleep(0.8)"
 
 
 def runtime(tmp_path, out: io.StringIO) -> LocalRuntime:
@@ -43,7 +48,15 @@ async def hosts_ending(run: LocalRuntime, programs: list[str]) -> tuple[list[int
         run._machines.append(f"host-{len(processes)}")
         processes.append(process)
     hosts = [asyncio.create_task(process.wait()) for process in processes]
-    codes = await asyncio.wait_for(run._hosts_ended(hosts), timeout=60)
+    try:
+        codes = await asyncio.wait_for(run._hosts_ended(hosts), timeout=60)
+    except TimeoutError:
+        ended = {i: p.returncode for i, p in enumerate(processes) if p.returncode is not None}
+        for process in processes:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        pytest.fail(f"the run did not end within 60 s; hosts that ended, with their codes: {ended}")
     return codes, [process.pid for process in processes]
 
 
@@ -57,7 +70,7 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture(autouse=True)
 def short_patience(monkeypatch):
-    monkeypatch.setattr(local_runtime, "LONE_FAILURE_SECONDS", 1.0)
+    monkeypatch.setattr(local_runtime, "LONE_FAILURE_SECONDS", 2.0)
 
 
 def test_a_supervisor_that_failed_alone_stops_the_others_and_leaves_nothing_running(tmp_path):
