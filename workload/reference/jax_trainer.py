@@ -31,6 +31,7 @@ import jax
 import numpy as np
 import slicekeeper.workload as sk
 from slicekeeper.workload import orbax_format
+from slicekeeper.workload.collective_transport import TransportThreads
 from slicekeeper.workload.compiled_programs import ProgramCache
 from slicekeeper.workload.jax_checkpoint import (
     JaxCheckpointer,
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         jax.distributed.initialize(**session.jax_distributed_args())
 
     with session.phase(sk.Phase.TRAINING_PREP):
+        transport = TransportThreads()  # before the CPU client starts gloo's event loop
         # This generation's slices x the hosts of a slice x a host's devices; the batch stays the
         # full job's.
         mesh = host_mesh(jax.devices(), identity.hosts_per_slice)
@@ -96,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         cache = identity.compilation_cache
         model.compile(ProgramCache(cache) if cache else None)  # a restart loads what it compiled
         params = model.gather(state["params"])  # what this host computes on: gathered over its slice
+        if jax.default_backend() == "cpu":
+            transport.quiet()  # gloo's event loop gets idle cycles only (workload/collective_transport.py)
 
     # CPU devices (the local stand-in) share the machine's cores with the other hosts: time own work
     # in CPU seconds, which the other hosts' turns on the cores do not stretch (sk.WorkClock).

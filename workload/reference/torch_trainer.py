@@ -32,6 +32,7 @@ import slicekeeper.workload as sk
 import torch
 import torch.distributed as dist
 from slicekeeper.workload.checkpointing import Checkpointer
+from slicekeeper.workload.collective_transport import TransportThreads
 from slicekeeper.workload.reference.batches import model_config, trainer_arguments
 from slicekeeper.workload.reference.torch_sharded import ShardedTorchModel, TrainState, host_mesh
 
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     xla = xla_runtime()
     with session.phase(sk.Phase.TPU_INITIALIZATION):
+        transport = TransportThreads()  # before gloo starts its event loops
         device = init_distributed(session, xla)
 
     with session.phase(sk.Phase.TRAINING_PREP):
@@ -106,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with session.phase(sk.Phase.PROGRAM_STARTUP):
         params = model.gather(state.shard)  # what this host computes on: gathered over its slice
+        if xla is None:
+            transport.quiet()  # gloo's event loops get idle cycles only (workload/collective_transport.py)
 
     for step in range(first, identity.total_steps + 1):
         with session.step(step, clock=sk.WorkClock.CPU) as record:
