@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from slicekeeper.goodput import BADPUT, Category, ideal_step_seconds
+from slicekeeper.recovery_breakdown import breakdown_line
 
 
 def _relative(value: float | None, start: float) -> float | None:
@@ -245,6 +246,8 @@ def format_report(report: dict[str, Any]) -> str:
         )
         where = f" host {fault['host']}" if fault["host"] >= 0 else ""
         lines.append(f"  fault {fault['kind']}{where} @ step {fault['step']}: {detected}{recovered}")
+        if parts := breakdown_line(fault.get("breakdown")):
+            lines.append(f"    recovery (s, slowest host each): {parts}")
     if report.get("hot_swaps", {}).get("count"):
         swapped = ", ".join(f"host {s['host']} -> {s['machine']}" for s in report["hot_swaps"]["details"])
         lines.append(f"  hot-swaps         {report['hot_swaps']['count']} ({swapped})")

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 import jinja2
 import markupsafe
 
+from slicekeeper.event_logs import host_records, number
 from slicekeeper.goodput import BADPUT, Category
 
 CATEGORY_COLOURS: dict[str, str] = {
@@ -65,9 +65,6 @@ PROGRESS_HEIGHT = 240
 LANE_HEIGHT, LANE_GAP = 16, 4
 AXIS_HEIGHT = 34
 
-_MACHINE_NAME = re.compile(r"(host|spare)-[0-9]+")
-"""What a machine folder is called (topology's local layout); any other name is not read."""
-
 
 @dataclass
 class HostTimeline:
@@ -82,59 +79,22 @@ class HostTimeline:
 # --- reading the event logs -------------------------------------------------------------------
 
 
-def _records(path: Path) -> Iterator[dict[str, Any]]:
-    """The event log's records; a torn line (a writer killed mid-line) is skipped."""
-    try:
-        lines = path.open(encoding="utf-8", errors="replace")
-    except OSError:
-        return
-    with lines:
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                yield record
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 def read_timelines(report: dict[str, Any], run_dir: Path | None = None) -> dict[int, HostTimeline]:
-    """Every host's timeline from the event logs of the machines that served it. A spare's records
-    count from the `assign` that made it the host; a host's machine always served that host."""
-    where = run_dir or report.get("run_dir")
-    started = _number(report.get("started_at")) or 0.0
+    """Every host's timeline from the event logs of the machines that served it."""
+    started = number(report.get("started_at")) or 0.0
     timelines: dict[int, HostTimeline] = {}
-    for host in report.get("hosts", []):
-        index = int(host["host"])
+    for index, kept in host_records(report, run_dir).items():
         timeline = timelines.setdefault(index, HostTimeline())
-        if not where:
-            continue
-        folder = Path(where)
-        for machine in dict.fromkeys(host.get("machines") or [f"host-{index}"]):
-            if not isinstance(machine, str) or not _MACHINE_NAME.fullmatch(machine):
-                continue
-            serving: int | None = int(machine.split("-")[1]) if machine.startswith("host-") else None
-            for record in _records(folder / machine / "events.jsonl"):
-                kind = record.get("type")
-                if kind == "assign":
-                    serving = record.get("host")
-                elif serving != index:
-                    continue
-                elif kind == "step_end" and record.get("source") == "workload":
-                    t, step = _number(record.get("t")), record.get("step")
-                    if t is not None and isinstance(step, int):
-                        timeline.steps.append((t - started, step))
-                elif kind == "interval" and record.get("source") == "goodput":
-                    start, end = _number(record.get("start")), _number(record.get("end"))
-                    if start is not None and end is not None and end > start:
-                        category = str(record.get("category"))
-                        timeline.intervals.append((start - started, end - started, category))
+        for record in kept:
+            kind = record.get("type")
+            if kind == "step_end" and record.get("source") == "workload":
+                t, step = number(record.get("t")), record.get("step")
+                if t is not None and isinstance(step, int):
+                    timeline.steps.append((t - started, step))
+            elif kind == "interval" and record.get("source") == "goodput":
+                start, end = number(record.get("start")), number(record.get("end"))
+                if start is not None and end is not None and end > start:
+                    timeline.intervals.append((start - started, end - started, str(record.get("category"))))
     return timelines
 
 
@@ -291,7 +251,7 @@ def _moments(report: dict[str, Any]) -> list[_Moment]:
     moments: list[_Moment] = []
     detections: dict[float, _Moment] = {}
     for detection in report.get("detections", []):
-        t = _number(detection.get("detected_at"))
+        t = number(detection.get("detected_at"))
         if t is not None and t not in detections:
             detections[t] = _Moment(
                 t,
@@ -303,7 +263,7 @@ def _moments(report: dict[str, Any]) -> list[_Moment]:
     resumed: dict[float, _Moment] = {}
     for fault in report.get("faults", []):
         where = f" host {fault['host']}" if int(fault.get("host", -1)) >= 0 else ""
-        fired = _number(fault.get("fired_at"))
+        fired = number(fault.get("fired_at"))
         if fired is not None:
             moments.append(
                 _Moment(
@@ -314,7 +274,7 @@ def _moments(report: dict[str, Any]) -> list[_Moment]:
                     + (f": {fault['detail']}" if fault.get("detail") else ""),
                 )
             )
-        detected = _number(fault.get("detected_at"))
+        detected = number(fault.get("detected_at"))
         if detected is not None and detected not in detections:
             detections[detected] = _Moment(
                 detected,
@@ -322,7 +282,7 @@ def _moments(report: dict[str, Any]) -> list[_Moment]:
                 f"{fault.get('detected_as')} detected",
                 f"{fault.get('kind')}{where} detected as {fault.get('detected_as')} at {detected:.2f} s",
             )
-        back = _number(fault.get("resumed_at"))
+        back = number(fault.get("resumed_at"))
         if back is not None and back not in resumed:
             resumed[back] = _Moment(back, "recovery", "training again", f"training again at {back:.2f} s")
     return sorted([*moments, *detections.values(), *resumed.values()], key=lambda m: (m.t, m.kind))
@@ -333,7 +293,7 @@ def timeline(report: dict[str, Any], timelines: dict[int, HostTimeline]) -> Time
     hosts = sorted(timelines)
     end = max(
         [
-            _number(report.get("wall_seconds")) or 0.0,
+            number(report.get("wall_seconds")) or 0.0,
             *(t for line in timelines.values() for t, _ in line.steps[-1:]),
             *(e for line in timelines.values() for _, e, _ in line.intervals[-1:]),
         ],
@@ -431,14 +391,14 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 def _seconds(value: Any, digits: int = 2) -> str:
-    number = _number(value)
-    return "-" if number is None else f"{number:.{digits}f}"
+    seconds = number(value)
+    return "-" if seconds is None else f"{seconds:.{digits}f}"
 
 
 def page_context(report: dict[str, Any], timelines: dict[int, HostTimeline]) -> dict[str, Any]:
     """What the template shows, every value ready to print."""
     badput = report.get("badput_seconds", {})
-    wall = _number(report.get("wall_seconds")) or 0.0
+    wall = number(report.get("wall_seconds")) or 0.0
     shown = [
         c.value
         for c in BADPUT

@@ -36,6 +36,7 @@ from slicekeeper import credentials, protocol
 from slicekeeper.api import TrainingJob, dump_training_job
 from slicekeeper.chaos import FaultKind, check_hosts, parse_chaos
 from slicekeeper.errors import UserError
+from slicekeeper.recovery_breakdown import add_breakdowns
 from slicekeeper.report import build_report, format_report
 from slicekeeper.report_page import write_page
 
@@ -217,6 +218,7 @@ class LocalRuntime:
             hosts=hosts,
         )
         report["run_dir"] = str(self.run_dir)
+        add_breakdowns(report, self.run_dir)
         return report
 
     async def _hosts_ended(self, hosts: list[asyncio.Task[int]]) -> list[int]:

@@ -189,10 +189,15 @@ class Session:
         """Keyword arguments for `jax.distributed.initialize` for this generation.
 
         The world is the hosts taking part in this generation (`num_hosts`, this one's rank
-        `process_id`), which after a scale-down is fewer than the job's hosts.
+        `process_id`), which after a scale-down is fewer than the job's hosts. Every process but the
+        coordinator's (process 0, which starts the service) returns once the coordinator accepts
+        connections: a first connection refused puts gRPC in a 1 s reconnect backoff, which made
+        every host's `tpu_initialization` take 1.14 s at restarts where process 0 came up last.
         """
         if self.identity.coordinator is None:
             return {}  # on GKE JAX reads the TPU_* / MEGASCALE_* variables itself
+        if self.identity.process_id != 0:
+            wait_for_listener(self.identity.coordinator, COORDINATOR_WAIT_SECONDS)
         return {
             "coordinator_address": self.identity.coordinator,
             "num_processes": self.identity.num_hosts,
@@ -322,3 +327,22 @@ def connect(env: dict[str, str] | None = None) -> Session:
     session = Session(identity, sock)
     session._send(Event.HELLO, pid=os.getpid(), generation=identity.generation)
     return session
+
+
+COORDINATOR_WAIT_SECONDS = 30.0
+"""How long a process waits for its generation's coordinator to listen before leaving the rest to
+the framework's own connection timeout."""
+
+
+def wait_for_listener(address: str, timeout: float, interval: float = 0.005) -> bool:
+    """Poll until something accepts TCP connections at `host:port`; False after `timeout`."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(interval)

@@ -1,7 +1,12 @@
 """The workload SDK: a host's identity and world, from its environment or from the go that wakes a
 standby, and the arguments it gives jax.distributed."""
 
+import socket
+import threading
+import time
+
 import pytest
+from slicekeeper.workload import sdk
 from slicekeeper.workload.sdk import HostIdentity, connect
 
 from slicekeeper import protocol
@@ -95,16 +100,23 @@ def test_total_steps_come_from_the_identity():
 # --- jax.distributed ------------------------------------------------------------------------------
 
 
-def test_with_a_coordinator_the_session_gives_jax_distributed_arguments():
-    session = connect(env_for(None, **{protocol.ENV_COORDINATOR: "127.0.0.1:9000"}))
+@pytest.fixture
+def coordinator():
+    """A listening coordinator's address."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        yield f"127.0.0.1:{server.getsockname()[1]}"
+
+
+def test_with_a_coordinator_the_session_gives_jax_distributed_arguments(coordinator):
+    session = connect(env_for(None, **{protocol.ENV_COORDINATOR: coordinator}))
     assert session.jax_distributed_args() == {
-        "coordinator_address": "127.0.0.1:9000",
+        "coordinator_address": coordinator,
         "num_processes": 4,
         "process_id": 1,
     }
 
 
-def test_after_a_scale_down_jax_distributed_gets_the_smaller_world_and_the_rank_in_it():
+def test_after_a_scale_down_jax_distributed_gets_the_smaller_world_and_the_rank_in_it(coordinator):
     session = connect(
         env_for(
             None,
@@ -113,15 +125,51 @@ def test_after_a_scale_down_jax_distributed_gets_the_smaller_world_and_the_rank_
                 protocol.ENV_NUM_HOSTS: "2",
                 protocol.ENV_PROCESS_ID: "1",
                 protocol.ENV_FULL_HOSTS: "4",
-                protocol.ENV_COORDINATOR: "127.0.0.1:9000",
+                protocol.ENV_COORDINATOR: coordinator,
             },
         )
     )
     assert session.jax_distributed_args() == {
-        "coordinator_address": "127.0.0.1:9000",
+        "coordinator_address": coordinator,
         "num_processes": 2,
         "process_id": 1,
     }
+
+
+def test_the_other_processes_get_their_arguments_once_the_coordinator_listens():
+    # A refused first connection costs JAX's gRPC client a 1 s reconnect backoff: wait instead.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address, listening = f"127.0.0.1:{port}", threading.Event()
+
+    def listen_later() -> None:
+        time.sleep(0.3)
+        with socket.create_server(("127.0.0.1", port)) as server:
+            listening.set()
+            server.accept()[0].close()
+
+    late = threading.Thread(target=listen_later)
+    late.start()
+    session = connect(env_for(None, **{protocol.ENV_COORDINATOR: address}))
+    assert session.jax_distributed_args()["coordinator_address"] == address
+    assert listening.is_set()  # it did not return before the coordinator listened
+    late.join()
+
+
+def test_process_0_starts_the_coordinator_and_does_not_wait_for_it(monkeypatch):
+    waited = []
+    monkeypatch.setattr(sdk, "wait_for_listener", lambda *args: waited.append(args) or True)
+    extra = {protocol.ENV_PROCESS_ID: "0", protocol.ENV_COORDINATOR: "127.0.0.1:9"}
+    assert connect(env_for(None, **extra)).jax_distributed_args()["process_id"] == 0
+    assert waited == []
+
+
+def test_nobody_listening_gives_up_after_the_timeout_and_leaves_the_rest_to_jax():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"  # bound, never listening: refused
+        assert sdk.wait_for_listener(address, timeout=0.2) is False
 
 
 @pytest.mark.parametrize("coordinator", [None, ""])
