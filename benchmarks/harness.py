@@ -108,6 +108,54 @@ def run_once(argv: list[str], log_path: Path, timeout: float, echo_prefix: str) 
     return status, time.monotonic() - started, timed_out.is_set()
 
 
+class TrainerCpu(threading.Thread):
+    """The trainers' user and system CPU seconds over one run, read from /proc every `interval`
+    (the reference trainers' processes started after this began; a process's last interval before it
+    is killed is missed). Standbys count: they are part of what a restart costs."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.interval = interval
+        self._since = time.time()
+        self._stop_event = threading.Event()
+        self._ticks: dict[int, tuple[int, int]] = {}
+        self._hz = os.sysconf("SC_CLK_TCK")
+
+    def run(self) -> None:
+        boot = _boot_time()
+        while not self._stop_event.wait(self.interval):
+            for pid in os.listdir("/proc"):
+                if pid.isdigit():
+                    self._sample(int(pid), boot)
+
+    def _sample(self, pid: int, boot: float) -> None:
+        try:
+            if b"slicekeeper.workload.reference." not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return
+        if boot + int(fields[19]) / self._hz < self._since:
+            return  # started before this run
+        self._ticks[pid] = (int(fields[11]), int(fields[12]))
+
+    def stop(self) -> tuple[float, float]:
+        """(user, system) seconds of every trainer seen."""
+        self._stop_event.set()
+        self.join()
+        return (
+            sum(u for u, _ in self._ticks.values()) / self._hz,
+            sum(s for _, s in self._ticks.values()) / self._hz,
+        )
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0
+
+
 class Figures(Protocol):
     run_dir: str
 
@@ -142,10 +190,14 @@ def measure_runs(
         report_path, log_path = work / f"report-{run}.json", work / f"run-{run}.log"
         argv = command(report_path)
         say(f"run {run}/{runs}: {' '.join(argv[1:])}")
+        cpu = TrainerCpu()
+        cpu.start()
         status, seconds, timed_out = run_once(argv, log_path, timeout, f"  run {run}:")
+        user, system = cpu.stop()
         report: dict[str, Any] | None = None
         try:
             report = read_run_report(report_path, status, timed_out, timeout)
+            report["trainer_cpu_seconds"] = {"user": user, "system": system}
             figures = analyse(run, report)
             if status != 0:
                 raise RunFailed(f"slicekeeper exited with {status}")

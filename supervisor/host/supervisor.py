@@ -180,7 +180,7 @@ class HostSupervisor:
             stopping=lambda: self.generation.stopping,
             standby=lambda: self.workloads.standby,
             step_begun=lambda step: self.chaos.inject(step, self.workloads.current, self.generation.number),
-            first_step_ended=lambda: self._spawn_task(self.workloads.prestart(self.generation.number)),
+            productive_again=lambda: self._spawn_task(self.workloads.prestart(self.generation.number)),
         )
         self.generation = Generation(
             workloads=self.workloads,

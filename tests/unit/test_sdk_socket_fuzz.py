@@ -140,7 +140,7 @@ class Supervisor:
             stopping=lambda: False,
             standby=lambda: waiting,
             step_begun=lambda step: None,
-            first_step_ended=lambda: None,
+            productive_again=lambda: None,
         )
         self.sdk.begin(0, None, time.time())
 
