@@ -12,24 +12,43 @@ same key, or a spare that takes the same rank in the same world, deserializes it
 Anything that cannot be loaded (another version, a damaged or cut-short file) is compiled again and
 rewritten; files are written beside their name and renamed into place, so a reader never sees half
 of one.
+
+Tracing and lowering a program only to compute its key cost the reference trainer 0.6-0.7 s of its
+1.1-1.3 s `program_startup` at each restart (cProfile: `jit_trace`). A caller that can name what its
+program depends on passes a `signature` instead (its code's digest, its configuration, shapes and
+shardings): the key is then that signature, this process's place in the world, the versions, XLA_FLAGS
+and every jax configuration value, and a hit loads without tracing. A signature that misses
+something the program depends on would load a stale program: keep it whole, or pass none.
+
+JAX's own persistent compilation cache must be off in a process that stores here: an executable it
+served (process 0's, whose cache entries it writes) serializes without all of its kernels, and loading
+that copy fails at the first run ("Function wrapped_copy not found"; seen at every restart of host 0
+once its JAX cache held the programs). While it is on, nothing is stored here; loading still works.
+
+The files are pickles, and unpickling runs code: the directory is made private (0700) and one owned
+by another user, or writable by others, is not read (nor written) at all; each program is compiled.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import pickle
+import stat
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 from jax.experimental import serialize_executable
 
-FORMAT = 1
-"""Bump when what is stored changes."""
+FORMAT = 2
+"""Bump when what is stored or how it is keyed changes."""
+
+Lowering = Any | Callable[[], Any]
+"""A `jax.stages.Lowered`, or what makes one when needed."""
 
 
 class ProgramCache:
@@ -38,13 +57,25 @@ class ProgramCache:
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory) / "executables"
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.refusal = untrusted(self.directory)
+        """Why the directory is not used (None: it is)."""
+        if self.refusal:
+            _say(f"not using compiled programs in {self.directory}: {self.refusal}")
+        self.storing = self.refusal is None and not jax.config.values.get("jax_compilation_cache_dir")
+        """Whether compiled programs are stored (not while JAX's own persistent cache is on)."""
+        if self.refusal is None and not self.storing:
+            _say(
+                "JAX's persistent compilation cache is on: compiled programs are not stored "
+                "(workload/compiled_programs.py says why)"
+            )
         self.loaded: list[str] = []
         """Names of the programs this process loaded instead of compiling."""
         self.compiled: list[str] = []
 
-    def key(self, name: str, lowered: Any) -> str:
-        """What the executable of `lowered` on this process depends on, hashed."""
+    def key(self, name: str, program: str) -> str:
+        """What the executable of `program` (a lowered program's text, or a caller's signature) on
+        this process depends on, hashed."""
         backend = jax.devices()[0].client
         digest = hashlib.sha256()
         for part in (
@@ -57,34 +88,45 @@ class ProgramCache:
             f"process {jax.process_index()} of {jax.process_count()}",
             ",".join(str(device.id) for device in jax.local_devices()),
             os.environ.get("XLA_FLAGS", ""),
-            lowered.as_text(),
+            repr(sorted(jax.config.values.items())),
+            program,
         ):
             digest.update(part.encode())
             digest.update(b"\0")
         return digest.hexdigest()
 
-    def load_or_compile(self, name: str, lowered: Any) -> Any:
-        """The compiled program of `lowered` (a `jax.stages.Lowered`): loaded when this process
-        compiled it before with the same key, else compiled and stored."""
-        path = self.directory / f"{name}-{self.key(name, lowered)}.bin"
-        with contextlib.suppress(FileNotFoundError):
-            try:
-                payload, in_tree, out_tree = pickle.loads(path.read_bytes())
-                compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
-            except FileNotFoundError:
-                raise
-            except Exception as error:  # another jaxlib, a damaged file: compile again
-                print(
-                    f"slicekeeper: compiled program {path.name} not loadable ({error!r}); compiling",
-                    file=sys.stderr,
-                )
-            else:
+    def load_or_compile(self, name: str, lowering: Lowering, *, signature: str | None = None) -> Any:
+        """The compiled program: loaded when this process compiled it before under the same key,
+        else compiled and stored. `lowering`: the `jax.stages.Lowered`, or a callable making it, only
+        called when the program must be compiled and a `signature` keys it (see the module's doc)."""
+        lowered: Any = None
+        if signature is None:
+            lowered = _lowered(lowering)
+            signature = lowered.as_text()
+        path = self.directory / f"{name}-{self.key(name, signature)}.bin"
+        if self.refusal is None:
+            compiled = self._load(path)
+            if compiled is not None:
                 self.loaded.append(name)
                 return compiled
-        compiled = lowered.compile()
+        compiled = (lowered if lowered is not None else _lowered(lowering)).compile()
         self.compiled.append(name)
-        self._store(path, compiled)
+        if self.storing:
+            self._store(path, compiled)
         return compiled
+
+    def _load(self, path: Path) -> Any:
+        try:
+            if path.stat().st_uid != os.geteuid():
+                _say(f"compiled program {path.name} belongs to another user; compiling")
+                return None
+            payload, in_tree, out_tree = pickle.loads(path.read_bytes())
+            return serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+        except FileNotFoundError:
+            return None
+        except Exception as error:  # another jaxlib, a damaged file: compile again
+            _say(f"compiled program {path.name} not loadable ({error!r}); compiling")
+            return None
 
     def _store(self, path: Path, compiled: Any) -> None:
         try:
@@ -95,4 +137,23 @@ class ProgramCache:
                 out.write(payload)
             os.replace(out.name, path)
         except Exception as error:  # a full disk or an unserializable program costs a compile, no more
-            print(f"slicekeeper: could not store compiled program {path.name}: {error!r}", file=sys.stderr)
+            _say(f"could not store compiled program {path.name}: {error!r}")
+
+
+def _lowered(lowering: Lowering) -> Any:
+    return lowering() if callable(lowering) and not hasattr(lowering, "compile") else lowering
+
+
+def untrusted(directory: Path) -> str | None:
+    """Why programs in `directory` must not be unpickled, or None: it must be this user's, and
+    writable by nobody else."""
+    info = directory.stat()
+    if info.st_uid != os.geteuid():
+        return f"it belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"others may write to it (mode {stat.filemode(info.st_mode)}); make it private (chmod 700)"
+    return None
+
+
+def _say(text: str) -> None:
+    print(f"slicekeeper: {text}", file=sys.stderr, flush=True)

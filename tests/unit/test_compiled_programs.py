@@ -4,9 +4,12 @@ program or another place in the world never loads someone else's executable."""
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from slicekeeper.workload.compiled_programs import ProgramCache
 
 
@@ -42,8 +45,62 @@ def test_a_damaged_file_is_compiled_again_and_replaced(tmp_path, capsys):
 
 def test_the_key_holds_the_process_place_and_the_program(tmp_path, monkeypatch):
     cache = ProgramCache(tmp_path)
-    mine = cache.key("step", lowered(2.0))
-    assert cache.key("step", lowered(2.0)) == mine
-    assert cache.key("step", lowered(3.0)) != mine
+    mine = cache.key("step", lowered(2.0).as_text())
+    assert cache.key("step", lowered(2.0).as_text()) == mine
+    assert cache.key("step", lowered(3.0).as_text()) != mine
+    with jax.default_matmul_precision("highest"):  # jax's configuration is part of the key
+        assert cache.key("step", lowered(2.0).as_text()) != mine
     monkeypatch.setattr(jax, "process_index", lambda: 1)
-    assert cache.key("step", lowered(2.0)) != mine
+    assert cache.key("step", lowered(2.0).as_text()) != mine
+
+
+class Lowerings:
+    """A program's lowering, counted: a signature hit must not trace or lower anything."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale, self.calls = scale, 0
+
+    def __call__(self) -> jax.stages.Lowered:
+        self.calls += 1
+        return lowered(self.scale)
+
+
+def test_with_a_signature_a_restart_loads_without_lowering_and_another_signature_compiles(tmp_path):
+    first = Lowerings(2.0)
+    ProgramCache(tmp_path).load_or_compile("step", first, signature="model v1")
+    assert first.calls == 1
+    again, cache = Lowerings(2.0), ProgramCache(tmp_path)
+    program = cache.load_or_compile("step", again, signature="model v1")
+    assert (again.calls, cache.loaded) == (0, ["step"])
+    assert float(program(jnp.ones((4, 3), jnp.float32))) == 24.0
+    changed, cache = Lowerings(3.0), ProgramCache(tmp_path)  # the control: the model changed
+    assert float(cache.load_or_compile("step", changed, signature="model v2")(jnp.ones((4, 3)))) == 36.0
+    assert (changed.calls, cache.compiled) == (1, ["step"])
+
+
+def test_the_directory_is_made_private(tmp_path):
+    ProgramCache(tmp_path / "cache")
+    assert (tmp_path / "cache" / "executables").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_directory_others_may_write_to_is_neither_read_nor_written(tmp_path, capsys):
+    ProgramCache(tmp_path).load_or_compile("step", lowered(2.0))  # a program stored while private
+    (tmp_path / "executables").chmod(0o777)
+    cache = ProgramCache(tmp_path)
+    assert cache.refusal is not None and "others may write" in capsys.readouterr().err
+    program = cache.load_or_compile("step", lowered(2.0))
+    assert (cache.compiled, cache.loaded) == (["step"], [])  # compiled, the pickle never opened
+    assert float(program(jnp.ones((4, 3), jnp.float32))) == 24.0
+    (tmp_path / "executables").chmod(0o700)  # the control: private again, it loads
+    assert ProgramCache(tmp_path).load_or_compile("step", lowered(2.0)) is not None
+    assert len(list((tmp_path / "executables").glob("step-*.bin"))) == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_program_file_of_another_user_is_not_loaded(tmp_path, capsys):
+    ProgramCache(tmp_path).load_or_compile("step", lowered(2.0))
+    [stored] = (tmp_path / "executables").glob("step-*.bin")
+    os.chown(stored, 12345, 12345)
+    cache = ProgramCache(tmp_path)
+    cache.load_or_compile("step", lowered(2.0))
+    assert cache.compiled == ["step"] and "another user" in capsys.readouterr().err

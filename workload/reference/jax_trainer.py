@@ -3,8 +3,8 @@
 Run by the supervisor (`spec.workload.command` default). Uses only the public SDK, so it doubles as
 the example of a user's loop: phases reported, every step bracketed and blocked on, each host's
 shards saved to the local tier (the supervisor copies them to the peer and persistent tiers), the
-agreed step restored on restart, a persistent compilation cache so a restarted process does not
-compile from scratch.
+agreed step restored on restart, its compiled programs kept (workload/compiled_programs.py) so that
+a restarted process loads them instead of compiling.
 
 The state is split over the hosts of a slice and replicated over slices (model.py says how), so a
 host's checkpoint holds only its own shard. Elastic: the JAX world is the hosts of this generation
@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ).parse_args(argv)
 
 
-def configure_jax(cache_dir: str | None) -> None:
+def configure_jax() -> None:
     if os.environ.get("JAX_PLATFORMS") == "cpu":
         # Cross-process collectives on CPU devices (the TPU stand-in) go over gloo.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -58,10 +58,8 @@ def configure_jax(cache_dir: str | None) -> None:
         # when every restart compiled): each host now loads the programs it compiled before
         # (workload/compiled_programs.py), and executables compiled at that level cannot be
         # loaded back ("Function wrapped_copy not found").
-    if cache_dir:
-        jax.config.update("jax_compilation_cache_dir", cache_dir)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    # No `jax_compilation_cache_dir`: it served process 0 only, and an executable it serves cannot be
+    # stored whole by ProgramCache, which serves every process (workload/compiled_programs.py).
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     config = model_config(args)
 
     with session.phase(sk.Phase.TPU_INITIALIZATION):
-        configure_jax(identity.compilation_cache)
+        configure_jax()
         jax.distributed.initialize(**session.jax_distributed_args())
 
     with session.phase(sk.Phase.TRAINING_PREP):

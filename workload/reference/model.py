@@ -23,6 +23,8 @@ wait for the others begins, which is what the supervisor's straggler score measu
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import jax
@@ -32,8 +34,14 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from slicekeeper.workload.compiled_programs import ProgramCache
+from slicekeeper.workload.reference import batches, transformer
 from slicekeeper.workload.reference.batches import ChunkPlan, ModelConfig, synthetic_batch
 from slicekeeper.workload.reference.transformer import Params, init_params, loss_fn, optimizer
+
+_CODE_DIGEST = hashlib.sha256(
+    b"".join(Path(path).read_bytes() for path in (__file__, batches.__file__, transformer.__file__))
+).hexdigest()
+"""The source of the modules that build the programs: a changed model compiles afresh."""
 
 AXES = ("replica", "fsdp", "model")
 """The mesh's axes: slices of this generation, hosts of a slice, devices of a host."""
@@ -196,22 +204,52 @@ class ShardedModel:
 
     def compile(self, programs: ProgramCache | None = None) -> None:
         """Compile the programs ahead of time; with `programs`, load the ones this process compiled
-        before (a restart) instead (workload/compiled_programs.py)."""
+        before (a restart) instead, keyed by `signature()` so that a hit traces nothing
+        (workload/compiled_programs.py)."""
+        lowerings = {
+            "gather": lambda: self._gather.lower(self.abstract_state()["params"]),
+            "local_grads": lambda: self._local_grads.lower(self.abstract_gathered(), self.abstract_batch()),
+            "apply": lambda: self._apply.lower(self.abstract_state(), self._abstract_local()),
+        }
+        compiled = {
+            name: lower().compile()
+            if programs is None
+            else programs.load_or_compile(name, lower, signature=self.signature(name))
+            for name, lower in lowerings.items()
+        }
+        self._gather, self._local_grads, self._apply = (
+            compiled[n] for n in ("gather", "local_grads", "apply")
+        )
 
-        def build(name: str, lowered: Any) -> Any:
-            return lowered.compile() if programs is None else programs.load_or_compile(name, lowered)
+    def signature(self, name: str) -> str:
+        """Everything program `name` depends on beyond what ProgramCache adds itself (versions,
+        flags, jax's configuration, this process's place in the world): the model's configuration
+        and the code that builds the programs, the mesh, the batch plan, the shardings."""
+        return repr(
+            (
+                name,
+                self.config,
+                self.plan,
+                self.mesh.axis_names,
+                self.mesh.devices.shape,
+                [device.id for device in self.mesh.devices.flat],
+                self.state_shardings,
+                self.gathered_shardings,
+                self.grad_sum_shardings,
+                self.tokens_sharding,
+                self.weights_sharding,
+                optax.__version__,
+                _CODE_DIGEST,
+            )
+        )
 
-        state = self.abstract_state()
-        gathered = self.abstract_gathered()
-        self._gather = build("gather", self._gather.lower(state["params"]))
-        self._local_grads = build("local_grads", self._local_grads.lower(gathered, self.abstract_batch()))
-        local = jax.eval_shape(self._host_gradients, gathered, self.abstract_batch())
-        local = jax.tree_util.tree_map(
+    def _abstract_local(self) -> LocalGrads[jax.ShapeDtypeStruct]:
+        local = jax.eval_shape(self._host_gradients, self.abstract_gathered(), self.abstract_batch())
+        return jax.tree_util.tree_map(  # type: ignore[no-any-return]
             lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
             local,
             LocalGrads(self.grad_sum_shardings, self.loss_sums_sharding),
         )
-        self._apply = build("apply", self._apply.lower(state, local))
 
     def init_state(self, seed: int) -> dict[str, Any]:
         return self._init(seed)  # type: ignore[no-any-return]
