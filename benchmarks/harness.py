@@ -55,8 +55,11 @@ def slicekeeper_command() -> list[str]:
     return [sys.executable, "-m", "slicekeeper.cli"]
 
 
-def run_once(argv: list[str], log_path: Path, timeout: float, echo_prefix: str) -> tuple[int, float, bool]:
-    """Run one job; its output goes to log_path, leader events (`  [hh:mm:ss] ...`) are echoed.
+def run_once(
+    argv: list[str], log_path: Path, timeout: float, echo_prefix: str, env: dict[str, str] | None = None
+) -> tuple[int, float, bool]:
+    """Run one job; its output goes to log_path, leader events (`  [hh:mm:ss] ...`) are echoed; `env`:
+    its environment (default: this process's).
 
     Returns (exit status, seconds, timed out). On timeout the run is interrupted like a Ctrl-C (it
     stops its hosts and writes its report), then, if still alive after a grace period, killed.
@@ -66,6 +69,7 @@ def run_once(argv: list[str], log_path: Path, timeout: float, echo_prefix: str) 
         process = subprocess.Popen(
             argv,
             cwd=REPO,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
