@@ -53,15 +53,21 @@ Lowering = Any | Callable[[], Any]
 
 class ProgramCache:
     """One process's compiled programs in `directory` (shared by every process of the job is fine:
-    each process's files have keys of their own)."""
+    each process's files have keys of their own). Without a directory every program is compiled;
+    `loaded` and `compiled` still say which programs this start prepared and how."""
 
-    def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory) / "executables"
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.refusal = untrusted(self.directory)
+    def __init__(self, directory: str | Path | None) -> None:
+        self.directory = Path(directory) / "executables" if directory else None
+        self.refusal: str | None = "no compilation cache directory is set"
         """Why the directory is not used (None: it is)."""
-        if self.refusal:
-            _say(f"not using compiled programs in {self.directory}: {self.refusal}")
+        if self.directory is not None:
+            try:
+                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self.refusal = untrusted(self.directory)
+            except OSError as error:  # e.g. a shared volume this user may not write to
+                self.refusal = f"it cannot be made: {error.strerror or error}"
+            if self.refusal:
+                _say(f"not using compiled programs in {self.directory}: {self.refusal}")
         self.storing = self.refusal is None and not jax.config.values.get("jax_compilation_cache_dir")
         """Whether compiled programs are stored (not while JAX's own persistent cache is on)."""
         if self.refusal is None and not self.storing:
@@ -103,15 +109,16 @@ class ProgramCache:
         if signature is None:
             lowered = _lowered(lowering)
             signature = lowered.as_text()
-        path = self.directory / f"{name}-{self.key(name, signature)}.bin"
-        if self.refusal is None:
+        path = None
+        if self.directory is not None and self.refusal is None:
+            path = self.directory / f"{name}-{self.key(name, signature)}.bin"
             compiled = self._load(path)
             if compiled is not None:
                 self.loaded.append(name)
                 return compiled
         compiled = (lowered if lowered is not None else _lowered(lowering)).compile()
         self.compiled.append(name)
-        if self.storing:
+        if self.storing and path is not None:
             self._store(path, compiled)
         return compiled
 
@@ -131,9 +138,7 @@ class ProgramCache:
     def _store(self, path: Path, compiled: Any) -> None:
         try:
             payload = pickle.dumps(serialize_executable.serialize(compiled))
-            with tempfile.NamedTemporaryFile(
-                dir=self.directory, prefix=f".{path.name}.", delete=False
-            ) as out:
+            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as out:
                 out.write(payload)
             os.replace(out.name, path)
         except Exception as error:  # a full disk or an unserializable program costs a compile, no more

@@ -113,6 +113,26 @@ def gather(tree: Any) -> dict[str, np.ndarray]:
     }
 
 
+def local_copy(tree: Any) -> dict[str, np.ndarray]:
+    """Every leaf in full from this process's own shards, keyed like `gather`; no communication.
+
+    For a tree this process holds whole (e.g. parameters gathered over the hosts of its slice and
+    split only over its own devices). A leaf it holds only part of raises ValueError: `gather` it.
+    """
+    copies = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        name = jax.tree_util.keystr(path, simple=True, separator="/")
+        full = np.empty(leaf.shape, leaf.dtype)
+        covered = np.zeros(leaf.shape, bool)
+        for shard in leaf.addressable_shards:
+            full[shard.index] = np.asarray(shard.data)
+            covered[shard.index] = True
+        if not covered.all():
+            raise ValueError(f"{name}: this process holds only part of it; gather it instead")
+        copies[name] = full
+    return copies
+
+
 def fingerprint_gathered(leaves: Mapping[str, np.ndarray]) -> str:
     """sha256 over every leaf's shape, dtype and bytes: equal parameters, equal fingerprints."""
     digest = hashlib.sha256()

@@ -78,6 +78,22 @@ def test_with_a_signature_a_restart_loads_without_lowering_and_another_signature
     assert (changed.calls, cache.compiled) == (1, ["step"])
 
 
+def test_without_a_directory_every_program_is_compiled_and_said_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    cache = ProgramCache(None)
+    for _ in range(2):
+        cache.load_or_compile("step", lowered(2.0), signature="model v1")
+    assert (cache.compiled, cache.loaded) == (["step", "step"], [])
+    assert list(tmp_path.iterdir()) == [] and capsys.readouterr().err == ""  # nothing written, no noise
+
+
+def test_a_directory_that_cannot_be_made_costs_compiles_and_says_why(tmp_path, capsys):
+    (tmp_path / "cache").write_text("a file where the folder should be")
+    cache = ProgramCache(tmp_path / "cache")
+    assert cache.load_or_compile("step", lowered(2.0)) is not None and cache.compiled == ["step"]
+    assert "cannot be made" in capsys.readouterr().err
+
+
 def test_the_directory_is_made_private(tmp_path):
     ProgramCache(tmp_path / "cache")
     assert (tmp_path / "cache" / "executables").stat().st_mode & 0o777 == 0o700

@@ -145,7 +145,7 @@ class ShardedModel:
             abstract_opt, abstract_params, self.param_shardings, replicated
         )
         self.state_shardings = {"params": self.param_shardings, "opt": self.opt_shardings}
-        self._init = jax.jit(self._init_state, static_argnums=0, out_shardings=self.state_shardings)
+        self._init: Any = jax.jit(self._init_state, out_shardings=self.state_shardings)
         self._gather: Any = jax.jit(
             lambda params: params, in_shardings=(self.param_shardings,), out_shardings=self.gathered_shardings
         )
@@ -162,7 +162,7 @@ class ShardedModel:
             donate_argnums=0,
         )
 
-    def _init_state(self, seed: int) -> dict[str, Any]:
+    def _init_state(self, seed: jax.Array | int) -> dict[str, Any]:
         params = init_params(self.config, jax.random.key(seed))
         return {"params": params, "opt": self.tx.init(params)}
 
@@ -203,8 +203,8 @@ class ShardedModel:
         return {"params": params, "opt": opt}, params, local.loss_sums.sum() / chunks
 
     def compile(self, programs: ProgramCache | None = None) -> None:
-        """Compile the programs ahead of time; with `programs`, load the ones this process compiled
-        before (a restart) instead, keyed by `signature()` so that a hit traces nothing
+        """Compile a step's programs ahead of time; with `programs`, load the ones this process
+        compiled before (a restart) instead, keyed by `signature()` so that a hit traces nothing
         (workload/compiled_programs.py)."""
         lowerings = {
             "gather": lambda: self._gather.lower(self.abstract_state()["params"]),
@@ -251,8 +251,16 @@ class ShardedModel:
             LocalGrads(self.grad_sum_shardings, self.loss_sums_sharding),
         )
 
-    def init_state(self, seed: int) -> dict[str, Any]:
-        return self._init(seed)  # type: ignore[no-any-return]
+    def init_state(self, seed: int, programs: ProgramCache | None = None) -> dict[str, Any]:
+        """The state a fresh job starts from; with `programs`, its program loaded when this process
+        compiled it before (the seed is an argument, not part of the program)."""
+        init = self._init
+        if programs is not None:
+            lower = lambda: self._init.lower(jax.ShapeDtypeStruct((), np.int32))  # noqa: E731
+            init = programs.load_or_compile("init", lower, signature=self.signature("init"))
+        state: dict[str, Any] = init(np.int32(seed))
+        jax.block_until_ready(state)
+        return state
 
     def gather(self, params: Params) -> Params:
         """Each host's shard of the parameters -> the parameters it computes on (blocks)."""
