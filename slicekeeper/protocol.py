@@ -47,6 +47,11 @@ ENV_CHECKPOINT_DIR: Final = "SLICEKEEPER_CHECKPOINT_DIR"
 ENV_CHECKPOINT_INTERVAL: Final = "SLICEKEEPER_CHECKPOINT_INTERVAL"
 ENV_CHECKPOINT_KEEP: Final = "SLICEKEEPER_CHECKPOINT_KEEP"
 ENV_COMPILATION_CACHE: Final = "SLICEKEEPER_COMPILATION_CACHE"
+"""Where a workload keeps the programs it compiled, so that its next start loads them
+(workload/compiled_programs.py). Locally one folder of the machine's; in a pod COMPILATION_CACHE_DIR."""
+COMPILATION_CACHE_DIR: Final = "/var/cache/slicekeeper"
+"""In a pod: the compilation cache's volume (its own emptyDir, or spec.workload.compilationCache's
+claim, which the job's pods share)."""
 ENV_STANDBY: Final = "SLICEKEEPER_STANDBY"
 """Set to 1 for a pre-started standby process: `connect()` waits for `go` (see STANDBY below)."""
 ENV_CHAOS_SLOW: Final = "SLICEKEEPER_CHAOS_SLOW"
@@ -137,6 +142,9 @@ class Event(StrEnum):
     CHECKPOINT_SAVED = "checkpoint_saved"
     CHECKPOINT_FAILED = "checkpoint_failed"
     CHECKPOINT_RESTORED = "checkpoint_restored"
+    PROGRAMS = "programs"
+    """Where this start's compiled programs came from: `loaded` (compiled by an earlier start) and
+    `compiled` (names); the report shows which hosts of a restart compiled anything."""
     DONE = "done"
 
 

@@ -17,6 +17,10 @@ time splits into, per host:
   mark at the fault (the steps executed again, and that step);
 - other: what the parts above leave of the whole (gaps between phases).
 
+Each host's entry also lists the programs its new workload `loaded` (compiled by an earlier start)
+and `compiled`, as the workload said (the SDK's `programs` event): a restart at the floor compiles
+nothing.
+
 Hosts whose new generation never reached a productive step (another fault came first) have no total.
 """
 
@@ -34,6 +38,9 @@ PHASES = {
     "program_startup": "programs",
 }
 """Workload phase -> the breakdown's part."""
+
+_PHASE_ENDS = ("phase", "step_begin", "step_end", "done")
+"""The workload events that end a phase."""
 
 PARTS = ("detect", "stop", "launch", *PHASES.values(), "first_step", "steps_again", "other")
 """The parts of a recovery, in the order they happen."""
@@ -90,10 +97,13 @@ def _host_parts(records: list[dict[str, Any]], fired: float, detected: float) ->
     hello = next((r for r in own if r.get("type") == "hello"), None)
     if hello is not None:
         parts["launch"] = float(hello["t"]) - started
-    for index, record in enumerate(own):
+    # A phase lasts until the next phase or step event (other events, e.g. `programs` or
+    # `checkpoint_restored`, are said inside it).
+    marks = [r for r in own if r.get("type") in _PHASE_ENDS]
+    for index, record in enumerate(marks):
         part = PHASES.get(str(record.get("phase"))) if record.get("type") == "phase" else None
-        if part is not None and index + 1 < len(own):
-            parts[part] = parts.get(part, 0.0) + float(own[index + 1]["t"]) - float(record["t"])
+        if part is not None and index + 1 < len(marks):
+            parts[part] = parts.get(part, 0.0) + float(marks[index + 1]["t"]) - float(record["t"])
     begins = [r for r in own if r.get("type") == "step_begin"]
     ends = [r for r in own if r.get("type") == "step_end" and isinstance(r.get("step"), int)]
     if begins and ends:
@@ -104,7 +114,12 @@ def _host_parts(records: list[dict[str, Any]], fired: float, detected: float) ->
             parts["steps_again"] = float(productive["t"]) - first_end
             parts["total"] = float(productive["t"]) - fired
             parts["other"] = max(0.0, parts["total"] - sum(v for k, v in parts.items() if k != "total"))
-    return {"generation": generation, **{k: round(v, 3) for k, v in parts.items()}}
+    entry: dict[str, Any] = {"generation": generation, **{k: round(v, 3) for k, v in parts.items()}}
+    said = [r for r in own if r.get("type") == "programs"]
+    if said:
+        for key in ("loaded", "compiled"):
+            entry[key] = [str(name) for r in said for name in r.get(key) or []]
+    return entry
 
 
 def fault_breakdown(
@@ -136,9 +151,22 @@ def add_breakdowns(report: dict[str, Any], run_dir: Path | str | None = None) ->
         fault["breakdown"] = fault_breakdown(fault, by_host, started_at)
 
 
+def compiled_by_host(breakdown: dict[str, Any] | None) -> dict[int, list[str]]:
+    """Host -> the programs its restarted workload compiled (hosts that compiled nothing left out)."""
+    hosts = (breakdown or {}).get("hosts") or []
+    return {int(h["host"]): list(h["compiled"]) for h in hosts if h.get("compiled")}
+
+
 def breakdown_line(breakdown: dict[str, Any] | None) -> str | None:
-    """`detect 0.02 | stop 0.08 | ... | programs 1.16 (host 2) | ...`: each part's slowest host."""
+    """`detect 0.02 | stop 0.08 | ... | programs 0.26 | ...`: each part's slowest host, then which
+    hosts compiled programs again, if any did."""
     if not breakdown or not breakdown.get("slowest"):
         return None
     slowest = breakdown["slowest"]
-    return " | ".join(f"{LABELS[part]} {slowest[part]['seconds']:.2f}" for part in PARTS if part in slowest)
+    line = " | ".join(f"{LABELS[part]} {slowest[part]['seconds']:.2f}" for part in PARTS if part in slowest)
+    compiled = compiled_by_host(breakdown)
+    if compiled:
+        line += "; compiled again: " + ", ".join(
+            f"host {host} ({', '.join(names)})" for host, names in sorted(compiled.items())
+        )
+    return line

@@ -31,6 +31,7 @@ import markupsafe
 
 from slicekeeper.event_logs import host_records, number
 from slicekeeper.goodput import BADPUT, Category
+from slicekeeper.recovery_breakdown import LABELS, PARTS
 
 CATEGORY_COLOURS: dict[str, str] = {
     Category.PRODUCTIVE: "#a5d6a7",
@@ -395,6 +396,31 @@ def _seconds(value: Any, digits: int = 2) -> str:
     return "-" if seconds is None else f"{seconds:.{digits}f}"
 
 
+def _recovery(fault: dict[str, Any]) -> dict[str, Any]:
+    """One fault's recovery, part by part and host by host (slicekeeper.recovery_breakdown), each
+    part's slowest host marked."""
+    breakdown = fault["breakdown"]
+    hosts = breakdown["hosts"]
+    parts = [p for p in (*PARTS, "total") if any(number(h.get(p)) is not None for h in hosts)]
+    slowest = breakdown.get("slowest", {})
+    rows = [
+        {
+            "host": h["host"],
+            "cells": [
+                (_seconds(h.get(p)), (slowest.get(p) or {}).get("host") == h["host"] and p != "total")
+                for p in parts
+            ],
+            "compiled": ", ".join(h.get("compiled") or []) or ("none" if "compiled" in h else "-"),
+        }
+        for h in hosts
+    ]
+    return {
+        "title": f"{fault.get('kind')} on host {fault.get('host')} at step {fault.get('step')}",
+        "parts": [LABELS.get(p, p) for p in parts],
+        "rows": rows,
+    }
+
+
 def page_context(report: dict[str, Any], timelines: dict[int, HostTimeline]) -> dict[str, Any]:
     """What the template shows, every value ready to print."""
     badput = report.get("badput_seconds", {})
@@ -435,6 +461,7 @@ def page_context(report: dict[str, Any], timelines: dict[int, HostTimeline]) -> 
         }
         for f in report.get("faults", [])
     ]
+    recoveries = [_recovery(f) for f in report.get("faults", []) if (f.get("breakdown") or {}).get("hosts")]
     decisions = [
         {
             "t": _seconds(d.get("t"), 1),
@@ -486,6 +513,7 @@ def page_context(report: dict[str, Any], timelines: dict[int, HostTimeline]) -> 
         "badput_columns": [(category, _breakable(category)) for category in shown],
         "hosts": hosts,
         "faults": faults,
+        "recoveries": recoveries,
         "decisions": decisions,
         "run_dir": report.get("run_dir", ""),
         "fingerprint": report.get("params_fingerprint") or "",
@@ -631,6 +659,26 @@ went to, by goodput category; a pixel shows the category that took most of its t
 {% endfor %}
 </table>
 {% else %}<p class="muted">No fault was injected.</p>{% endif %}
+
+{% if recoveries %}
+<h2>Recoveries</h2>
+<p class="muted">Where each second of a recovery went, from the fault to the first step beyond the progress
+made before it, per host (seconds; <strong>bold</strong>: the slowest host of a part). Compiled: the programs
+a host compiled again instead of loading them.</p>
+{% for r in recoveries %}
+<h3>{{ r.title }}</h3>
+<table class="recovery">
+<tr><th>host</th>{% for part in r.parts %}<th class="num">{{ part }}</th>{% endfor %}<th>compiled</th></tr>
+{% for row in r.rows %}
+<tr><td>{{ row.host }}</td>
+{% for value, slowest in row.cells %}
+<td class="num">{% if slowest %}<strong>{{ value }}</strong>{% else %}{{ value }}{% endif %}</td>
+{% endfor %}
+<td>{{ row.compiled }}</td></tr>
+{% endfor %}
+</table>
+{% endfor %}
+{% endif %}
 
 <h2>Hosts</h2>
 <table id="hosts">

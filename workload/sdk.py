@@ -11,7 +11,7 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -280,6 +280,12 @@ class Session:
 
     def checkpoint_restored(self, step: int, tier: str = "local") -> None:
         self._send(Event.CHECKPOINT_RESTORED, step=step, tier=tier)
+
+    def programs(self, *, loaded: Sequence[str], compiled: Sequence[str]) -> None:
+        """This start's compiled programs are ready: the names of those `loaded` from an earlier
+        start (workload/compiled_programs.py) and of those `compiled` now. The report shows which
+        hosts of each restart compiled anything."""
+        self._send(Event.PROGRAMS, loaded=list(loaded), compiled=list(compiled))
 
     def done(self, step: int, fingerprint: str | None = None) -> None:
         """Training finished on this host after `step`; `fingerprint` identifies the final parameters."""

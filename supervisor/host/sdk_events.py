@@ -37,7 +37,9 @@ SANITY_STEPS = 3
 """Steps after a restore whose loss must be finite, or the restored step is declared bad."""
 
 _STEP_EVENTS = (Event.PHASE, Event.STEP_BEGIN, Event.WORK_DONE, Event.STEP_END)
-_WITH_STEP = {event for event in Event if event not in (Event.HELLO, Event.PHASE)}
+_WITH_STEP = {event for event in Event if event not in (Event.HELLO, Event.PHASE, Event.PROGRAMS)}
+_NAMES_LIMIT = 64
+"""Program names a `programs` event may list, in each of its lists."""
 
 
 def _real(value: Any) -> bool:
@@ -55,10 +57,20 @@ _FIELDS: dict[str, Callable[[Any], bool]] = {
     "tier": lambda value: isinstance(value, str),
     "reason": lambda value: isinstance(value, str),
     "during": lambda value: isinstance(value, str),
+    "loaded": lambda value: _names(value),
+    "compiled": lambda value: _names(value),
 }
 """What each field an event may carry must be (a step: a 64-bit count), checked before any of it is
 used: a workload's malformed word is ignored here rather than forwarded to the leader (which would
 refuse the report), set on a metric or kept for the exit (a `done` without a step)."""
+
+
+def _names(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) <= _NAMES_LIMIT
+        and all(isinstance(name, str) and len(name) <= 200 for name in value)
+    )
 
 
 def _event(message: dict[str, Any]) -> Event:
@@ -204,6 +216,10 @@ class SdkEvents:
                     self._say(f"ignored a malformed SDK message {line[:200]!r}: {error!r}")
                 line = await reader.readline()
         except ConnectionError:
+            pass
+        except asyncio.CancelledError:
+            # The supervisor is ending (a waiting standby's handler, typically). Not raised on:
+            # Python 3.11's stream server logs a handler task that ends cancelled as an error.
             pass
         except ValueError as error:  # a line over SDK_LINE_LIMIT (an event's own error is caught above)
             self._say(f"dropped the SDK connection, a line over its limit: {error}")

@@ -134,3 +134,21 @@ def test_a_host_loading_another_hosts_shard_passes_the_restore_check_and_is_caug
     assert nothing_lost(report, clean) == [
         f"final parameters {fingerprint} differ from the fault-free run's {clean_fingerprint}"
     ]
+
+
+def test_a_restart_whose_compiled_programs_cannot_be_used_is_caught_compiling_them_again(
+    tmp_path, clean, monkeypatch
+):
+    # The control of the check every run above passes (recovery_checks.compiled_again): a compilation
+    # cache others may write to is not used (workload/compiled_programs.py), so every host of the
+    # restart compiles its programs again; the run loses nothing else.
+    cache = tmp_path / "open-cache"
+    (cache / "executables").mkdir(parents=True)
+    (cache / "executables").chmod(0o777)
+    monkeypatch.setenv("SLICEKEEPER_COMPILATION_CACHE", str(cache))
+    report = run_example(tmp_path / "run", "--chaos", "kill:host=2@step=40")
+    assert nothing_lost(report, clean) == [
+        f"generation 1: host {h} compiled ['gather', 'local_grads', 'apply'] again "
+        "(world [0, 1, 2, 3] ran before)"
+        for h in range(4)
+    ]

@@ -9,7 +9,10 @@ every restart is checked on its own, from what the report records of it:
   when it stopped (recomputed here from the holdings, independently of the leader's restore plan);
 - every host of the world staged that step, and its workload loaded exactly that step (or, in a
   generation stopped again before it said so, nothing);
-- the steps executed again are the ones between the restore and the job's high-water mark.
+- the steps executed again are the ones between the restore and the job's high-water mark;
+- no host of a restart compiled a program again when its world (the hosts taking part) ran before:
+  a restart, a hot-swap or a return to an earlier size loads what was compiled (the workloads say
+  which programs they loaded and compiled; the report lists it per fault and host).
 
 `problems()` returns each violation as a sentence (empty: none), so a test can assert it is empty
 and a negative control (tests/fixtures/misrestoring_trainer.py) can assert which one it found.
@@ -94,6 +97,24 @@ def problems(
     for number, recovery in enumerate(report["recoveries"]):
         last = number == len(report["recoveries"]) - 1
         found += _recovery_problems(report, recovery, hosts_per_slice, last=last)
+    return found + compiled_again(report)
+
+
+def compiled_again(report: dict[str, Any]) -> list[str]:
+    """Each host that compiled programs at a restart into a world that had run before."""
+    worlds = {r["generation"]: tuple(sorted(r["world"])) for r in report["recoveries"]}
+    every_host = tuple(sorted(h["host"] for h in report["hosts"]))
+    found = []
+    for fault in report["faults"]:
+        for host in (fault.get("breakdown") or {}).get("hosts", []):
+            generation = host["generation"]
+            world = worlds.get(generation)
+            earlier = {every_host} | {w for g, w in worlds.items() if g < generation}
+            if host.get("compiled") and world in earlier:
+                found.append(
+                    f"generation {generation}: host {host['host']} compiled {host['compiled']} again "
+                    f"(world {list(world or ())} ran before)"
+                )
     return found
 
 

@@ -308,6 +308,41 @@ def test_the_decisions_and_the_faults_are_listed(tmp_path):
     assert "the run ended first" in text
 
 
+def test_each_recovery_is_shown_part_by_part_per_host_with_the_slowest_marked_and_what_was_compiled(tmp_path):
+    report = made_up_run(tmp_path / "run")
+    hosts = [
+        {
+            "host": 0,
+            "generation": 1,
+            "detect": 0.5,
+            "stop": 0.2,
+            "programs": 0.3,
+            "total": 4.0,
+            "compiled": [],
+        },
+        {
+            "host": 1,
+            "generation": 1,
+            "detect": 0.5,
+            "stop": 0.1,
+            "programs": 2.5,
+            "total": 4.5,
+            "compiled": ["apply"],
+        },
+    ]
+    slowest = {"detect": {"seconds": 0.5, "host": 1}, "stop": {"seconds": 0.2, "host": 0}}
+    slowest |= {"programs": {"seconds": 2.5, "host": 1}, "total": {"seconds": 4.5, "host": 1}}
+    report["faults"][0]["breakdown"] = {"hosts": hosts, "slowest": slowest}
+    page = render_page(report, read_timelines(report))
+    [table] = page.split('<table class="recovery">')[1:]  # the hang was never detected: no breakdown
+    assert "kill on host 1 at step 6" in page
+    rows = table.split("</table>")[0].split("</tr>")
+    assert parse_page(rows[0]).text.split() == ["host", "detect", "stop", "programs", "total", "compiled"]
+    assert "<strong>0.20</strong>" in rows[1] and "<strong>2.50</strong>" in rows[2]
+    assert "none" in parse_page(rows[1]).text and "apply" in parse_page(rows[2]).text
+    assert "<strong>4.50</strong>" not in rows[2]  # the whole is not a part
+
+
 # --- what it reads, what it shows, where it goes -------------------------------------------------
 
 

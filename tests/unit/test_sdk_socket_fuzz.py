@@ -47,7 +47,21 @@ pytestmark = pytest.mark.timeout(120)
 WAIT = 5.0
 MARK = 424_242
 """The step of the well-formed events sent after the hostile ones."""
-FIELDS = ["step", "loss", "work", "phase", "tier", "reason", "during", "fingerprint", "pid", "standby", "t"]
+FIELDS = [
+    "step",
+    "loss",
+    "work",
+    "phase",
+    "tier",
+    "reason",
+    "during",
+    "fingerprint",
+    "pid",
+    "standby",
+    "t",
+    "loaded",
+    "compiled",
+]
 
 HOSTILE_NUMBERS = st.sampled_from(
     [10**100, -(10**100), 2**63, 2**64, -1, math.nan, math.inf, -math.inf, 1e308, -0.0, True]

@@ -239,6 +239,18 @@ def test_done_carries_the_last_step_and_the_fingerprint(supervisor):
     assert (done["type"], done["step"], done["fingerprint"]) == ("done", 200, "abc123")
 
 
+def test_programs_names_what_this_start_loaded_and_compiled(supervisor):
+    session = connect(env_for(supervisor.path))
+    session.programs(loaded=("gather", "apply"), compiled=["local_grads"])
+    session.close()
+    said = supervisor.messages()[-1]
+    assert (said["type"], said["loaded"], said["compiled"]) == (
+        "programs",
+        ["gather", "apply"],
+        ["local_grads"],
+    )
+
+
 def test_a_session_over_a_socket_pair_sends_the_same_lines():
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     session = Session(HostIdentity.from_env({}), ours)
