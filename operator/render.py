@@ -229,6 +229,7 @@ class RenderedJob:
                             {"name": "slicekeeper-config", "mountPath": CONFIG_DIR, "readOnly": True},
                             {"name": "local-checkpoints", "mountPath": spec.checkpoint.local_dir},
                             {"name": "credentials", "mountPath": CREDENTIALS_DIR, "readOnly": True},
+                            {"name": "compilation-cache", "mountPath": protocol.COMPILATION_CACHE_DIR},
                             *self._policy_mount(),
                         ],
                     }
@@ -237,6 +238,7 @@ class RenderedJob:
                     {"name": "slicekeeper-config", "configMap": {"name": config_map_name(self.name)}},
                     *self._policy_volume(),
                     {"name": "local-checkpoints", "emptyDir": {"medium": "Memory"}},
+                    self._compilation_cache_volume(),
                     {
                         "name": "credentials",
                         # Owner-readable only; the supervisor keeps the workload from them (workload
@@ -266,6 +268,14 @@ class RenderedJob:
                 ]
             },
         }
+
+    def _compilation_cache_volume(self) -> dict[str, Any]:
+        """The pod's own (a restart within it loads what it compiled), or the claim the job's pods
+        share (a replacement loads what its predecessor compiled)."""
+        claim = self.job.spec.workload.compilation_cache.claim_name
+        if claim is None:
+            return {"name": "compilation-cache", "emptyDir": {}}
+        return {"name": "compilation-cache", "persistentVolumeClaim": {"claimName": claim}}
 
     def _policy_mount(self) -> list[dict[str, Any]]:
         if not self._policy_volume():

@@ -22,6 +22,7 @@ from slicekeeper import tpu
 from slicekeeper.api_spec import (
     DEFAULT_COMMAND,
     CheckpointSpec,
+    CompilationCacheSpec,
     EnvVar,
     HealthSpec,
     KueueSpec,
@@ -56,6 +57,7 @@ __all__ = [
     "PLURAL",
     "SHORT_NAME",
     "CheckpointSpec",
+    "CompilationCacheSpec",
     "Condition",
     "EnvVar",
     "HealthSpec",

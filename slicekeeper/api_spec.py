@@ -62,6 +62,22 @@ class EnvVar(Model):
     value: str = ""
 
 
+class CompilationCacheSpec(Model):
+    """Where each host keeps the programs it compiled, so that a restarted workload loads them
+    instead of compiling (workload/compiled_programs.py)."""
+
+    claim_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="A PersistentVolumeClaim every pod of the job mounts (ReadWriteMany: a Filestore "
+        "share, or a bucket through the GCS FUSE CSI driver), writable by the image's user: a "
+        "replacement pod, or the spare that takes over a host, loads what the host it replaces "
+        "compiled. Absent: each pod keeps its own (an emptyDir): a restart within the pod loads, a "
+        "replacement pod compiles once. Ignored by `slicekeeper run`, whose hosts share a folder.",
+    )
+
+
 class WorkloadSpec(Model):
     """What runs on every host: the user's training command (the reference JAX trainer by default)."""
 
@@ -78,6 +94,7 @@ class WorkloadSpec(Model):
         "export`) that the job starts from, resharded onto its mesh, at the step it holds, until the job "
         "has a checkpoint of its own. A path every host can read, or a URI the framework reads.",
     )
+    compilation_cache: CompilationCacheSpec = Field(default_factory=CompilationCacheSpec)
     standby: bool = Field(
         default=False,
         description="Keep a pre-started workload process (imports done) waiting to replace the workload "

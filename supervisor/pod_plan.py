@@ -93,7 +93,7 @@ def pod_plan(env: Mapping[str, str], command: list[str]) -> tuple[JobPlan, int]:
         leader=f"{leader}:{protocol.SUPERVISOR_PORT}",
         total_steps=job.spec.workload.steps,
         checkpoint_root=job.spec.checkpoint.local_dir,
-        compilation_cache=None,
+        compilation_cache=protocol.COMPILATION_CACHE_DIR,
         local=False,
         metrics_port=protocol.METRICS_PORT,
         run_key=f"{namespace}/{job.metadata.name}",

@@ -37,7 +37,9 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 STARTUP = 180.0
 """Seconds for four JAX processes to start and compile on two shared cores."""
 
-SHORT_STEPS = 30
+SHORT_STEPS = 60
+"""Steps of the short job: long enough (about 5 s of training) for a disruption at step 8 to find
+it still running."""
 LEADER_POD = "tiny-lm-s0-w0"
 """Host 0's pod: its supervisor is the job's first leader."""
 LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/tiny-lm-leader"
@@ -80,6 +82,18 @@ def reasons(kube: Kube) -> list[str]:
     return [e["reason"] for e in kube.events(NS)]
 
 
+def compiled_by_generation(cluster_dir: Path) -> dict[int, list[list[str]]]:
+    """Generation -> what each pod's workload compiled in it (its SDK `programs` event), from every
+    pod's event log."""
+    said: dict[int, list[list[str]]] = {}
+    for log in cluster_dir.glob("pods/*/run-dir/*/events.jsonl"):
+        for line in log.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("source") == "workload" and record.get("type") == "programs":
+                said.setdefault(record["generation"], []).append(record["compiled"])
+    return said
+
+
 async def test_a_job_trains_in_pods_survives_node_losses_and_scales_down_and_back_up(tmp_path: Path):
     async with (
         emulated_cluster() as kube,
@@ -112,6 +126,10 @@ async def test_a_job_trains_in_pods_survives_node_losses_and_scales_down_and_bac
         assert "HotSwap" in reasons(kube)
         assert status(kube)["restarts"]["host_lost"] >= 1 and status(kube)["restarts"]["replace"] == 1
         assert status(kube)["slicesActive"] == 2
+        # The restart loaded its programs from each surviving pod's own volume; only the
+        # replacement pod, on a new node, compiled them.
+        said = compiled_by_generation(tmp_path / "cluster")
+        assert sorted(map(len, said[min(g for g in said if g > 0)])) == [0, 0, 0, 3], said
 
         # Node b-2 dies too: no node is left in pool b, the replacement stays Pending, the policy
         # drops slice 1 after replacementTimeoutSeconds and training goes on with slice 0.

@@ -57,6 +57,8 @@ def test_every_rendered_pod_finds_its_host_its_leader_and_its_workload(tmp_path)
             4,
         )  # v5p-16: 4 chips a host
         assert plan.checkpoint_root == job.spec.checkpoint.local_dir
+        mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+        assert plan.compilation_cache == mounts["compilation-cache"]  # kept across workload restarts
         assert plan.run_key == "research/tiny-lm"
         spec = plan.training_job.spec
         assert spec.workload.command == pod["spec"]["containers"][0]["args"] and spec.workload.args == []

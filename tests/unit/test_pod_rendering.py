@@ -17,6 +17,7 @@ from slicekeeper.operator.render import (
     render,
 )
 
+from slicekeeper import protocol
 from slicekeeper.api import load_training_job, parse_training_job
 from tests.support.cli_runs import ROOT, run_cli
 
@@ -181,6 +182,19 @@ def test_a_users_policy_config_map_is_mounted_as_it_is():
     assert {"name": "policy", "configMap": {"name": "my-policy"}} in pod["spec"]["volumes"]
     mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
     assert mounts["policy"] == "/etc/slicekeeper/user-policy"
+
+
+def test_each_pod_keeps_its_compiled_programs_on_its_own_volume_or_on_the_jobs_shared_claim():
+    own = next(render(job({"type": "v5p-16"})).pods())
+    mounts = {m["name"]: m["mountPath"] for m in own["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["compilation-cache"] == protocol.COMPILATION_CACHE_DIR
+    assert {"name": "compilation-cache", "emptyDir": {}} in own["spec"]["volumes"]
+    shared = next(
+        render(job({"type": "v5p-16"}, workload={"compilationCache": {"claimName": "programs"}})).pods()
+    )
+    claim = {"name": "compilation-cache", "persistentVolumeClaim": {"claimName": "programs"}}
+    assert claim in shared["spec"]["volumes"]
+    kubernetes_validate.validate(shared, KUBERNETES_VERSION, strict=True)
 
 
 def test_a_subset_of_slices_renders_only_their_pods_and_keeps_their_identity():
