@@ -16,7 +16,8 @@ for small jobs (with two hosts, a median over both would halve a 2x slowdown int
 own median / reference, so 1.0 is normal and 2.0 is twice as slow (NVRx reports the inverse,
 reference / own, where low is bad). A host is over the line when its score is >= `threshold` and its
 median exceeds the reference by at least `min_excess_seconds` (a 30% excess of a millisecond is
-scheduling noise, not a sick host). It is a straggler when it stays over the line for `persistence`
+scheduling noise, not a sick host; 5 ms, half of what a 2x slowdown adds to the reference job's
+10 ms of own work per step on CPU devices). It is a straggler when it stays over the line for `persistence`
 consecutive scored steps: a sustained slowdown, never one noisy step. Each host is reported once per
 `reset`; scores stay available for metrics and for the policy's context.
 
@@ -81,7 +82,7 @@ class StragglerDetector:
         threshold: float = 1.3,
         persistence: int = 6,
         warmup: int = 2,
-        min_excess_seconds: float = 0.01,
+        min_excess_seconds: float = 0.005,
     ) -> None:
         if window < 1 or persistence < 1 or warmup < 0:
             raise ValueError("window and persistence must be at least 1, warmup at least 0")

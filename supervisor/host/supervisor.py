@@ -258,9 +258,9 @@ class HostSupervisor:
         metrics_port = self.metrics.serve(self.site.metrics_port(self.host, self.machine), bind)
         self.site.announce_metrics(self.machine, bind, metrics_port)
         sdk_server = await self.sdk.serve(self._socket_path)
-        if self.restart and self.host >= 0:
-            # Its workload died with the supervisor before it: the restart it rejoins needs one, and
-            # the imports are done while the leader decides.
+        if self.host >= 0:
+            # The first generation (or, after a supervisor restart, the restart it rejoins) needs a
+            # workload: its imports are done while the hosts gather and the leader decides.
             self._spawn_task(self.workloads.prestart(0))
         advertise = self.site.advertised_address(self.layout, self.identity, bind)
         replica_address = await self.tiers.serve(bind, advertise=advertise)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.cli_runs import ROOT, processes_mentioning, read_report, run_cli, sdk_loop_job
+from tests.support.recovery_checks import problems
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -37,8 +38,13 @@ def test_a_killed_and_a_hung_host_of_a_ddp_loop_recover_with_the_fault_free_para
     assert report["params_fingerprint"] == clean["params_fingerprint"]
     assert report["restarts"] == {"crash": 1, "hang": 1}
     assert [(f["kind"], f["detected_as"]) for f in report["faults"]] == [("kill", "crash"), ("hang", "hang")]
-    # Both restarts went back to the newest step every host held (interval 5), none from scratch.
-    assert [r["restore_step"] for r in report["recoveries"]] == [10, 25]
+    # Both restarts went back to the newest step every host held (interval 5), none from scratch. A
+    # step takes milliseconds here: a fault fired as a step begins takes effect a few steps later
+    # (the hang above stopped host 3 at step 31 in one run), so the steps are recomputed from what the
+    # hosts held rather than written down.
+    assert problems(report, fingerprint=clean["params_fingerprint"], steps=STEPS) == []
+    kill, hang = report["recoveries"]
+    assert 10 <= kill["restore_step"] < 27 and 25 <= hang["restore_step"] < STEPS
     assert processes_mentioning(report["run_dir"]) == []
 
 
