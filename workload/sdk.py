@@ -207,12 +207,16 @@ class Session:
     def torch_distributed_args(self) -> dict[str, Any]:
         """Keyword arguments for `torch.distributed.init_process_group` for this generation (add the
         backend): the TCP store at the generation's coordinator, served by rank 0, as JAX's process 0
-        serves its coordinator there; the world is this generation's hosts, as for JAX."""
+        serves its coordinator there; the world is this generation's hosts, as for JAX. Every rank
+        but 0 returns once the store listens: a client refused at first retries after a backoff of
+        its own (0.6 s of a restart here; 2.2 s when rank 0 came up 2 s late)."""
         if self.identity.coordinator is None:
             raise RuntimeError(
                 "no coordinator for this generation: torch.distributed needs the supervisor's "
                 f"{protocol.ENV_COORDINATOR} (run the loop under `slicekeeper run` or in a TrainingJob)"
             )
+        if self.identity.process_id != 0:
+            wait_for_listener(self.identity.coordinator, COORDINATOR_WAIT_SECONDS)
         return {
             "init_method": f"tcp://{self.identity.coordinator}",
             "rank": self.identity.process_id,

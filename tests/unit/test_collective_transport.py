@@ -68,3 +68,15 @@ def test_without_new_event_loops_nothing_is_changed():
     with Waiter(in_epoll=False) as worker:
         assert transport.quiet() == []
         assert policy(worker) == os.SCHED_OTHER
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="leaving the idle class needs CAP_SYS_NICE")
+def test_a_workload_being_stopped_has_its_idle_threads_woken_first():
+    from slicekeeper.supervisor.workload_process import wake_idle_threads
+
+    transport = TransportThreads()
+    with Waiter(in_epoll=True) as loop, Waiter(in_epoll=False) as worker:
+        assert transport.quiet() == [loop]
+        assert wake_idle_threads(os.getpid()) == [loop]  # only the idle one
+        assert policy(loop) == policy(worker) == os.SCHED_OTHER
+        assert wake_idle_threads(os.getpid()) == []  # nothing left to wake

@@ -136,8 +136,17 @@ def test_after_a_scale_down_jax_distributed_gets_the_smaller_world_and_the_rank_
     }
 
 
-def test_the_other_processes_get_their_arguments_once_the_coordinator_listens():
-    # A refused first connection costs JAX's gRPC client a 1 s reconnect backoff: wait instead.
+DISTRIBUTED_ARGS = {
+    "jax": lambda session: session.jax_distributed_args()["coordinator_address"],
+    "torch": lambda session: session.torch_distributed_args()["init_method"].removeprefix("tcp://"),
+}
+"""Each framework's arguments, reduced to the coordinator's address they name."""
+
+
+@pytest.mark.parametrize("framework", DISTRIBUTED_ARGS)
+def test_the_other_processes_get_their_arguments_once_the_coordinator_listens(framework):
+    # A refused first connection costs JAX's gRPC client a 1 s reconnect backoff, and torch's
+    # TCPStore client a backoff of its own: wait instead.
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -152,17 +161,21 @@ def test_the_other_processes_get_their_arguments_once_the_coordinator_listens():
     late = threading.Thread(target=listen_later)
     late.start()
     session = connect(env_for(None, **{protocol.ENV_COORDINATOR: address}))
-    assert session.jax_distributed_args()["coordinator_address"] == address
+    assert DISTRIBUTED_ARGS[framework](session) == address
     assert listening.is_set()  # it did not return before the coordinator listened
     late.join()
 
 
-def test_process_0_starts_the_coordinator_and_does_not_wait_for_it(monkeypatch):
+@pytest.mark.parametrize("framework", DISTRIBUTED_ARGS)
+def test_process_0_starts_the_coordinator_and_does_not_wait_for_it(monkeypatch, framework):
     waited = []
     monkeypatch.setattr(sdk, "wait_for_listener", lambda *args: waited.append(args) or True)
     extra = {protocol.ENV_PROCESS_ID: "0", protocol.ENV_COORDINATOR: "127.0.0.1:9"}
-    assert connect(env_for(None, **extra)).jax_distributed_args()["process_id"] == 0
+    assert DISTRIBUTED_ARGS[framework](connect(env_for(None, **extra))) == "127.0.0.1:9"
     assert waited == []
+    extra[protocol.ENV_PROCESS_ID] = "1"  # the control: another process waits
+    DISTRIBUTED_ARGS[framework](connect(env_for(None, **extra)))
+    assert waited == [("127.0.0.1:9", sdk.COORDINATOR_WAIT_SECONDS)]
 
 
 def test_nobody_listening_gives_up_after_the_timeout_and_leaves_the_rest_to_jax():

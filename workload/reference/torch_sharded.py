@@ -5,9 +5,9 @@ replicas (`replica`), and every parameter and its optimizer moments are split by
 of a slice (`fsdp`), so a host holds only its own rows, shared with nobody but its twins (the same
 worker in the other slices). A step is the same two phases:
 
-- `local_grads`: the parameters gathered over the slice (a DTensor sharded over `fsdp`, made whole:
-  FSDP's all-gather), then this host's own chunks of the global batch, each chunk's gradient kept
-  apart. No cross-host communication: the end of this phase is the end of the host's own work.
+- `local_grads`: the parameters gathered over the slice (FSDP's all-gather over `fsdp`), then this
+  host's own chunks of the global batch, each chunk's gradient kept apart. No cross-host
+  communication: the end of this phase is the end of the host's own work.
 - `apply`: every host's chunk gradients gathered over the whole generation and summed in chunk
   order, each host updating its own rows with AdamW.
 
@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
-from slicekeeper.workload import dcp_format
 from slicekeeper.workload.local_tier import Shards
 from slicekeeper.workload.reference.batches import ChunkPlan, ModelConfig, synthetic_batch
 from slicekeeper.workload.reference.torch_model import (
@@ -41,7 +40,6 @@ from slicekeeper.workload.reference.torch_model import (
     loss_and_grads,
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from slicekeeper.shard_folder import Layout, LeafLayout
 
@@ -127,7 +125,10 @@ class ShardedTorchModel:
         """This host's rows -> the whole parameters (an all-gather over the slice: every host of the
         slice must call it)."""
         flat = torch.cat([shard[name].reshape(-1) for name in self.shapes])
-        whole = DTensor.from_local(flat, self.mesh, [Replicate(), Shard(0)]).full_tensor()
+        # The all-gather a DTensor sharded over `fsdp` makes when made whole (`full_tensor()`), called
+        # directly: a DTensor's first operation imports torch._dynamo, 0.5-0.8 s of every restart.
+        whole = torch.empty(self.parts * flat.numel(), dtype=flat.dtype, device=flat.device)
+        dist.all_gather_into_tensor(whole, flat, group=self.mesh.get_group("fsdp"))
         parts = whole.reshape(self.parts, -1)  # host p's rows of every parameter, in order
         params: Params = {}
         offset = 0
@@ -203,6 +204,11 @@ class ShardedTorchModel:
         """This host's rows and the step from a DCP checkpoint (`slicekeeper checkpoint export`'s, or
         any with the same keys), read as DTensors on this job's mesh: DCP reads each host's rows only,
         whatever world size wrote it. A collective: every host calls it."""
+        # Imported here, for a start from an export only: with DTensor's operators they are half a
+        # second of every process's imports, a standby's included.
+        from slicekeeper.workload import dcp_format
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
         shard = {
             name: torch.zeros(stop - start, *self.shapes[name][1:], device=self.device)
             for name, (start, stop) in self.rows.items()
