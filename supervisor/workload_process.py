@@ -33,7 +33,7 @@ def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[],
     return run
 
 
-def wake_idle_threads(pid: int, tasks: Path = Path("/proc")) -> list[int]:
+def wake_idle_threads(pid: int, proc: Path = Path("/proc")) -> list[int]:
     """Put process `pid`'s threads of the idle scheduling class back in the normal one; the thread
     ids changed. The reference trainers put gloo's event loop there on CPU devices
     (workload/collective_transport.py), and a killed process ends only once each of its threads has
@@ -43,7 +43,7 @@ def wake_idle_threads(pid: int, tasks: Path = Path("/proc")) -> list[int]:
     if not hasattr(os, "SCHED_IDLE"):
         return []
     try:
-        threads = [int(name) for name in os.listdir(tasks / str(pid) / "task")]
+        threads = [int(name) for name in os.listdir(proc / str(pid) / "task")]
     except (OSError, ValueError):
         return []
     woken = []
