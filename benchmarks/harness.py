@@ -6,7 +6,8 @@
   failed), `tail`;
 - a run's artifacts: its hosts' events.jsonl (`read_events`), their completed steps
   (`step_intervals`, `step_durations`) and checkpoint save phases (`checkpoint_save_seconds`);
-- the table: `Row` (one metric over runs, with its target), `format_value`, `format_table`.
+- the table: `Row` (one metric over runs, with its target), `format_value`, `format_table`;
+  `breakdown_table`, a fault's recovery per host and part.
 
 A benchmark imports it as `harness` (`python benchmarks/<name>.py` puts this folder on sys.path):
 recovery.py, handover.py, checkpoint.py, policy.py and layout.py, and the parts of checkpoint.py and
@@ -29,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
+
+from slicekeeper.recovery_breakdown import LABELS, PARTS
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_JOB = REPO / "examples" / "trainingjob.yaml"
@@ -357,3 +360,24 @@ def format_table(rows: list[Row], runs: int) -> str:
     ]
     out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(out)
+
+
+# --- a recovery's breakdown -------------------------------------------------------------------------
+def breakdown_table(title: str, breakdown: dict[str, Any] | None) -> list[str]:
+    """A fault's recovery part by part and host by host, in seconds (the report's
+    `faults[].breakdown`, slicekeeper.recovery_breakdown), so the next bottleneck shows; no lines
+    when the fault has none."""
+    hosts = (breakdown or {}).get("hosts") or []
+    if not hosts:
+        return []
+    parts = [p for p in (*PARTS, "total") if any(p in h for h in hosts)]
+    widths = [max(len(LABELS.get(p, p)), 5) + 2 for p in parts]
+    header = "".join(f"{LABELS.get(p, p):>{w}}" for p, w in zip(parts, widths, strict=True))
+    lines = [f"{title}: seconds per part", "  " + f"{'host':<6}" + header]
+    for host in hosts:
+        cells = "".join(
+            f"{host[p]:>{w}.2f}" if isinstance(host.get(p), int | float) else f"{'-':>{w}}"
+            for p, w in zip(parts, widths, strict=True)
+        )
+        lines.append("  " + f"{host['host']:<6}" + cells)
+    return lines

@@ -58,6 +58,7 @@ from harness import (
     FRAMEWORK_JOBS,
     Row,
     RunFailed,
+    breakdown_table,
     checkpoint_save_seconds,
     finish,
     format_table,
@@ -69,7 +70,6 @@ from harness import (
 )
 
 from slicekeeper.chaos import Fault, parse_chaos
-from slicekeeper.recovery_breakdown import LABELS, PARTS
 
 DEFAULT_CHAOS = "kill:host=2@step=40,hang:host=0@step=80"
 
@@ -405,8 +405,11 @@ def main(argv: list[str] | None = None) -> int:
             say(f"{name}: {len(measured.figures)} of {args.runs} run(s), {steps} steps each; median/min/max")
             say(format_table(rows, len(measured.figures)))
             say("")
-            for line in breakdown_tables(measured.figures):
-                say(line)
+            for run in measured.figures:
+                for fault in run.faults:
+                    where = f"run {run.run}, {fault.kind} on host {fault.host} @ step {fault.step}"
+                    for line in breakdown_table(where, fault.breakdown):
+                        say(line)
             say("")
         results[name] = {
             "job": str(job),
@@ -442,30 +445,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         say(f"raw figures: {args.json}")
     return finish(failures, work, keep)
-
-
-def breakdown_tables(runs: list[RunFigures]) -> list[str]:
-    """Each run's recoveries, part by part and host by host (seconds), so the next bottleneck shows."""
-    lines = []
-    for run in runs:
-        for fault in run.faults:
-            if not fault.breakdown or not fault.breakdown.get("hosts"):
-                continue
-            hosts = fault.breakdown["hosts"]
-            parts = [p for p in (*PARTS, "total") if any(p in h for h in hosts)]
-            lines.append(
-                f"run {run.run}, {fault.kind} on host {fault.host} @ step {fault.step}: seconds per part"
-            )
-            widths = [max(len(LABELS.get(p, p)), 5) + 2 for p in parts]
-            header = "".join(f"{LABELS.get(p, p):>{w}}" for p, w in zip(parts, widths, strict=True))
-            lines.append("  " + f"{'host':<6}" + header)
-            for host in hosts:
-                cells = "".join(
-                    f"{host[p]:>{w}.2f}" if isinstance(host.get(p), int | float) else f"{'-':>{w}}"
-                    for p, w in zip(parts, widths, strict=True)
-                )
-                lines.append("  " + f"{host['host']:<6}" + cells)
-    return lines
 
 
 def time_ratio(results: dict[str, dict[str, Any]]) -> float | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from slicekeeper.report_page import CATEGORY_COLOURS
+from slicekeeper.report_timeline import CATEGORY_COLOURS
 from tests.support.browser import colours, has_colour, visit
 from tests.support.cli_runs import run_job
 from tests.support.secrets import leaked_fragments

@@ -17,7 +17,8 @@ import pytest
 from slicekeeper.supervisor.local_runtime import write_page_beside
 
 from slicekeeper import report_page
-from slicekeeper.report_page import PLOT_WIDTH, page_path, read_timelines, render_page, write_page
+from slicekeeper.report_page import page_path, render_page, write_page
+from slicekeeper.report_timeline import PLOT_WIDTH, read_timelines
 from tests.support.html_page import parse_page, shows_as_text
 
 STARTED = 1_700_000_000.0
