@@ -5,9 +5,9 @@ Two sources, both on the pods (the operator never talks to the supervisors):
 - the pods themselves: how many slices have every pod Running (`slicesReady`), how many times the
   operator replaced a host's pod (the `slicekeeper.dev/hot-swaps` annotation each replacement
   carries, summed into `restarts.replace`), whether every pod Succeeded;
-- the leader's view, which the leading supervisor (slice 0 worker 0's at the start, any host's after
-  a hand-over; the newest term's view counts) publishes on its own pod (annotation
-  `slicekeeper.dev/status`, supervisor/own_pod.py): the training step, the slices taking part
+- the leader's view (slicekeeper.leader_view), which the leading supervisor (slice 0 worker 0's at the
+  start, any host's after a hand-over; the newest term's view counts) publishes on its own pod
+  (annotation `slicekeeper.dev/status`, supervisor/own_pod.py): the training step, the slices taking part
   (`slicesActive`, fewer after a scale-down), in-job restarts by kind, the newest restorable
   checkpoint step, goodput, and whether the job is restarting or finished.
 
@@ -20,19 +20,22 @@ slices than it asked for. Pure functions: tested without an API server.
 from __future__ import annotations
 
 import datetime
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from slicekeeper.operator.render import GROUP, LABEL_SLICE, pod_name
 
+from slicekeeper import leader_view as views
 from slicekeeper import protocol
 from slicekeeper.api import TrainingJob
+from slicekeeper.leader_view import LeaderView
 
 HOT_SWAPS_ANNOTATION = f"{GROUP}/hot-swaps"
 """On a replacement pod: how many times its host has been replaced (status.restarts.replace sums them)."""
 SCALE_EVENTS = {"ScaleDown": "down", "ScaleUp": "up"}
 """The reasons of the events a change of `slicesActive` posts, and the kind of scaling each says."""
+COPIED = ("step", "slicesActive", "lastCheckpointStep", "lastRestore", "goodput", "paramsFingerprint")
+"""What of the leader's view the TrainingJob's status shows as it is, when the view has it."""
 
 
 @dataclass(frozen=True)
@@ -70,21 +73,22 @@ def with_condition(conditions: list[dict[str, Any]], new: dict[str, str]) -> lis
     return [*(c for c in conditions if c.get("type") != new["type"]), new]
 
 
-def leader_view(job: TrainingJob, pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+def leader_view(job: TrainingJob, pods: list[dict[str, Any]]) -> LeaderView | None:
     """What the job's leader last published on its pod, or None (not yet, or unreadable). Any host's
     supervisor may lead (the job's Lease elects it): the view of the newest term wins, so a leader
     replaced (and fenced) leaves a stale view behind that no longer counts."""
-    views = []
+    found: list[tuple[int, bool, LeaderView]] = []
     for pod in pods:
         text = (pod["metadata"].get("annotations") or {}).get(protocol.ANNOTATION_STATUS)
+        if not text:
+            continue
         try:
-            view = json.loads(text) if text else None
+            view = views.decode(text)
         except ValueError:
             continue
-        if isinstance(view, dict):
-            first = pod["metadata"]["name"] == pod_name(str(job.metadata.name), 0, 0)
-            views.append((int(view.get("term") or 0), first, view))
-    return max(views, key=lambda found: found[:2])[2] if views else None
+        first = pod["metadata"]["name"] == pod_name(str(job.metadata.name), 0, 0)
+        found.append((view.get("term", 0), first, view))
+    return max(found, key=lambda newest: newest[:2])[2] if found else None
 
 
 def _phase(pod: dict[str, Any]) -> str | None:
@@ -110,15 +114,15 @@ def derive(job: TrainingJob, pods: list[dict[str, Any]], previous: dict[str, Any
             label = pod["metadata"]["labels"].get(LABEL_SLICE, "")
             running[label] = running.get(label, 0) + 1
     swaps = sum(int((p["metadata"].get("annotations") or {}).get(HOT_SWAPS_ANNOTATION, 0)) for p in pods)
-    view = leader_view(job, pods) or {}
+    view = leader_view(job, pods) or LeaderView()
     status: dict[str, Any] = {
         "slicesReady": sum(1 for n in running.values() if n == hosts_per_slice),
         "slicesTotal": job.spec.slices,
         "restarts": {**(previous.get("restarts") or {}), **(view.get("restarts") or {}), "replace": swaps},
     }
-    for key in ("step", "slicesActive", "lastCheckpointStep", "lastRestore", "goodput", "paramsFingerprint"):
-        if view.get(key) is not None:
-            status[key] = view[key]
+    for key, value in view.items():
+        if key in COPIED and value is not None:
+            status[key] = value
     derived = DerivedStatus(status)
     state = view.get("state")
     every_pod_done = len(pods) == job.total_hosts and all(_phase(p) == "Succeeded" for p in pods)

@@ -176,11 +176,12 @@ class RenderedJob:
 
     def pods(self, slices: Iterable[int] | None = None) -> Iterator[Manifest]:
         """The pods of `slices` (default: every slice of the job), slice by slice, worker by worker."""
-        for slice_index in range(self.layout.slices) if slices is None else sorted(slices):
-            if not 0 <= slice_index < self.layout.slices:
-                raise ValueError(f"slice {slice_index} outside 0..{self.layout.slices - 1}")
-            for worker in range(self.layout.hosts_per_slice):
-                yield self.pod(self.layout.host(slice_index * self.layout.hosts_per_slice + worker))
+        shape = self.layout.shape
+        for slice_index in range(shape.slices) if slices is None else sorted(slices):
+            if not 0 <= slice_index < shape.slices:
+                raise ValueError(f"slice {slice_index} outside 0..{shape.slices - 1}")
+            for host in shape.hosts_of(slice_index):
+                yield self.pod(self.layout.host(host))
 
     def pod(self, host: HostId) -> Manifest:
         spec = self.job.spec
@@ -191,7 +192,7 @@ class RenderedJob:
         if spec.kueue is not None:
             metadata["labels"][KUEUE_QUEUE_LABEL] = spec.kueue.queue_name
             metadata["labels"][KUEUE_GROUP_LABEL] = self.name
-            metadata["annotations"] = {KUEUE_COUNT_ANNOTATION: str(self.layout.hosts)}
+            metadata["annotations"] = {KUEUE_COUNT_ANNOTATION: str(self.layout.shape.host_count)}
         chips = str(shape.chips_per_host)
         return {
             "apiVersion": "v1",
@@ -301,9 +302,9 @@ class RenderedJob:
             protocol.ENV_CONFIG_DIR: CONFIG_DIR,
             protocol.ENV_CREDENTIALS_DIR: CREDENTIALS_DIR,
         }
-        if layout.slices > 1:
+        if layout.shape.slices > 1:
             env |= {
-                protocol.ENV_MEGASCALE_NUM_SLICES: str(layout.slices),
+                protocol.ENV_MEGASCALE_NUM_SLICES: str(layout.shape.slices),
                 protocol.ENV_MEGASCALE_SLICE_ID: str(host.slice),
                 protocol.ENV_MEGASCALE_COORDINATOR_ADDRESS: fqdn.format(pod_name(self.name, 0, 0)),
                 protocol.ENV_MEGASCALE_PORT: str(PORTS["megascale"]),

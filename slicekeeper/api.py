@@ -42,6 +42,7 @@ from slicekeeper.api_spec import (
     WorkloadSpec,
 )
 from slicekeeper.errors import UserError
+from slicekeeper.shape import JobShape
 
 API_GROUP = "slicekeeper.dev"
 API_VERSION = "v1alpha1"
@@ -166,11 +167,19 @@ class TrainingJob(Model):
 
     @property
     def slice_shape(self) -> tpu.SliceShape:
+        """One TPU slice's hardware: its chips and hosts (slicekeeper.tpu)."""
         return self.spec.tpu.shape()
 
     @property
+    def shape(self) -> JobShape:
+        """The job's shape on its TPU slices: spec.slices slices of the slice's hosts, each with its
+        chips (a local run scales it down: slicekeeper.topology.local_layout)."""
+        tpu_slice = self.slice_shape
+        return JobShape(self.spec.slices, tpu_slice.host_count, tpu_slice.chips_per_host)
+
+    @property
     def total_hosts(self) -> int:
-        return self.spec.slices * self.slice_shape.hosts
+        return self.shape.host_count
 
 
 def _location(loc: tuple[int | str, ...]) -> str:

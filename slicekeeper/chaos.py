@@ -206,10 +206,10 @@ def parse_chaos(spec: str | None) -> list[Fault]:
     return [_parse_one(text) for text in _split_faults(spec)]
 
 
-def check_hosts(faults: list[Fault], hosts: int) -> None:
+def check_hosts(faults: list[Fault], host_count: int) -> None:
     for fault in faults:
-        if fault.targets_host and fault.host >= hosts:
+        if fault.targets_host and fault.host >= host_count:
             raise UserError(
-                f"--chaos: fault '{fault}' names host {fault.host}, but the job has {hosts} hosts "
-                f"(0..{hosts - 1})"
+                f"--chaos: fault '{fault}' names host {fault.host}, but the job has {host_count} hosts "
+                f"(0..{host_count - 1})"
             )

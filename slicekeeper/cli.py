@@ -42,9 +42,9 @@ def _run(args: argparse.Namespace) -> int:
     layout = local_layout(job)
     runtime = LocalRuntime(
         job,
-        layout.hosts,
-        layout.slices,
-        layout.devices_per_host,
+        layout.shape.host_count,
+        layout.shape.slices,
+        layout.shape.devices_per_host,
         steps=args.steps,
         chaos=args.chaos,
         report_path=args.report,
@@ -108,8 +108,9 @@ def _render(args: argparse.Namespace) -> int:
         policy = job.spec.policy.model_copy(update={"file": None, "source": None})
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"policy": policy})})
     rendered = render(job, source)
-    if args.slices is not None and not set(args.slices) <= set(range(rendered.layout.slices)):
-        raise UserError(f"--slices: the job has slices 0..{rendered.layout.slices - 1}, not {args.slices}")
+    if args.slices is not None and not set(args.slices) <= set(range(rendered.layout.shape.slices)):
+        slices = rendered.layout.shape.slices
+        raise UserError(f"--slices: the job has slices 0..{slices - 1}, not {args.slices}")
     sys.stdout.write(yaml_documents(manifests(rendered, args.slices)))
     return 0
 

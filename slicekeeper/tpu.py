@@ -59,8 +59,14 @@ class SliceShape:
     chips_per_host: int
 
     @property
-    def hosts(self) -> int:
+    def host_count(self) -> int:
+        """Hosts (VMs) of the slice."""
         return self.chips // self.chips_per_host
+
+    @property
+    def hosts(self) -> int:
+        """`host_count`, by the name operator.job_status reads."""
+        return self.host_count
 
     @property
     def type_name(self) -> str:

@@ -21,11 +21,12 @@ import contextlib
 import shutil
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.metrics import SupervisorMetrics
 from slicekeeper.supervisor.peer_tier import (
     ReplicaServer,
@@ -36,14 +37,16 @@ from slicekeeper.supervisor.peer_tier import (
     replica_holders,
 )
 from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
-from slicekeeper.supervisor.restore_plan import Tier
+from slicekeeper.supervisor.restore_plan import RestoreSource, Tier, describe
 from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper import shard_folder
 from slicekeeper.api import CheckpointSpec
+from slicekeeper.shape import JobShape
 from slicekeeper.shard_folder import CorruptCheckpoint
 
-Report = Callable[[dict[str, Any]], Awaitable[None]]
+Report = Callable[[messages.MemberReport], Awaitable[None]]
+"""Sends a report to the leader (its supervisor stamps the host it serves)."""
 Log = Callable[[dict[str, Any]], None]
 
 
@@ -62,8 +65,7 @@ class CheckpointTiers:
         disk: Path,
         spec: CheckpointSpec,
         *,
-        hosts: int,
-        hosts_per_slice: int,
+        shape: JobShape,
         persistent: PersistentTier | None,
         metrics: SupervisorMetrics,
         report: Report,
@@ -78,7 +80,7 @@ class CheckpointTiers:
         self.replicas = ReplicaStore(disk / "peers", spec.peer.max_to_keep)
         self._server = ReplicaServer(self.replicas, own_copy=self._own_copy, tls=tls)
         self._spec = spec
-        self._hosts, self._hosts_per_slice = hosts, hosts_per_slice
+        self._shape = shape
         self.persistent = persistent
         self._metrics, self._report, self._log = metrics, report, log
         self.host: int | None = None
@@ -152,7 +154,11 @@ class CheckpointTiers:
     async def _replicate(self, step: int, folder: Path) -> None:
         assert self.host is not None
         holders = replica_holders(
-            self.host, self._hosts, self._hosts_per_slice, self._spec.peer.replicas, self._world
+            self.host,
+            self._shape.host_count,
+            self._shape.hosts_per_slice,
+            self._spec.peer.replicas,
+            self._world,
         )
         for holder in holders:
             address = self._addresses.get(holder)
@@ -194,29 +200,25 @@ class CheckpointTiers:
                 "bytes": size,
             }
         )
-        await self._report({"type": "persisted", "step": step})
+        await self._report(messages.Persisted(step=step))
 
     async def _failed(self, step: int, tier: Tier, reason: str, detail: str) -> None:
         """A copy that failed: logged, counted, reported; training goes on without that copy."""
         self._metrics.checkpoint_failures.labels(tier=tier.value).inc()
         self._warn("checkpoint_failed", step, tier, detail, f"{tier.value} copy of step {step}: {reason}")
         await self._report(
-            {
-                "type": "checkpoint_invalid",
-                "step": step,
-                "tier": tier.value,
-                "reason": reason,
-                "detail": detail,
-            }
+            messages.CheckpointInvalid(step=step, tier=tier.value, reason=reason, detail=detail)
         )
 
     # --- at a stop: what this machine holds ---------------------------------------------------
-    def inventory(self) -> dict[str, Any]:
-        """Read from disk with the workload dead: committed local steps and the replicas held."""
-        return {
-            "committed": shard_folder.committed_steps(self.local_dir),
-            "replicas": {str(owner): steps for owner, steps in self.replicas.inventory().items()},
-        }
+    def stopped(self, generation: int) -> messages.Stopped:
+        """The acknowledgement of `generation`'s stop, read from disk with the workload dead: committed
+        local steps and the replicas held."""
+        return messages.Stopped(
+            generation=generation,
+            committed=shard_folder.committed_steps(self.local_dir),
+            replicas=self.replicas.inventory(),
+        )
 
     def discard_after(self, step: int | None) -> None:
         """Drop local steps and replicas newer than the agreed step: an abandoned timeline.
@@ -233,7 +235,7 @@ class CheckpointTiers:
                     shutil.rmtree(self.replicas.folder(owner, held), ignore_errors=True)
 
     # --- at a start: this host's shard of the agreed step, into the local tier ----------------
-    async def stage(self, step: int, sources: list[dict[str, Any]]) -> Staged | None:
+    async def stage(self, step: int, sources: Sequence[RestoreSource]) -> Staged | None:
         """Bring this host's shard of `step` into the local tier from the first valid source.
 
         A source with an `owner` is a twin's copy (the same worker in another slice, whose shard equals
@@ -248,9 +250,7 @@ class CheckpointTiers:
                 await self._source_failed(step, tier, holder, f"corrupt: {error}")
                 if tier is Tier.LOCAL:
                     shard_folder.quarantine(shard_folder.step_dir(self.local_dir, step))
-                    await self._report(
-                        {"type": "checkpoint_invalid", "step": step, "tier": "local", "reason": "corrupt"}
-                    )
+                    await self._report(messages.CheckpointInvalid(step=step, tier="local", reason="corrupt"))
                 continue
             except (ReplicationError, PersistentTierError, OSError) as error:
                 await self._source_failed(step, tier, holder, str(error))
@@ -263,7 +263,7 @@ class CheckpointTiers:
             return staged
         return None
 
-    async def _fetch(self, step: int, tier: Tier, source: dict[str, Any]) -> int:
+    async def _fetch(self, step: int, tier: Tier, source: RestoreSource) -> int:
         assert self.host is not None
         if tier is Tier.LOCAL:
             manifest = await asyncio.to_thread(
@@ -273,9 +273,12 @@ class CheckpointTiers:
         # A copy from elsewhere replaces whatever stale or partial folder is here.
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(shard_folder.step_dir(self.local_dir, step))
-        owner = int(source.get("owner", self.host))
+        owner = source.get("owner", self.host)
         if tier is Tier.PEER:
-            transfer = await fetch_replica(str(source["address"]), owner, step, self.local_dir, tls=self._tls)
+            address = source.get("address")
+            if address is None:
+                raise ReplicationError(f"{describe(source)}: no address to fetch it from")
+            transfer = await fetch_replica(address, owner, step, self.local_dir, tls=self._tls)
             return transfer.bytes
         if self.persistent is None:
             raise PersistentTierError("this job has no persistent tier (spec.checkpoint.persistent)")

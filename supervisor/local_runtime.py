@@ -7,6 +7,10 @@ at the end gathers every host's accounting into the report (JSON, and a page to 
 slicekeeper.report_page). A supervisor killed by a signal while the job runs is started again on its
 machine, as a kubelet restarts a container. Ctrl-C stops every process it started: supervisors get
 SIGTERM, then SIGKILL; workloads die with them.
+
+Each supervisor is held through a pidfd (SupervisorProcess), its exit status read once, there: a pid
+is a number the kernel hands out again once its process is reaped, so nothing here waits for, or
+signals, a supervisor or its process group by number after that.
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, Final, TextIO
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.election import LEASE_FILE, read_lease_file
@@ -50,6 +55,81 @@ MACHINE_RESTARTS = 3
 """How often one machine's supervisor is started again after dying of a signal, at most."""
 LONE_FAILURE_SECONDS = 60.0
 """How long the other hosts' supervisors may go on after one failed on its own (see _hosts_ended)."""
+STATUS_LOST: Final = 256
+"""A supervisor's code when another waiter in this process reaped it first (not an exit code: those
+are 0-255, or minus a signal): a stale `subprocess.Popen` whose own child was reaped behind its back
+polls its pid whenever a Popen is made, and the kernel may have given that pid to a supervisor."""
+
+
+class SupervisorProcess:
+    """One supervisor process, owned through a pidfd: the one place that reaps it and reads its exit
+    status, and that signals it or its process group, which only while it is not reaped (its pid, the
+    group's id, is still its own then). What a supervisor left in its process group is killed as it
+    ends, before it is reaped, as a container's processes end with it.
+
+    The Popen that starts it is never asked about it (poll, wait and send_signal reap by pid) and is
+    told its code once it is read, so that nothing in subprocess polls that pid later either.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self.returncode: int | None = None
+        """Its exit code (minus the signal that killed it), or STATUS_LOST; None while not reaped."""
+        self._loop = asyncio.get_running_loop()
+        self._ended: asyncio.Future[int] = self._loop.create_future()
+        self._pidfd = os.pidfd_open(self.pid)
+        self._loop.add_reader(self._pidfd, self._exited)
+
+    @classmethod
+    def start(cls, argv: list[str], log: IO[bytes] | None = None) -> SupervisorProcess:
+        """Start `argv` in its own session (its process group is its pid), dying with this process."""
+        return cls(
+            subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT if log is not None else None,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
+        )
+
+    async def wait(self) -> int:
+        # Shielded: a waiter given up on (a timeout) must not cancel the end other waiters await.
+        return await asyncio.shield(self._ended)
+
+    def send_signal(self, signum: signal.Signals) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signum)
+
+    def kill_group(self) -> None:
+        """SIGKILL its process group, while that is still its own."""
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+
+    def _exited(self) -> None:
+        """Its pidfd is readable: it exited. It is seen a zombie first (WNOWAIT), so that its pid
+        still names its process group while what is left there is killed, and only then reaped."""
+        try:
+            if os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                return
+            self.kill_group()
+            status = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:
+            status = None
+        code = STATUS_LOST if status is None else _exit_code(status)
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self.returncode = self._popen.returncode = code
+        self._ended.set_result(code)
+
+
+def _exit_code(status: os.waitid_result) -> int:
+    """subprocess's form of a wait status: the exit code, or minus the signal that killed it."""
+    return status.si_status if status.si_code == os.CLD_EXITED else -status.si_status
 
 
 def _check_writable(path: Path, what: str) -> None:
@@ -109,7 +189,7 @@ class LocalRuntime:
         self.out = out
         self.view = run_view(out, progress, job_name=job.metadata.name, total_steps=self.total_steps)
         """Where everything the run prints goes (`progress`: live, plain, or auto by `out`)."""
-        self._supervisors: list[asyncio.subprocess.Process] = []
+        self._supervisors: list[SupervisorProcess] = []
         self._machines: list[str] = []
         self._capacity = [f for f in self.faults if f.kind is FaultKind.SPARE]
         """Chaos `spare:+N@step=S`: spare machines that join when the job reaches step S."""
@@ -222,21 +302,24 @@ class LocalRuntime:
         return report
 
     async def _hosts_ended(self, hosts: list[asyncio.Task[int]]) -> list[int]:
-        """Every host's supervisor's exit code, once all ended. One that failed on its own (exit 1)
-        while the others still run after the time a leader is waited for means the run is broken
-        (e.g. it died before it registered, and the job waits for it): every other is stopped."""
-        while not all(host.done() for host in hosts):
-            await asyncio.wait([h for h in hosts if not h.done()], return_when=asyncio.FIRST_COMPLETED)
-            failed = [h for h in hosts if h.done() and h.result() == protocol.EXIT_JOB_FAILED]
-            if failed and not all(host.done() for host in hosts):
-                # asyncio.wait, not wait_for: a timeout must not cancel the hosts' tasks.
-                await asyncio.wait([h for h in hosts if not h.done()], timeout=LONE_FAILURE_SECONDS)
-                if not all(host.done() for host in hosts):
-                    machine = self._machines[hosts.index(failed[0])]
-                    self._say(f"slicekeeper: {machine}'s supervisor failed and the others went on; stopping")
-                    self._stopping = True
-                    await self._stop_all()
-                    await asyncio.gather(*hosts)
+        """Every host's supervisor's exit code, once all ended. One that failed on its own (exit 1,
+        or an end whose status another waiter took: STATUS_LOST) while the others still run after
+        the time a leader is waited for means the run is broken (e.g. it died before it registered,
+        and the job waits for it): every other is stopped."""
+        while pending := [host for host in hosts if not host.done()]:
+            # Looked at before waiting: a host's task may have ended before this one first ran.
+            failed = [h for h in hosts if h.done() and h.result() in (protocol.EXIT_JOB_FAILED, STATUS_LOST)]
+            if not failed:
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            # asyncio.wait, not wait_for: a timeout must not cancel the hosts' tasks.
+            await asyncio.wait(pending, timeout=LONE_FAILURE_SECONDS)
+            if not all(host.done() for host in hosts):
+                machine = self._machines[hosts.index(failed[0])]
+                self._say(f"slicekeeper: {machine}'s supervisor failed and the others went on; stopping")
+                self._stopping = True
+                await self._stop_all()
+                await asyncio.gather(*hosts)
         return [host.result() for host in hosts]
 
     def _keep(
@@ -252,7 +335,7 @@ class LocalRuntime:
         its machine lost) is not."""
         restart = 0
         while True:
-            process = await self._launch(plan, plan_path, machine, joined_by, restart)
+            process = self._launch(plan, plan_path, machine, joined_by, restart)
             code = await process.wait()
             if self._stopping or self._interrupted or code >= 0 or -code in (signal.SIGTERM, signal.SIGINT):
                 return code
@@ -266,33 +349,18 @@ class LocalRuntime:
                 "starting it again on the same machine"
             )
 
-    async def _launch(
+    def _launch(
         self, plan: JobPlan, plan_path: Path, machine: str, joined_by: str | None, restart: int
-    ) -> asyncio.subprocess.Process:
+    ) -> SupervisorProcess:
         """Start one machine's supervisor, in its own process group, logging to its machine folder."""
         machine_dir = plan.machine_dir(machine)
         machine_dir.mkdir(parents=True, exist_ok=True)
         role, index = machine.rsplit("-", 1)
         extra = ["--joined-by", joined_by] if joined_by else []
         extra += ["--restart", str(restart)] if restart else []
+        argv = [sys.executable, "-m", "slicekeeper.supervisor", "--plan", str(plan_path), f"--{role}", index]
         with (machine_dir / "supervisor.log").open("ab") as log:
-            self._supervisors.append(
-                await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    "slicekeeper.supervisor",
-                    "--plan",
-                    str(plan_path),
-                    f"--{role}",
-                    index,
-                    *extra,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=die_with_parent,
-                )
-            )
+            self._supervisors.append(SupervisorProcess.start(argv + extra, log))
         return self._supervisors[-1]
 
     async def _capacity_returns(self, plan: JobPlan, plan_path: Path, step: int) -> None:
@@ -310,33 +378,26 @@ class LocalRuntime:
             self._say("\nslicekeeper: interrupted; stopping every host")
             asyncio.get_running_loop().call_later(STOP_GRACE_SECONDS, self._kill_all)
         for process in self._supervisors:
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGTERM)
+            process.send_signal(signal.SIGTERM)
 
     def _kill_all(self) -> None:
-        """The grace period is over: SIGKILL every supervisor's process group (workloads follow)."""
+        """The grace period is over: SIGKILL every running supervisor's process group (workloads
+        follow)."""
         for process in self._supervisors:
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGKILL)
+            process.kill_group()
 
     async def _stop_all(self) -> None:
-        """Nothing left running: SIGTERM, a grace period, then SIGKILL of each process group."""
+        """Nothing left running: SIGTERM, a grace period, then SIGKILL of each process group. Only
+        supervisors not reaped yet are signalled: one that ended had its group killed then."""
         alive = [p for p in self._supervisors if p.returncode is None]
         for process in alive:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-        if alive:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*(p.wait() for p in alive)), STOP_GRACE_SECONDS)
-        for process in self._supervisors:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
+            process.send_signal(signal.SIGTERM)
+        ends = [asyncio.create_task(process.wait()) for process in alive]
+        if ends:
+            await asyncio.wait(ends, timeout=STOP_GRACE_SECONDS)
+        for process in alive:
+            process.kill_group()
+        await asyncio.gather(*ends)
 
     async def _watch(self, plan: JobPlan, plan_path: Path) -> None:
         """Show live progress from the leader's status lines (and bring in spares due at a step),

@@ -7,7 +7,9 @@ leader and the members never index a dict by a string that may be missing.
 
 Three directions:
 - member -> leader (`MemberReport`): what a host's supervisor reports (registering, progress,
-  checkpoints, faults, stop acknowledgements, ...); each carries `host` and the time `t` it was said;
+  checkpoints, faults, stop acknowledgements, ...); each carries `host` and the time `t` it was said.
+  The parts of a host's supervisor build a report without its host: the supervisor stamps the host
+  it serves when it sends the report (a spare takes a host over), as the leader stamps its term;
 - leader -> member (`Command`): what the leader tells its members (start, stop, park, retire, ...),
   and the journal it writes down on them before a command (supervisor.leader.journal);
 - watcher <-> leader: a watcher (the local runtime's progress display) asks to `watch` and receives
@@ -21,8 +23,12 @@ import time
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from slicekeeper.supervisor.restore_plan import RestoreSource
 
 from slicekeeper import protocol
+
+UNSTAMPED = -1
+"""The host of a report not sent yet: its supervisor stamps the host it serves (a spare has none)."""
 
 
 class Message(BaseModel):
@@ -36,9 +42,10 @@ class Message(BaseModel):
 
 # --- member -> leader ---------------------------------------------------------------------------
 class Report(Message):
-    """Said by the supervisor of `host`, at `t` (its clock)."""
+    """Said by the supervisor of `host`, at `t` (its clock). A report on the wire names its host
+    (`to_leader` refuses one that does not); `UNSTAMPED` until its supervisor sends it."""
 
-    host: int
+    host: int = UNSTAMPED
     t: float = Field(default_factory=time.time)
 
 
@@ -229,7 +236,7 @@ class Start(Order):
     generation: int
     coordinator: str
     restore_step: int | None
-    sources: list[dict[str, Any]] = []
+    sources: list[RestoreSource] = []
     replica_addresses: dict[int, str] = {}
     world: list[int]
     rank: int
@@ -341,8 +348,11 @@ _TO_WATCHER: TypeAdapter[ToWatcher] = TypeAdapter(Annotated[ToWatcher, Field(dis
 
 def to_leader(line: bytes | str) -> ToLeader:
     """A line a member or watcher sent the leader. ValueError (pydantic's, naming the message type
-    and the field) for a line that is not one."""
-    return _TO_LEADER.validate_python(protocol.decode(line))
+    and the field) for a line that is not one, or a report that names no host."""
+    message = _TO_LEADER.validate_python(protocol.decode(line))
+    if isinstance(message, Report) and "host" not in message.model_fields_set:
+        raise ValueError(f"a {message.type} report that names no host")
+    return message
 
 
 def command(line: bytes | str) -> Command:

@@ -15,11 +15,11 @@ reported to the caller, never raised: training does not stop because the API ser
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from slicekeeper import protocol
+from slicekeeper import leader_view, protocol
+from slicekeeper.leader_view import LeaderView
 
 
 class OwnPod:
@@ -59,5 +59,5 @@ class OwnPod:
     def ask_replacement(self, reason: str) -> str | None:
         return self.annotate({protocol.ANNOTATION_REPLACE: reason or "retired by the leader"})
 
-    def publish_status(self, status: dict[str, Any]) -> str | None:
-        return self.annotate({protocol.ANNOTATION_STATUS: json.dumps(status, sort_keys=True)})
+    def publish_status(self, status: LeaderView) -> str | None:
+        return self.annotate({protocol.ANNOTATION_STATUS: leader_view.encode(status)})

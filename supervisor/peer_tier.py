@@ -44,16 +44,19 @@ Connection: TypeAlias = tuple[Reader, Writer]
 
 
 def replica_holders(
-    owner: int, hosts: int, hosts_per_slice: int, replicas: int, active: Collection[int] | None = None
+    owner: int, host_count: int, hosts_per_slice: int, replicas: int, active: Collection[int] | None = None
 ) -> list[int]:
     """The hosts that keep `owner`'s replicas, in order: first the same worker index on the following
     slices (so a copy survives the loss of a whole slice), then the other hosts in ring order after owner.
     Only hosts in `active` (the current world; default all) are chosen. Never includes owner; at most
     `replicas` entries; deterministic."""
-    if hosts_per_slice < 1 or hosts % hosts_per_slice or not 0 <= owner < hosts or replicas < 0:
-        raise ValueError(f"no replica placement for host {owner} of {hosts} ({hosts_per_slice} per slice)")
-    same_worker = [(owner + k * hosts_per_slice) % hosts for k in range(1, hosts // hosts_per_slice)]
-    ring = [(owner + k) % hosts for k in range(1, hosts)]
+    if hosts_per_slice < 1 or host_count % hosts_per_slice or not 0 <= owner < host_count or replicas < 0:
+        raise ValueError(
+            f"no replica placement for host {owner} of {host_count} ({hosts_per_slice} per slice)"
+        )
+    slices = host_count // hosts_per_slice
+    same_worker = [(owner + k * hosts_per_slice) % host_count for k in range(1, slices)]
+    ring = [(owner + k) % host_count for k in range(1, host_count)]
     order = same_worker + [h for h in ring if h not in same_worker]
     return [h for h in order if active is None or h in active][:replicas]
 

@@ -8,20 +8,25 @@ from __future__ import annotations
 
 import json
 import socket
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from slicekeeper.api import TrainingJob, parse_training_job
+from slicekeeper.shape import JobShape
 from slicekeeper.topology import JobLayout
 
+_NO_SHAPE = JobShape(1, 1, 1)
+"""`shape` not given (see JobPlan.__post_init__)."""
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class JobPlan:
     job: dict[str, object]
     """The validated TrainingJob, as JSON (camelCase)."""
-    slices: int
-    hosts_per_slice: int
-    devices_per_host: int
+    shape: JobShape = _NO_SHAPE
+    """The job as its supervisors run it: the TPU slices' shape in a pod, scaled down locally
+    (slicekeeper.topology)."""
     run_dir: str
     leader: str
     """host:port of the coordination leader (slice 0, worker 0)."""
@@ -45,6 +50,18 @@ class JobPlan:
     """The directory of the job's credentials (slicekeeper.credentials): its supervisors connect to
     each other with them, and refuse whoever has none. Locally in the run directory; in a pod, the
     job's Secret mounted. A supervisor without them does not start."""
+    slices: InitVar[int | None] = None
+    hosts_per_slice: InitVar[int | None] = None
+    devices_per_host: InitVar[int | None] = None
+    """The shape as three counts, the way supervisor.local_runtime still gives it: `shape` when given."""
+
+    def __post_init__(
+        self, slices: int | None, hosts_per_slice: int | None, devices_per_host: int | None
+    ) -> None:
+        if slices is not None and hosts_per_slice is not None:
+            object.__setattr__(self, "shape", JobShape(slices, hosts_per_slice, devices_per_host or 1))
+        elif self.shape is _NO_SHAPE:
+            raise TypeError("a job's plan needs the job's shape")
 
     @property
     def training_job(self) -> TrainingJob:
@@ -52,18 +69,18 @@ class JobPlan:
 
     @property
     def layout(self) -> JobLayout:
-        return JobLayout(
-            str(self.training_job.metadata.name), self.slices, self.hosts_per_slice, self.devices_per_host
-        )
+        return JobLayout(str(self.training_job.metadata.name), self.shape)
 
     @property
     def hosts(self) -> int:
-        return self.slices * self.hosts_per_slice
+        """`shape.host_count`, by the name supervisor.local_runtime reads."""
+        return self.shape.host_count
 
     @property
     def machines(self) -> list[str]:
         """Every supervisor's machine: one per host (`host-i`), then the spares (`spare-j`)."""
-        return [f"host-{h}" for h in range(self.hosts)] + [f"spare-{j}" for j in range(self.spares)]
+        hosts = [f"host-{h}" for h in range(self.shape.host_count)]
+        return hosts + [f"spare-{j}" for j in range(self.spares)]
 
     def machine_dir(self, machine: str) -> Path:
         """Logs, the SDK socket and the report of one machine's supervisor."""
@@ -78,7 +95,8 @@ class JobPlan:
 
     @classmethod
     def read(cls, path: Path) -> JobPlan:
-        return cls(**json.loads(path.read_text()))
+        fields: dict[str, Any] = json.loads(path.read_text())
+        return cls(**{**fields, "shape": JobShape(**fields["shape"])})
 
 
 def free_port(address: str = "127.0.0.1") -> int:

@@ -74,8 +74,9 @@ def pod_plan(env: Mapping[str, str], command: list[str]) -> tuple[JobPlan, int]:
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"workload": workload})})
     layout = cluster_layout(job)
     host = _whole(env, protocol.ENV_HOST)
-    if not 0 <= host < layout.hosts:
-        raise UserError(f"{protocol.ENV_HOST}={host}: the job has hosts 0..{layout.hosts - 1}")
+    host_count = layout.shape.host_count
+    if not 0 <= host < host_count:
+        raise UserError(f"{protocol.ENV_HOST}={host}: the job has hosts 0..{host_count - 1}")
     worker = _whole(env, protocol.ENV_TPU_WORKER_ID)
     if worker != layout.host(host).worker:
         raise UserError(
@@ -86,9 +87,7 @@ def pod_plan(env: Mapping[str, str], command: list[str]) -> tuple[JobPlan, int]:
     namespace = env.get(protocol.ENV_POD_NAMESPACE) or job.metadata.namespace or "default"
     plan = JobPlan(
         job=dump_training_job(job),
-        slices=layout.slices,
-        hosts_per_slice=layout.hosts_per_slice,
-        devices_per_host=layout.devices_per_host,
+        shape=layout.shape,
         run_dir=RUN_DIR,
         leader=f"{leader}:{protocol.SUPERVISOR_PORT}",
         total_steps=job.spec.workload.steps,

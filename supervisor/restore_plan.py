@@ -17,7 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Required
+
+from pydantic import AfterValidator
+from typing_extensions import TypedDict  # pydantic validates a TypedDict from here on Python < 3.12
 
 
 class Tier(StrEnum):
@@ -34,13 +37,36 @@ class Source:
     owner: int | None = None
     """Whose shard the copy is, when not the restoring host's own: a twin's (same worker, other slice)."""
 
-    def to_message(self, addresses: Mapping[int, str]) -> dict[str, Any]:
-        message: dict[str, Any] = {"tier": self.tier.value}
+    def to_message(self, addresses: Mapping[int, str]) -> RestoreSource:
+        """This source as the host restoring from it is told it; `addresses`: where each host's
+        supervisor serves its copies (the peer tier)."""
+        message = RestoreSource(tier=self.tier.value)
         if self.holder is not None:
-            message.update(holder=self.holder, address=addresses[self.holder])
+            message["holder"], message["address"] = self.holder, addresses[self.holder]
         if self.owner is not None:
             message["owner"] = self.owner
         return message
+
+
+class RestoreSource(TypedDict, total=False):
+    """Where a host stages its shard of the restore step from, as the leader's `start` lists it
+    (supervisor.messages.Start validates it). A TypedDict of plain JSON values: on the wire a source
+    names only what it has (`{"tier": "local"}`)."""
+
+    tier: Required[Annotated[str, AfterValidator(lambda name: Tier(name).value)]]
+    """A `Tier`'s value."""
+    holder: int
+    """For the peer tier: the host whose supervisor holds the copy."""
+    address: str
+    """For the peer tier: where the holder's supervisor serves its copies."""
+    owner: int
+    """Whose shard the copy is, when not the restoring host's own: a twin's."""
+
+
+def describe(source: RestoreSource) -> str:
+    """`peer (host 3)`: a source, in a line saying which sources were tried."""
+    holder = source.get("holder")
+    return Tier(source["tier"]).value + (f" (host {holder})" if holder is not None else "")
 
 
 @dataclass(frozen=True)

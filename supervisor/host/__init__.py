@@ -20,7 +20,8 @@ The parts, each handed only what it needs:
 - `sdk_events`: the SDK socket and what each event means (hang timer, culprit, goodput, metrics);
 - `detectors`: the workload's exit classified, its silence judged;
 - `chaos`: the chaos faults aimed at this host, for local runs;
-- `site`: what differs between a local process and a pod (addresses, the pod's annotations).
+- `site`: what differs between a local process and a pod, decided once (addresses, the workload's
+  command and environment, the leader's replacements, the pod's annotations);
 - `leadership`: this host's part in the election, and which leader to follow;
 - `leader_duties`: what this supervisor does while it leads (the term's Leader, the status it publishes);
 - `membership`: the connection to whoever leads, rejoined when a leader is lost;

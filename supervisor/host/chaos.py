@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
+from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers, Log
 from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.host.workload import Spawn
@@ -34,8 +35,8 @@ LOST_EXIT_CODE = 137
 fault SIGKILLs the supervisor for real: the local runtime starts again a supervisor killed by a
 signal, never one that exited (supervisor.local_runtime)."""
 
-ReportTask = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]
-"""Sends a message to the leader (a coroutine, so that it can run as a task of its own)."""
+ReportTask = Callable[[messages.MemberReport], Coroutine[Any, Any, None]]
+"""Sends a report to the leader (a coroutine, so that it can run as a task of its own)."""
 
 
 def faults_of(specs: list[str], host: int | None, fired: set[str]) -> list[Fault]:
@@ -106,15 +107,14 @@ class Chaos:
             self.faults.remove(fault)
             self._record.fire(str(fault), slow=fault.factor if fault.kind is FaultKind.SLOW else None)
             assert workload is not None
-            chaos: dict[str, Any] = {
-                "type": "chaos",
-                "kind": fault.kind.value,
-                "step": step,
-                "fault": str(fault),
-                "generation": generation,
+            chaos = messages.ChaosFired(
+                kind=fault.kind.value,
+                step=step,
+                fault=str(fault),
+                generation=generation,
                 # corrupt and slow stop nothing by themselves: no restart's detection is theirs
-                "disruptive": fault.kind.disruptive,
-            }
+                disruptive=fault.kind.disruptive,
+            )
             if fault.kind is FaultKind.KILL:
                 workload.signal(signal.SIGKILL)
             elif fault.kind is FaultKind.HANG:
@@ -123,23 +123,24 @@ class Chaos:
                 self.slow = fault.factor  # the SDK applies it (protocol.ENV_CHAOS_SLOW)
             elif fault.kind is FaultKind.CORRUPT:
                 corrupted = self._tiers.corrupt_newest()
-                chaos["detail"] = (
+                detail = (
                     f"flipped bytes in local step {corrupted}, noticed at the next restore"
                     if corrupted is not None
                     else "no committed local step to corrupt yet"
                 )
+                chaos = chaos.model_copy(update={"detail": detail})
             elif fault.kind is FaultKind.LOSE:
                 self._spawn(self._lose_machine(chaos))
                 continue
             elif fault.kind is FaultKind.CRASH_SUPERVISOR:
                 self._spawn(self._crash_supervisor(chaos))
                 continue
-            self._log({"source": "chaos", **chaos})
+            self._log(_record(chaos))
             self._spawn(self._report(chaos))
 
-    async def _said(self, chaos: dict[str, Any]) -> None:
+    async def _said(self, chaos: messages.ChaosFired) -> None:
         """The fault logged and reported before this supervisor goes."""
-        self._log({"source": "chaos", **chaos})
+        self._log(_record(chaos))
         await self._report(chaos)
         if self._leading():
             # A simulation's courtesy: the leader in this very process journals the fault on the
@@ -147,22 +148,27 @@ class Chaos:
             # workload lives on meanwhile: killed now, its exit would be reported as a crash).
             await asyncio.sleep(JOURNAL_GRACE_SECONDS)
 
-    async def _crash_supervisor(self, chaos: dict[str, Any]) -> NoReturn:
+    async def _crash_supervisor(self, chaos: messages.ChaosFired) -> NoReturn:
         """Chaos `crash-supervisor`: this process dies at once; its workload dies with it (they are
         bound to it, supervisor.workload_process), its disk stays."""
         await self._said(chaos)
         self._accountant().interrupt(time.time())
         self._write_report("crashed")  # a simulation's courtesy: the time it accounted still counts
-        print(f"[{self._machine}] supervisor crashed (chaos {chaos['fault']})", file=sys.stderr, flush=True)
+        print(f"[{self._machine}] supervisor crashed (chaos {chaos.fault})", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("unreachable: SIGKILL cannot be caught")
 
-    async def _lose_machine(self, chaos: dict[str, Any]) -> NoReturn:
+    async def _lose_machine(self, chaos: messages.ChaosFired) -> NoReturn:
         """Chaos `lose`: this machine is gone for good, processes and disk; the leader sees it vanish."""
         await self._said(chaos)
         self._kill_workload()
         self._tiers.wipe()
         self._accountant().interrupt(time.time())
         self._write_report("lost")  # a simulation's courtesy: the time this host trained still counts
-        print(f"[{self._machine}] lost (chaos {chaos['fault']})", file=sys.stderr, flush=True)
+        print(f"[{self._machine}] lost (chaos {chaos.fault})", file=sys.stderr, flush=True)
         os._exit(LOST_EXIT_CODE)
+
+
+def _record(chaos: messages.ChaosFired) -> dict[str, Any]:
+    """The fault fired, for this host's event log."""
+    return {"source": "chaos", **chaos.model_dump(mode="json", exclude={"host", "t"})}

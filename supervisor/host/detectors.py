@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoint_tiers import Report
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.metrics import SupervisorMetrics
@@ -28,27 +29,22 @@ WATCH_INTERVAL = 0.05
 """Seconds between hang checks; bounds the detection latency added on top of the timeout."""
 
 
-def finished_message(generation: int, done: dict[str, Any]) -> dict[str, Any]:
-    """A clean exit after the SDK's `done`: the generation finished training."""
-    return {
-        "type": "finished",
-        "generation": generation,
-        "step": done["step"],
-        "fingerprint": done.get("fingerprint"),
-    }
+def finished_message(generation: int, done: dict[str, Any]) -> messages.Finished:
+    """A clean exit after the SDK's `done` (its fields checked by host.sdk_events): the generation
+    finished training."""
+    return messages.Finished(generation=generation, step=done["step"], fingerprint=done.get("fingerprint"))
 
 
-def crash_message(status: ExitStatus, generation: int, workload: WorkloadProcess) -> dict[str, Any]:
+def crash_message(status: ExitStatus, generation: int, workload: WorkloadProcess) -> messages.Fault:
     """Any other exit, a clean one before `done` included: a crash."""
     detail = status.describe() if not status.succeeded else "exit code 0 before training finished"
-    return {
-        "type": "fault",
-        "generation": generation,
-        "kind": "crash",
-        "exit_code": status.returncode if status.returncode >= 0 else None,
-        "signal": status.signal_name,
-        "detail": f"workload {detail} (log: {workload.log_path})",
-    }
+    return messages.Fault(
+        generation=generation,
+        kind="crash",
+        exit_code=status.returncode if status.returncode >= 0 else None,
+        signal=status.signal_name,
+        detail=f"workload {detail} (log: {workload.log_path})",
+    )
 
 
 class ExitWatch:
@@ -126,11 +122,10 @@ class HangWatch:
                 self._reported = True
                 silent = self._detector.silent_for(now)
                 await self._report(
-                    {
-                        "type": "fault",
-                        "generation": generation,
-                        "kind": "hang",
-                        "silent_seconds": round(silent, 3),
-                        "detail": f"no progress for {silent:.1f} s (limit {self._detector.limit():.1f} s)",
-                    }
+                    messages.Fault(
+                        generation=generation,
+                        kind="hang",
+                        silent_seconds=round(silent, 3),
+                        detail=f"no progress for {silent:.1f} s (limit {self._detector.limit():.1f} s)",
+                    )
                 )

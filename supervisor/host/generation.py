@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers, Log, Report
@@ -23,6 +22,7 @@ from slicekeeper.supervisor.host.detectors import ExitWatch, HangWatch
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
 from slicekeeper.supervisor.host.workload import Spawn, Workloads
 from slicekeeper.supervisor.metrics import SupervisorMetrics
+from slicekeeper.supervisor.restore_plan import RestoreSource, describe
 
 from slicekeeper.goodput import Category, GoodputAccountant
 
@@ -104,7 +104,7 @@ class Generation:
         await self._start(generation, message.coordinator, restore_step, message.sources)
 
     async def _start(
-        self, generation: int, coordinator: str, restore_step: int | None, sources: list[dict[str, Any]]
+        self, generation: int, coordinator: str, restore_step: int | None, sources: Sequence[RestoreSource]
     ) -> None:
         now = time.time()
         self._sdk.drop_checkpoints_after(restore_step)  # before the generation moves
@@ -126,39 +126,34 @@ class Generation:
             workload = await self._workloads.launch(generation, coordinator, restore_step)
         except OSError as error:
             detail = f"cannot start the workload {self._workloads.argv[0]!r}: {error.strerror or error}"
-            await self._report({"type": "fault", "generation": generation, "kind": "crash", "detail": detail})
+            await self._report(messages.Fault(generation=generation, kind="crash", detail=detail))
             return
         self._accountant().switch(Category.PROGRAM_STARTUP, time.time())
-        await self._report({"type": "state", "state": "starting"})
+        await self._report(messages.StateReport(state="starting"))
         self._spawn(self.exits.watch(workload, generation))
 
-    async def _stage(self, generation: int, step: int, sources: list[dict[str, Any]]) -> bool:
+    async def _stage(self, generation: int, step: int, sources: Sequence[RestoreSource]) -> bool:
         """This host's shard of the restore step into the local tier, from the first of `sources` that
         holds a valid copy; False: none did (a fault said so)."""
         self._accountant().switch(Category.CHECKPOINT_RESTORE, time.time())
         staged = await self._tiers.stage(step, sources)
         if staged is None:
-            tried = ", ".join(
-                s["tier"] + (f" (host {s['holder']})" if "holder" in s else "") for s in sources
-            )
+            tried = ", ".join(describe(source) for source in sources)
             detail = (
                 f"no valid copy of host {self._host()}'s shard of step {step} (tried: {tried or 'nothing'})"
             )
-            await self._report({"type": "checkpoint_invalid", "step": step, "tier": "any", "reason": detail})
-            await self._report(
-                {"type": "fault", "generation": generation, "kind": "restore_failed", "detail": detail}
-            )
+            await self._report(messages.CheckpointInvalid(step=step, tier="any", reason=detail))
+            await self._report(messages.Fault(generation=generation, kind="restore_failed", detail=detail))
             return False
         self._sdk.check_restored_steps()
         await self._report(
-            {
-                "type": "restored",
-                "step": step,
-                "tier": staged.tier.value,
-                "holder": staged.holder,
-                "seconds": round(staged.seconds, 4),
-                "bytes": staged.bytes,
-            }
+            messages.Restored(
+                step=step,
+                tier=staged.tier.value,
+                holder=staged.holder,
+                seconds=round(staged.seconds, 4),
+                bytes=staged.bytes,
+            )
         )
         return True
 
@@ -166,7 +161,7 @@ class Generation:
         """The leader's `stop` of a generation at a fault; `blamed`: the fault is this host's."""
         generation, kind = message.generation, message.kind
         if generation == self._acked:  # asked again, by a leader taking over: the same answer
-            await self._report({"type": "stopped", "generation": generation, **self._tiers.inventory()})
+            await self._report(self._tiers.stopped(generation))
             return
         if blamed:
             self.faults[kind] = self.faults.get(kind, 0) + 1
@@ -182,7 +177,7 @@ class Generation:
         self.restarts[kind] = self.restarts.get(kind, 0) + 1
         self._metrics.restarts.labels(kind=kind).inc()
         self._acked = generation
-        await self._report({"type": "stopped", "generation": generation, **self._tiers.inventory()})
+        await self._report(self._tiers.stopped(generation))
 
     def park(self, message: messages.Park) -> None:
         """This host's slice was dropped (scale-down): idle, its steps past the restore point dropped."""

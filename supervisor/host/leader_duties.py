@@ -20,6 +20,7 @@ from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.persistent_tier import PersistentTier
 from slicekeeper.supervisor.plan import JobPlan
 
+from slicekeeper.leader_view import LeaderView
 from slicekeeper.policy.engine import PolicyEngine
 
 LAST_BROADCAST_SECONDS = 0.2
@@ -51,19 +52,19 @@ class LeaderDuties:
         plan = self._plan
         spec = plan.training_job.spec
         return Leader(
-            plan.hosts,
+            plan.shape.host_count,
             spec.health.max_restarts,
             lambda generation, rank0: self._site.coordinator_address(plan.layout, rank0),
             Path(plan.run_dir) / "job-summary.json",
             spec.health.max_restarts_without_progress,
             persistent=self._persistent,
             persistent_keep=spec.checkpoint.persistent.max_to_keep if spec.checkpoint.persistent else 2,
-            hosts_per_slice=plan.hosts_per_slice,
+            hosts_per_slice=plan.shape.hosts_per_slice,
             min_slices=spec.min_slices,
-            devices_per_host=plan.devices_per_host,
+            devices_per_host=plan.shape.devices_per_host,
             engine=PolicyEngine.from_spec(spec.policy),
             events_path=Path(plan.run_dir) / "policy-events.jsonl",
-            replacement_timeout=self._site.replacement_timeout,
+            replacements=self._site.replacements,
             log_events=self._site.log_events,
             term=term,
             leading=leading,
@@ -74,7 +75,7 @@ class LeaderDuties:
         self.end()
         self._tasks = [self._spawn(leader.publish_status())]
         if self._pod is not None:
-            published = self._pod.keep_status_published(lambda: self.status(leader), leader.leading)
+            published = self._pod.keep_status_published(lambda: dict(self.status(leader)), leader.leading)
             self._tasks.append(self._spawn(published))
 
     def end(self) -> None:
@@ -88,8 +89,10 @@ class LeaderDuties:
         `sure` confirms it still leads, the pod."""
         await asyncio.sleep(LAST_BROADCAST_SECONDS)
         if self._pod is not None and await sure():
-            await self._pod.publish_status(self.status(leader))
+            await self._pod.publish_status(dict(self.status(leader)))
 
-    def status(self, leader: Leader) -> dict[str, Any]:
+    def status(self, leader: Leader) -> LeaderView:
         """The job's status as the operator reads it from the leader's pod."""
-        return {**leader.cluster_status(), "goodput": round(self._goodput(), 4)}
+        view = leader.cluster_status()
+        view["goodput"] = round(self._goodput(), 4)
+        return view

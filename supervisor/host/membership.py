@@ -23,8 +23,6 @@ from slicekeeper.supervisor import leader_connection, messages
 from slicekeeper.supervisor.host.leadership import Leadership
 from slicekeeper.supervisor.leader.members import send
 
-from slicekeeper import protocol
-
 Obey = Callable[[messages.Command], Awaitable[bool]]
 """Carries out one command; True: this host's part in the job ended."""
 
@@ -49,17 +47,17 @@ class Membership:
         """The connection to the current leader: reports go there."""
         self.term = 0
         """The newest leader term heard from: commands of older terms are ignored."""
-        self.finished_report: dict[str, Any] | None = None
+        self.finished_report: messages.Finished | None = None
         """This host's `finished` report, said again to a leader taking over."""
         self.exit_code: int | None = None
         """Set when no leader could be reached, or reading the leader failed."""
 
-    async def report(self, message: dict[str, Any]) -> None:
-        """A report to the leader (a dict of messages.MemberReport's fields)."""
-        if message.get("type") == "finished":
+    async def report(self, message: messages.MemberReport) -> None:
+        """A report to the leader, stamped with this host."""
+        if isinstance(message, messages.Finished):
             self.finished_report = message
         if self.writer is not None and not self.writer.is_closing():  # between leaders: said again later
-            self.writer.write(protocol.encode(message))
+            self.writer.write(message.encode())
             with contextlib.suppress(OSError):  # ConnectionError, or ssl.SSLError on a cut TLS stream
                 await self.writer.drain()
 

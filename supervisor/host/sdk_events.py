@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoint_tiers import Log, Report
 from slicekeeper.supervisor.culprit import ActivityTracker
 from slicekeeper.supervisor.hang import HangDetector
@@ -256,13 +257,13 @@ class SdkEvents:
             self.last_checkpoint = int(message["step"])
             self._metrics.last_checkpoint_step.set(self.last_checkpoint)
             self._checkpoint_saved(self.last_checkpoint)
-            await self._report({"type": "checkpoint", "step": self.last_checkpoint})
+            await self._report(messages.Committed(step=self.last_checkpoint))
         elif event is Event.CHECKPOINT_FAILED:
             await self._checkpoint_failed(now, message)
         elif event is Event.CHECKPOINT_RESTORED:
             self._detector.activity(now)
             # What the workload says it loaded, next to what this supervisor staged for it.
-            await self._report({"type": "loaded", "generation": generation, "step": int(message["step"])})
+            await self._report(messages.Loaded(generation=generation, step=int(message["step"])))
         elif event is Event.DONE:
             self._detector.activity(now, Phase.TEARDOWN)  # it must still exit, within the phase allowance
             self.done = message
@@ -288,13 +289,9 @@ class SdkEvents:
         self._metrics.steps.inc()
         self._metrics.step.set(step)
         await self._report(
-            {
-                "type": "progress",
-                "generation": self._generation(),
-                "step": step,
-                "loss": message.get("loss"),
-                "work": message.get("work"),
-            }
+            messages.Progress(
+                generation=self._generation(), step=step, loss=message.get("loss"), work=message.get("work")
+            )
         )
         return True
 
@@ -307,13 +304,12 @@ class SdkEvents:
             tier = message.get("tier")
             self._metrics.checkpoint_failures.labels(tier=tier if tier in set(Tier) else Tier.LOCAL).inc()
         await self._report(
-            {
-                "type": "checkpoint_invalid",
-                "step": int(message["step"]),
-                "tier": "local",
-                "reason": "save failed" if during == "save" else "corrupt",
-                "detail": message.get("reason", ""),
-            }
+            messages.CheckpointInvalid(
+                step=int(message["step"]),
+                tier="local",
+                reason="save failed" if during == "save" else "corrupt",
+                detail=message.get("reason", ""),
+            )
         )
         self._say(f"checkpoint of step {message['step']} failed: {message.get('reason')}")
 
@@ -325,12 +321,11 @@ class SdkEvents:
         self._sanity_left = 0
         detail = f"loss {loss} at step {step}, right after restoring step {self._restored_step}"
         await self._report(
-            {
-                "type": "fault",
-                "generation": self._generation(),
-                "kind": "nonfinite_loss",
-                "detail": detail,
-                "invalid_step": self._restored_step,
-            }
+            messages.Fault(
+                generation=self._generation(),
+                kind="nonfinite_loss",
+                detail=detail,
+                invalid_step=self._restored_step,
+            )
         )
         return True

@@ -4,11 +4,15 @@ Chosen once, at start-up (`site_of`): a `LocalSite` for `slicekeeper run`, a `Po
 Everything that differs between the two for one host is a question to that object, never a flag
 read here and there: the addresses its servers listen and are reached at, where the workloads' JAX
 coordinator is, the job's lease and how patiently the leader is reached, the machine's cores for the
-workload's own work, whether the leader's events go to the log, and the pod's annotations (a pod's
-only door to the API server, supervisor/own_pod.py). Locally every supervisor shares the loopback
-address of the leader and serves its metrics on a port of its own; in a pod each has the pod's IP
-and is reached by its host name through the job's headless Service, and the leader's supervisor
-publishes the job's progress on its own pod for the operator's TrainingJob status.
+workload's own work, what the workload's command and environment take from where it runs
+(supervisor.host.workload), how the leader brings a lost host's successor (spare supervisors or a
+new pod, supervisor.leader.capacity), whether the leader's events go to the log, and the pod's
+annotations (a pod's only door to the API server, supervisor/own_pod.py). No other module of the
+supervisors branches on local or cluster (tests/unit/test_code_vocabulary.py). Locally every
+supervisor shares the loopback address of the leader and serves its metrics on a port of its own; in
+a pod each has the pod's IP and is reached by its host name through the job's headless Service, and
+the leader's supervisor publishes the job's progress on its own pod for the operator's TrainingJob
+status.
 """
 
 from __future__ import annotations
@@ -19,14 +23,18 @@ import os
 import socket
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor import leader_connection
 from slicekeeper.supervisor.host.confinement import SERVICE_ACCOUNT_DIR
-from slicekeeper.supervisor.host.workload import own_cores
+from slicekeeper.supervisor.host.workload import GO_VARIABLES, own_cores
+from slicekeeper.supervisor.leader.background import BackgroundWork
+from slicekeeper.supervisor.leader.capacity import PodReplacements, Replacement, SparePool
 from slicekeeper.supervisor.leader.election import Election, Holder, cluster_election, local_election
+from slicekeeper.supervisor.leader.journal import JobMemory
+from slicekeeper.supervisor.leader.members import HostStatus, Members
 from slicekeeper.supervisor.own_pod import OwnPod
 from slicekeeper.supervisor.plan import JobPlan, free_port
 
@@ -58,7 +66,7 @@ class Site(ABC):
     """One host's supervisor's surroundings; `plan.leader` is `host:port` of the first leader."""
 
     local: bool
-    """A local run: the workload runs on CPU devices (supervisor.host.workload)."""
+    """Which site this is, for whoever describes it; what differs is asked of the methods below."""
     log_events: bool
     """The leader's events also go to its log (a pod's log is all an operator of the cluster reads)."""
 
@@ -110,6 +118,47 @@ class Site(ABC):
         (supervisor.leader.capacity)."""
 
     @abstractmethod
+    def replacements(
+        self,
+        members: Members,
+        status: dict[int, HostStatus],
+        memory: JobMemory,
+        newcomer: Callable[[int], None],
+        *,
+        write_journal: Callable[[], Awaitable[None]],
+        overdue: Callable[[int], Awaitable[None]],
+        background: BackgroundWork,
+    ) -> Replacement:
+        """The leader's part that brings a lost host's successor (supervisor.leader.capacity), built
+        by the leader from its own parts: `write_journal` writes the job's memory down before a spare
+        is told its host; `overdue` is called for a host whose new pod did not come in time, on the
+        leader's `background` work."""
+
+    @abstractmethod
+    def reachable(self, layout: JobLayout, hostnames: list[str]) -> list[str]:
+        """Host names as the workload reaches them."""
+
+    @abstractmethod
+    def megascale_coordinator(self, layout: JobLayout, first: HostId) -> str | None:
+        """Where the workload finds the multislice coordinator when `first` is the world's first host
+        (None: the workload is told none)."""
+
+    go_variables: tuple[str, ...]
+    """What `go` tells a promoted standby (supervisor.host.workload.go_env)."""
+
+    @abstractmethod
+    def machine_env(
+        self, layout: JobLayout, host: int, *, temp_dir: Path, cores: Sequence[int], env: Mapping[str, str]
+    ) -> dict[str, str]:
+        """The workload's variables that come from the machine it runs on, over `env` (its
+        environment so far): `cores`, the machine's (a host's own work gets one of them), `temp_dir`
+        its own temporary directory."""
+
+    @abstractmethod
+    def command(self, argv: list[str]) -> list[str]:
+        """The workload's command line (`argv`: the spec's command and arguments) as run here."""
+
+    @abstractmethod
     def cores(self) -> list[int]:
         """The machine's cores, of which each host's own work gets one when hosts share the machine."""
 
@@ -137,7 +186,7 @@ class LocalSite(Site):
         hosts + j (a spare keeps its port when it takes over a host)."""
         port = self.plan.metrics_port
         if port:
-            port += host if host >= 0 else self.plan.hosts + spare_index(machine)
+            port += host if host >= 0 else self.plan.shape.host_count + spare_index(machine)
         return port
 
     def bind_address(self) -> str:
@@ -198,6 +247,54 @@ class LocalSite(Site):
     def replacement_timeout(self) -> float | None:
         return None
 
+    def replacements(
+        self,
+        members: Members,
+        status: dict[int, HostStatus],
+        memory: JobMemory,
+        newcomer: Callable[[int], None],
+        *,
+        write_journal: Callable[[], Awaitable[None]],
+        overdue: Callable[[int], Awaitable[None]],
+        background: BackgroundWork,
+    ) -> Replacement:
+        """Idle spare supervisors take over lost hosts."""
+        return SparePool(members, status, memory, newcomer, write_journal)
+
+    def reachable(self, layout: JobLayout, hostnames: list[str]) -> list[str]:
+        return hostnames  # no Service to resolve them through: names only
+
+    def megascale_coordinator(self, layout: JobLayout, first: HostId) -> str | None:
+        return None  # JAX is given its coordinator; the names would not resolve
+
+    go_variables = tuple(v for v in GO_VARIABLES if v != protocol.ENV_MEGASCALE_COORDINATOR_ADDRESS)
+    """Without the multislice coordinator: a standby's own is the supervisor's, not the generation's."""
+
+    def machine_env(
+        self, layout: JobLayout, host: int, *, temp_dir: Path, cores: Sequence[int], env: Mapping[str, str]
+    ) -> dict[str, str]:
+        """CPU devices, as many as a host of the layout has; each host's own work on one core of the
+        shared machine; a temporary directory of its own (the run's directory may be in /tmp, whose
+        new entries a confined workload cannot read: supervisor.host.confinement)."""
+        devices = layout.shape.devices_per_host
+        machine = {
+            "TMPDIR": str(temp_dir),
+            protocol.ENV_DEVICES_PER_HOST: str(devices),
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": (
+                env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
+            ).strip(),
+        }
+        if cores:
+            machine[protocol.ENV_OWN_WORK_CORE] = str(cores[host % len(cores)])
+        return machine
+
+    def command(self, argv: list[str]) -> list[str]:
+        """`python` is the supervisor's own interpreter: the runtime's environment has slicekeeper."""
+        if argv[0] in ("python", "python3"):
+            return [sys.executable, *argv[1:]]
+        return argv
+
     def cores(self) -> list[int]:
         return own_cores()
 
@@ -237,9 +334,7 @@ class PodSite(Site):
     @property
     def leader_wait(self) -> float:
         """spec.health.replacementTimeoutSeconds: the time a leader gives a lost host's new pod."""
-        if self.plan.replacement_timeout is None:
-            return leader_connection.LOCAL_WAIT_SECONDS
-        return self.plan.replacement_timeout
+        return self.replacement_timeout
 
     @property
     def leader_unreachable_exit_code(self) -> int:
@@ -247,8 +342,49 @@ class PodSite(Site):
         return leader_connection.LEADER_UNREACHABLE_EXIT_CODE
 
     @property
-    def replacement_timeout(self) -> float | None:
-        return self.plan.replacement_timeout
+    def replacement_timeout(self) -> float:
+        """The plan's, else spec.health.replacementTimeoutSeconds."""
+        timeout = self.plan.replacement_timeout
+        return timeout or self.plan.training_job.spec.health.replacement_timeout_seconds
+
+    def replacements(
+        self,
+        members: Members,
+        status: dict[int, HostStatus],
+        memory: JobMemory,
+        newcomer: Callable[[int], None],
+        *,
+        write_journal: Callable[[], Awaitable[None]],
+        overdue: Callable[[int], Awaitable[None]],
+        background: BackgroundWork,
+    ) -> Replacement:
+        """The operator replaces a lost host's pod; `overdue` once it is `replacement_timeout` late."""
+        return PodReplacements(
+            members,
+            status,
+            memory,
+            newcomer,
+            timeout=self.replacement_timeout,
+            overdue=overdue,
+            background=background,
+        )
+
+    def reachable(self, layout: JobLayout, hostnames: list[str]) -> list[str]:
+        """Through the job's headless Service."""
+        return [f"{name}.{layout.job_name}" for name in hostnames]
+
+    def megascale_coordinator(self, layout: JobLayout, first: HostId) -> str | None:
+        return self.reachable(layout, [layout.hostname(first)])[0]
+
+    go_variables = GO_VARIABLES
+
+    def machine_env(
+        self, layout: JobLayout, host: int, *, temp_dir: Path, cores: Sequence[int], env: Mapping[str, str]
+    ) -> dict[str, str]:
+        return {}  # real devices, the pod's own machine and temporary directory
+
+    def command(self, argv: list[str]) -> list[str]:
+        return argv
 
     def cores(self) -> list[int]:
         return []  # the pod's machine is its own

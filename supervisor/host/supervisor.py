@@ -108,8 +108,7 @@ class HostSupervisor:
         self.tiers = CheckpointTiers(
             plan.machine_disk(machine),
             self.job.spec.checkpoint,
-            hosts=plan.hosts,
-            hosts_per_slice=plan.hosts_per_slice,
+            shape=plan.shape,
             persistent=PersistentTier(persistent.uri, plan.run_key) if persistent else None,
             metrics=self.metrics,
             report=self._report,
@@ -123,7 +122,7 @@ class HostSupervisor:
         self.membership: Membership | None = None
         self._exit_code: int | None = None
         self._finished = asyncio.Event()
-        self._world: list[int] = list(range(plan.hosts))
+        self._world: list[int] = list(range(plan.shape.host_count))
         self._rank = max(self.host, 0)
         self._retired = False
         self._socket_path = sdk_socket_path(self._dir)
@@ -157,9 +156,9 @@ class HostSupervisor:
         )
         self.workloads = Workloads(
             self._dir / "workload.log",
-            argv=workload_argv(self.job.spec.workload, self.site.local),
+            argv=workload_argv(self.job.spec.workload, self.site),
             env=self._workload_env,
-            local=self.site.local,
+            site=self.site,
             standby=self.job.spec.workload.standby,
             finished=self._finished,
             send=send_sdk_line,
@@ -235,6 +234,7 @@ class HostSupervisor:
             self.job,
             self.layout,
             self.identity,
+            site=self.site,
             host=self.host,
             world=self._world,
             rank=self._rank,
@@ -334,9 +334,10 @@ class HostSupervisor:
             self.membership.close()
         self._finished.set()
 
-    async def _report(self, message: dict[str, Any]) -> None:
+    async def _report(self, message: messages.MemberReport) -> None:
+        """Every report of this host's parts leaves through here, stamped with the host it serves."""
         if self.membership is not None:
-            await self.membership.report({"host": self.host, "t": time.time(), **message})
+            await self.membership.report(message.model_copy(update={"host": self.host}))
 
     # --- the leader's commands ----------------------------------------------------------------
     async def _follow_leaders(self, hello: dict[str, Any]) -> None:
@@ -403,7 +404,7 @@ class HostSupervisor:
                 self.journal = journal  # the leader's newest: what a leader taking over carries on
             case messages.ActivityRequest():
                 snapshot = self.activity.snapshot(time.time()).to_message()
-                await self._report({"type": "activity", "generation": self.generation.number, **snapshot})
+                await self._report(messages.ActivityReport(generation=self.generation.number, **snapshot))
             case messages.Park() as park:
                 self.generation.park(park)
             case messages.Retire(reason=reason):

@@ -2,7 +2,8 @@
 
 The environment is where a workload learns who it is (`slicekeeper/protocol.py` lists every
 variable): computed by pure functions of explicit inputs, so that what a pod's or a local process's
-workload sees is decided in one place and can be checked without a running supervisor.
+workload sees is decided in one place and can be checked without a running supervisor. What differs
+between the two is asked of the site (`WorkloadSite`, answered by supervisor.host.site).
 
 With `spec.workload.standby`, the next generation's process is started ahead of need, while the
 current one trains: it imports its libraries, connects to the SDK socket, says hello and blocks
@@ -14,11 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from slicekeeper.supervisor.checkpoint_tiers import Log
 from slicekeeper.supervisor.host.confinement import Confinement
@@ -38,12 +38,34 @@ _GENERATION_VARIABLES = (protocol.ENV_GENERATION, protocol.ENV_COORDINATOR, prot
 which may change)."""
 
 
-def reachable(hostnames: list[str], layout: JobLayout, local: bool) -> list[str]:
-    """Host names as the workload can reach them: in a pod, through the job's headless Service."""
-    return hostnames if local else [f"{name}.{layout.job_name}" for name in hostnames]
+class WorkloadSite(Protocol):
+    """What a workload's command and environment take from where it runs (supervisor.host.site)."""
+
+    go_variables: tuple[str, ...]
+    """What `go` tells a promoted standby: GO_VARIABLES, or those of them the site sets."""
+
+    def reachable(self, layout: JobLayout, hostnames: list[str]) -> list[str]:
+        """Host names as the workload reaches them."""
+        ...
+
+    def megascale_coordinator(self, layout: JobLayout, first: HostId) -> str | None:
+        """The multislice coordinator's address when `first` is the world's first host (None: none)."""
+        ...
+
+    def machine_env(
+        self, layout: JobLayout, host: int, *, temp_dir: Path, cores: Sequence[int], env: Mapping[str, str]
+    ) -> dict[str, str]:
+        """The variables of the machine the workload runs on, over `env` (its environment so far)."""
+        ...
+
+    def command(self, argv: list[str]) -> list[str]:
+        """The command line `argv` as run there."""
+        ...
 
 
-def megascale_env(layout: JobLayout, identity: HostId, world: Sequence[int], local: bool) -> dict[str, str]:
+def megascale_env(
+    layout: JobLayout, identity: HostId, world: Sequence[int], site: WorkloadSite
+) -> dict[str, str]:
     """The multislice variables of this generation's world: after a scale-down, the slices taking
     part are numbered 0..n-1 again, so the pods keep their static environment."""
     slices = sorted({layout.host(h).slice for h in world} | {identity.slice})
@@ -51,9 +73,9 @@ def megascale_env(layout: JobLayout, identity: HostId, world: Sequence[int], loc
         protocol.ENV_MEGASCALE_NUM_SLICES: str(len(slices)),
         protocol.ENV_MEGASCALE_SLICE_ID: str(slices.index(identity.slice)),
     }
-    if not local:  # locally JAX is given its coordinator; the names would not resolve
-        first = layout.hostname(layout.host(world[0] if world else 0))
-        env[protocol.ENV_MEGASCALE_COORDINATOR_ADDRESS] = reachable([first], layout, local)[0]
+    coordinator = site.megascale_coordinator(layout, layout.host(world[0] if world else 0))
+    if coordinator is not None:
+        env[protocol.ENV_MEGASCALE_COORDINATOR_ADDRESS] = coordinator
     return env
 
 
@@ -68,6 +90,7 @@ def workload_env(
     layout: JobLayout,
     identity: HostId,
     *,
+    site: WorkloadSite,
     host: int,
     world: Sequence[int],
     rank: int,
@@ -82,8 +105,9 @@ def workload_env(
     cores: Sequence[int],
 ) -> dict[str, str]:
     """The workload's whole environment: `environ` (the supervisor's own), the job's `env`, then the
-    protocol's variables. `slow`: the chaos `slow` spec (protocol.ENV_CHAOS_SLOW); `cores`: the
-    machine's cores, of which a local host's own work gets one; `temp_dir`: its TMPDIR locally."""
+    protocol's variables, then the machine's (`site`: where it runs). `slow`: the chaos `slow` spec
+    (protocol.ENV_CHAOS_SLOW); `cores`: the machine's cores, of which a host sharing the machine gets
+    one for its own work; `temp_dir`: its own temporary directory where it shares the machine."""
     spec = job.spec
     env = dict(environ)
     env.update({e.name: e.value for e in spec.workload.env})
@@ -93,7 +117,7 @@ def workload_env(
             protocol.ENV_HOST: str(host),
             protocol.ENV_NUM_HOSTS: str(len(world)),
             protocol.ENV_PROCESS_ID: str(rank),
-            protocol.ENV_FULL_HOSTS: str(plan.hosts),
+            protocol.ENV_FULL_HOSTS: str(plan.shape.host_count),
             protocol.ENV_CHAOS_SLOW: slow,
             protocol.ENV_GENERATION: str(generation),
             protocol.ENV_COORDINATOR: coordinator,
@@ -105,27 +129,17 @@ def workload_env(
             protocol.ENV_CHECKPOINT_KEEP: str(spec.checkpoint.max_to_keep),
             protocol.ENV_TPU_WORKER_ID: str(identity.worker),
             protocol.ENV_TPU_WORKER_HOSTNAMES: ",".join(
-                reachable(layout.slice_hostnames(identity.slice), layout, plan.local)
+                site.reachable(layout, layout.slice_hostnames(identity.slice))
             ),
             protocol.ENV_TPU_NAME: f"{layout.job_name}-s{identity.slice}",
-            **megascale_env(layout, identity, world, plan.local),
+            **megascale_env(layout, identity, world, site),
         }
     )
     if plan.compilation_cache:
         env[protocol.ENV_COMPILATION_CACHE] = plan.compilation_cache
     if spec.workload.init_from:
         env[protocol.ENV_INIT_FROM] = spec.workload.init_from
-    if plan.local:
-        # Its own temporary directory: the run's directory may be in /tmp, whose new entries a
-        # confined workload cannot read (supervisor.host.confinement).
-        env["TMPDIR"] = str(temp_dir)
-        env[protocol.ENV_DEVICES_PER_HOST] = str(layout.devices_per_host)
-        if cores:  # hosts sharing the machine: each one's own work on one core
-            env[protocol.ENV_OWN_WORK_CORE] = str(cores[host % len(cores)])
-        env["JAX_PLATFORMS"] = "cpu"
-        env["XLA_FLAGS"] = (
-            env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={layout.devices_per_host}"
-        ).strip()
+    env.update(site.machine_env(layout, host, temp_dir=temp_dir, cores=cores, env=env))
     return env
 
 
@@ -136,7 +150,7 @@ def standby_env(env: Mapping[str, str]) -> dict[str, str]:
     return standby
 
 
-_GO_VARIABLES = (
+GO_VARIABLES = (
     *_GENERATION_VARIABLES,
     protocol.ENV_NUM_HOSTS,  # the world may have changed since the standby started
     protocol.ENV_PROCESS_ID,
@@ -148,19 +162,15 @@ _GO_VARIABLES = (
 """What `go` tells a promoted standby: the variables that may differ from those it started with."""
 
 
-def go_env(env: Mapping[str, str], *, local: bool) -> dict[str, str]:
+def go_env(env: Mapping[str, str], site: WorkloadSite) -> dict[str, str]:
     """The variables `go` gives a standby promoted to a generation, from that generation's `env`
-    (locally no coordinator address: see `megascale_env`)."""
-    skipped = protocol.ENV_MEGASCALE_COORDINATOR_ADDRESS if local else None
-    return {key: env[key] for key in _GO_VARIABLES if key != skipped}
+    (those of `site.go_variables`)."""
+    return {key: env[key] for key in site.go_variables}
 
 
-def workload_argv(workload: WorkloadSpec, local: bool) -> list[str]:
-    """The workload's command line; locally `python` is the supervisor's own interpreter."""
-    argv = [*workload.command, *workload.args]
-    if local and argv[0] in ("python", "python3"):
-        argv[0] = sys.executable  # the runtime's own environment has slicekeeper installed
-    return argv
+def workload_argv(workload: WorkloadSpec, site: WorkloadSite) -> list[str]:
+    """The workload's command line as `site` runs it."""
+    return site.command([*workload.command, *workload.args])
 
 
 STANDBY_WAIT_SECONDS = 20.0
@@ -203,7 +213,7 @@ class Workloads:
         *,
         argv: list[str],
         env: Env,
-        local: bool,
+        site: WorkloadSite,
         standby: bool,
         finished: asyncio.Event,
         send: Send,
@@ -213,13 +223,13 @@ class Workloads:
     ) -> None:
         """`confinement`: what the workload may not read (supervisor.host.confinement).
         `env`: a generation's environment (`workload_env` with this host's place in the job);
-        `local`: a local run (plan.local); `standby`: spec.workload.standby; `finished`: set when
+        `site`: where it runs (supervisor.host.site); `standby`: spec.workload.standby; `finished`: set when
         this supervisor ends (no standby is started after it); `send`: writes one line to the SDK
         socket."""
         self._log_path = log_path
         self.argv = argv
         self._env = env
-        self._local = local
+        self._site = site
         self._standby_enabled = standby
         self._finished = finished
         self._send = send
@@ -243,7 +253,7 @@ class Workloads:
         if standby is not None and standby.ready.is_set() and standby.process.running and standby.writer:
             self.standby = None
             standby.generation = generation
-            go = go_env(self._env(generation, coordinator, restore_step), local=self._local)
+            go = go_env(self._env(generation, coordinator, restore_step), self._site)
             await self._send(standby.writer, {"type": protocol.GO, "env": go})
             self.current = standby.process
             standby.promoted.set()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader.background import BackgroundWork
 from slicekeeper.supervisor.leader.journal import JobMemory
 from slicekeeper.supervisor.leader.members import HostStatus, Members
 
@@ -54,6 +55,57 @@ class Replacement(Protocol):
 
     async def release(self) -> None:
         """The job ended: idle spares end too."""
+
+
+class Replacements(Protocol):
+    """Builds the leader's `Replacement` from the leader's own parts: the site's choice (a spare pool
+    locally, new pods in a cluster: supervisor.host.site), made once."""
+
+    def __call__(
+        self,
+        members: Members,
+        status: dict[int, HostStatus],
+        memory: JobMemory,
+        newcomer: Callable[[int], None],
+        *,
+        write_journal: Callable[[], Awaitable[None]],
+        overdue: Callable[[int], Awaitable[None]],
+        background: BackgroundWork,
+    ) -> Replacement: ...
+
+
+def spare_pool(
+    members: Members,
+    status: dict[int, HostStatus],
+    memory: JobMemory,
+    newcomer: Callable[[int], None],
+    *,
+    write_journal: Callable[[], Awaitable[None]],
+    overdue: Callable[[int], Awaitable[None]],
+    background: BackgroundWork,
+) -> Replacement:
+    """Idle spare supervisors take over lost hosts (`slicekeeper run`)."""
+    return SparePool(members, status, memory, newcomer, write_journal)
+
+
+def pod_replacements(timeout: float) -> Replacements:
+    """The operator replaces a lost host's pod, awaited up to `timeout` seconds (a cluster)."""
+
+    def build(
+        members: Members,
+        status: dict[int, HostStatus],
+        memory: JobMemory,
+        newcomer: Callable[[int], None],
+        *,
+        write_journal: Callable[[], Awaitable[None]],
+        overdue: Callable[[int], Awaitable[None]],
+        background: BackgroundWork,
+    ) -> Replacement:
+        return PodReplacements(
+            members, status, memory, newcomer, timeout=timeout, overdue=overdue, background=background
+        )
+
+    return build
 
 
 @dataclass
@@ -197,6 +249,7 @@ class PodReplacements(_Crew):
         *,
         timeout: float,
         overdue: Callable[[int], Awaitable[None]],
+        background: BackgroundWork,
     ) -> None:
         super().__init__(members, status, memory, newcomer)
         self.timeout = timeout
@@ -206,7 +259,7 @@ class PodReplacements(_Crew):
         self._awaited: dict[int, asyncio.TimerHandle] = {}
         self._no_capacity = False
         """A replacement did not join in time; the policy sees no spare until one joins."""
-        self._tasks: set[asyncio.Future[None]] = set()
+        self._background = background
 
     def for_policy(self) -> int:
         """The operator replaces any host (one at a time is enough to say so) until a replacement
@@ -233,16 +286,13 @@ class PodReplacements(_Crew):
         self.status[host] = HostStatus(state="awaiting replacement")
         if host in self._awaited:
             return None
-        self._awaited[host] = asyncio.get_running_loop().call_later(self.timeout, self._time_out, host)
+        self._awaited[host] = self._background.later(
+            self.timeout, "awaiting a replacement pod", lambda: self._no_replacement(host)
+        )
         await self.members.event(
             f"awaiting a replacement pod for host {host} (up to {self.timeout:g} s)", host=host
         )
         return None
-
-    def _time_out(self, host: int) -> None:
-        task = asyncio.ensure_future(self._no_replacement(host))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _no_replacement(self, host: int) -> None:
         if self._awaited.pop(host, None) is None:
@@ -297,5 +347,5 @@ class PodReplacements(_Crew):
         return []
 
     async def release(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+        for handle in self._awaited.values():
+            handle.cancel()

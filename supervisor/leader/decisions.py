@@ -10,6 +10,7 @@ found, the scale events, and an event log (`policy-events.jsonl`) of event, cont
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,14 @@ class Decisions:
         *,
         detector: StragglerDetector | None = None,
         events_path: Path | None = None,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self.engine = engine
         self.world = world
         self.detector = detector or StragglerDetector()
         self.events_path = events_path
+        self._leading = leading
+        """Whether the leader still surely holds the job's lease: a fenced one appends to no log."""
         self.records: list[dict[str, Any]] = []
         """Every decision, with its event, source and reason."""
         self.stragglers: list[dict[str, Any]] = []
@@ -122,7 +126,7 @@ class Decisions:
                 "reason": decision.reason,
             }
         )
-        if self.events_path is not None:
+        if self.events_path is not None and self._leading():
             append_to_log(self.events_path, decision, context)
         return decision
 

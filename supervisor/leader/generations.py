@@ -1,10 +1,11 @@
-"""The restart state machine: every host of a job restarts together, in a generation all agree on.
+"""The restart state machine's driver: carries out what `leader.restart_machine` decides.
 
-    RUNNING(g) --fault--> STOPPING(g): every member kills its workload and acks `stopped`
-    STOPPING(g) --all acked, no decision pending--> RUNNING(g+1): `start` with a fresh coordinator
-                                address, the newest step every host can restore, each host's sources
-    any state --a limit reached (leader.restart_rule)--> FAILED: `fail` with the reason
-    RUNNING(g) --all finished--> SUCCEEDED: `shutdown`
+The transitions themselves are pure (leader.restart_machine): this module reads the machine's state
+from the job's memory and its own bookkeeping, feeds it each event, writes the new state back and
+carries out the commands in order: the journal written, the members told, the ack deadline armed
+through the leader's background work (fenced, its failure an outcome), a generation started (the
+restore plan chosen, a fresh coordinator address, each host's sources), the job ended. What a command
+leads to (the start done or given up) comes back as an event.
 
 Hosts of a dropped slice get `park` instead of `start`. What changes who takes part (a replacement,
 a scale-down or up) is decided and applied while the job is stopped (leader.remediation); the start
@@ -18,6 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader import restart_machine as machine
+from slicekeeper.supervisor.leader.background import BackgroundWork
 from slicekeeper.supervisor.leader.capacity import Replacement
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
 from slicekeeper.supervisor.leader.decisions import Decisions
@@ -43,6 +46,7 @@ class Generations:
         capacity: Replacement,
         rule: RestartRule,
         decisions: Decisions,
+        background: BackgroundWork,
         coordinator_address: Callable[[int, int], str],
         ended: Callable[[], None],
     ) -> None:
@@ -55,127 +59,197 @@ class Generations:
         self.capacity = capacity
         self.rule = rule
         self.decisions = decisions
+        self.background = background
         self._coordinator_address = coordinator_address
         self._ended = ended
         """The job succeeded or failed: write the summary."""
         self.done = asyncio.Event()
         self.holds: Callable[[], bool] = lambda: False
         """A decision is under way or a `Wait` holds the job stopped: no start yet."""
-        self.stopped: set[int] = set()
-        """Members that acked the stop of this generation."""
         self.finished: dict[int, messages.Finished] = {}
-        self.progressed = False
-        """The running generation completed a step."""
+        self._stopped: frozenset[int] = frozenset()
+        self._progressed = False
+        self._starting = False
         self._ack_deadline: asyncio.TimerHandle | None = None
-        self._overdue: asyncio.Future[None] | None = None
-        self._first_start_under_way = False
 
+    # --- the machine's state, read from and written back to the job's memory -----------------
+    def state(self) -> machine.RestartState:
+        return machine.RestartState(
+            phase=self.memory.state,
+            generation=self.memory.generation,
+            stopped=self._stopped,
+            finished=frozenset(self.finished),
+            progressed=self._progressed,
+            restarts=sum(self.memory.restarts.values()),
+            restarts_without_progress=self.memory.restarts_without_progress,
+            ack_deadline=self._ack_deadline is not None,
+            starting=self._starting,
+            failure_reason=self.memory.failure_reason,
+        )
+
+    def _store(self, state: machine.RestartState) -> None:
+        self.memory.state = state.phase
+        self.memory.generation = state.generation
+        self.memory.restarts_without_progress = state.restarts_without_progress
+        self.memory.failure_reason = state.failure_reason
+        self._stopped = state.stopped
+        self._progressed = state.progressed
+        self._starting = state.starting
+
+    def _readiness(self) -> machine.Readiness:
+        return machine.Readiness(frozenset(self.members.live()), tuple(self.world.hosts), self.holds())
+
+    async def _feed(self, event: machine.Event) -> machine.RestartState:
+        """Apply `event`: the new state written back, then its commands carried out in order."""
+        state, commands = machine.transition(self.state(), event, self.rule)
+        self._store(state)
+        for command in commands:
+            await self._carry_out(command)
+        return state
+
+    async def _carry_out(self, command: machine.Command) -> None:
+        match command:
+            case machine.RecordStop():
+                await self._record_stop(command)
+            case machine.WriteJournal():
+                await self.journal.write()
+            case machine.SendStop(generation=generation, kind=kind, host=host, to=to):
+                stop = messages.Stop(generation=generation, kind=kind, host=host)
+                for member in to:
+                    if member in self.members:
+                        await self.members.send(member, stop)
+            case machine.ArmAckDeadline(generation=generation):
+                self._cancel_ack_deadline()
+                self._ack_deadline = self.background.later(
+                    STOP_ACK_SECONDS, "stop acknowledgement deadline", lambda: self._acks_overdue(generation)
+                )
+            case machine.CancelAckDeadline():
+                self._cancel_ack_deadline()
+            case machine.StartGeneration():
+                await self._start()
+            case machine.EndJob(succeeded=succeeded, reason=reason):
+                await self._end(succeeded, reason)
+
+    def _cancel_ack_deadline(self) -> None:
+        if self._ack_deadline is not None:
+            self._ack_deadline.cancel()
+            self._ack_deadline = None
+
+    # --- what the rest of the leader tells it ------------------------------------------------
     @property
     def over(self) -> bool:
         return self.memory.state in (JobState.SUCCEEDED, JobState.FAILED)
 
-    async def stop(self, host: int, kind: str, detail: str, now: float, planned: bool = False) -> bool:
-        """Turn a fault of the running generation into a stop of every host; False if the job failed.
+    @property
+    def progressed(self) -> bool:
+        """The running generation completed a step."""
+        return self._progressed
 
-        `planned`: a stop the policy chose with nothing broken (a scale-up): no restart limit applies."""
-        generation = self.memory.generation
-        # Decide before the first await: a concurrent report of the same stall must see STOPPING.
-        self.rule.stop(self.memory, self.progressed, planned)
-        reason = None if planned else self.rule.refusal(self.memory, f"{kind} on host {host} ({detail})")
-        if reason is None:
-            self.memory.restarts[kind] += 1
-            self.memory.state = JobState.STOPPING
-            self.stopped.clear()
-            self.memory.stop_cause = {
-                "kind": kind,
-                "host": host,
-                "t": now,
-                "high_water": self.memory.high_water,
-                "planned": planned,
-            }
-        for record in self.memory.faults if not planned else []:
-            if record.detected_at is None and record.generation == generation and record.disruptive:
-                record.detected_at, record.detected_as = now, kind
-                record.high_water_at_detection = self.memory.high_water
-                record.detected_in_generation = generation
-        if planned:
-            await self.members.event(f"stopping every host: {detail} ({kind})", kind=kind)
-        else:
-            self.memory.detections.append(Detection(kind, host, generation, now, detail))
-            await self.members.event(f"{kind} detected on host {host}: {detail}", host=host, kind=kind)
-        if reason is not None:
-            await self.fail(reason)
-            return False
-        await self.journal.write()
-        stop = messages.Stop(generation=generation, kind=kind, host=None if planned else host)
-        for member in self.world.hosts:
-            if member in self.members:
-                await self.members.send(member, stop)
-        self._ack_deadline = asyncio.get_running_loop().call_later(
-            STOP_ACK_SECONDS, self._acks_overdue, generation
+    async def stop(self, host: int, kind: str, detail: str, now: float, planned: bool = False) -> bool:
+        """Turn a fault of the running generation into a stop of every host; False if the job failed
+        (or was not running). `planned`: a stop the policy chose with nothing broken (a scale-up): no
+        restart limit applies."""
+        event = machine.FaultStop(
+            host, kind, detail, now, frozenset(self.members.live()), tuple(self.world.hosts), planned
         )
-        return True
+        state = await self._feed(event)
+        return state.phase is JobState.STOPPING
 
     async def acked(self, report: messages.Stopped) -> None:
         if report.generation != self.memory.generation or self.memory.state is not JobState.STOPPING:
             return
         self.checkpoints.stopped(report)
-        self.stopped.add(report.host)
         self.status[report.host].state = "stopped"
-        await self.start_when_all_stopped()
+        await self._feed(machine.StopAcked(report.host, report.generation, self._readiness()))
+
+    def no_workload(self, host: int) -> None:
+        """`host` has no workload to stop (a new machine serves it, or its slice comes back)."""
+        state, _ = machine.transition(self.state(), machine.NoWorkload(host), self.rule)
+        self._store(state)
+
+    def member_lost(self, host: int) -> None:
+        state, _ = machine.transition(self.state(), machine.MemberLost(host), self.rule)
+        self._store(state)
+
+    def progress(self) -> None:
+        """A step of the running generation completed."""
+        state, _ = machine.transition(self.state(), machine.Progressed(), self.rule)
+        self._store(state)
 
     async def finished_on(self, report: messages.Finished) -> None:
         if report.generation != self.memory.generation or self.memory.state is not JobState.RUNNING:
             return
         self.finished[report.host] = report
         self.status[report.host].state = "finished"
-        if set(self.world.hosts) <= self.finished.keys():
-            await self.succeed()
+        await self._feed(machine.HostFinished(report.host, report.generation, tuple(self.world.hosts)))
 
-    def _acks_overdue(self, generation: int) -> None:
-        if self.memory.state is JobState.STOPPING and self.memory.generation == generation:
-            missing = sorted(set(self.world.hosts) & self.members.live() - self.stopped)
-            if not missing:
-                return  # all stopped; the start waits for a decision (a policy's Wait), not for acks
-            reason = f"host(s) {missing} did not stop their workload within {STOP_ACK_SECONDS:.0f} s"
-            self._overdue = asyncio.ensure_future(self.fail(reason))
+    async def _acks_overdue(self, generation: int) -> None:
+        self._ack_deadline = None
+        await self._feed(machine.AckDeadlinePassed(generation, self._readiness(), STOP_ACK_SECONDS))
 
     async def start_when_all_stopped(self) -> None:
         """Start once every live active member acked its stop and no decision is still being taken."""
-        if self.memory.state is not JobState.STOPPING or self.holds():
-            return
-        live = {h for h in self.world.hosts if h in self.members}
-        if live <= self.stopped:
-            await self.start()
+        await self._feed(machine.Reconsider(self._readiness()))
 
     async def start(self) -> None:
-        if self._ack_deadline is not None:
-            self._ack_deadline.cancel()
+        """The first start: every host registered."""
+        await self._feed(machine.AllRegistered())
+
+    async def fail(self, reason: str) -> None:
+        await self._feed(machine.JobFails(reason))
+
+    # --- carrying out -----------------------------------------------------------------------
+    async def _record_stop(self, stop: machine.RecordStop) -> None:
+        now = stop.t
+        if not stop.refused:
+            self.memory.restarts[stop.kind] += 1
+            self.memory.stop_cause = {
+                "kind": stop.kind,
+                "host": stop.host,
+                "t": now,
+                "high_water": self.memory.high_water,
+                "planned": stop.planned,
+            }
+        for record in self.memory.faults if not stop.planned else []:
+            if record.detected_at is None and record.generation == stop.generation and record.disruptive:
+                record.detected_at, record.detected_as = now, stop.kind
+                record.high_water_at_detection = self.memory.high_water
+                record.detected_in_generation = stop.generation
+        if stop.planned:
+            await self.members.event(f"stopping every host: {stop.detail} ({stop.kind})", kind=stop.kind)
+        else:
+            self.memory.detections.append(Detection(stop.kind, stop.host, stop.generation, now, stop.detail))
+            await self.members.event(
+                f"{stop.kind} detected on host {stop.host}: {stop.detail}", host=stop.host, kind=stop.kind
+            )
+
+    async def _start(self) -> None:
         first = self.memory.state is JobState.REGISTERING
         if first:
-            if self._first_start_under_way:
-                return  # a second call while the first one reads the persistent tier
-            self._first_start_under_way = True
             unreadable = await self.checkpoints.find_persistent()
-            self._first_start_under_way = False
             if unreadable is not None:
-                await self.fail(unreadable)
+                await self._feed(machine.JobFails(unreadable))
                 return
             if self.memory.state is not JobState.REGISTERING:
                 return
         missing = [h for h in self.world.hosts if h not in self.members]
         if missing:
             if first:
-                return  # a host was lost while the tier was read: the next registration starts the job
-            await self.fail(
-                f"host(s) {missing} have no machine, and the policy decided neither a replacement nor a "
-                "scale-down for them"
+                # a host was lost while the tier was read: the next registration starts the job
+                await self._feed(machine.StartAbandoned())
+                return
+            await self._feed(
+                machine.JobFails(
+                    f"host(s) {missing} have no machine, and the policy decided neither a replacement "
+                    "nor a scale-down for them"
+                )
             )
             return
         plan = self.checkpoints.restore_plan()
         held = self.checkpoints.held()
-        if not first:
-            self.memory.generation += 1
+        self.finished.clear()
+        generation = self.memory.generation if first else self.memory.generation + 1
+        await self._feed(machine.Started(generation))
         restore_step = plan.step
         if not first or restore_step is not None:
             self._record_recovery(restore_step, held, resumed=first)
@@ -184,13 +258,10 @@ class Generations:
         self.checkpoints.abandon_after(restore_step)
         if self.memory.detections:
             self.memory.detections[-1].restore_step = restore_step
-        self.memory.state = JobState.RUNNING
-        self.progressed = False
-        self.finished.clear()
         self.world.record(self.memory.high_water, self.memory.generation)
         self.decisions.new_world()
         await self.journal.write()
-        generation, world = self.memory.generation, self.world.hosts
+        world = self.world.hosts
         address = self._coordinator_address(generation, world[0])
         addresses = {h: s.replica_address for h, s in self.status.items() if s.replica_address}
         for host in sorted(self.members.live()):
@@ -239,24 +310,15 @@ class Generations:
             }
         )
 
-    async def succeed(self) -> None:
-        self.memory.state = JobState.SUCCEEDED
+    async def _end(self, succeeded: bool, reason: str | None) -> None:
         self._ended()
-        await self.members.event("training finished on every host")
+        if succeeded:
+            await self.members.event("training finished on every host")
+        else:
+            await self.members.event(f"job failed: {reason}")
         await self.journal.write()
-        await self.members.broadcast(messages.Shutdown())
-        await self.capacity.release()
-        self.done.set()
-
-    async def fail(self, reason: str) -> None:
-        if self.over:
-            return
-        self.memory.state = JobState.FAILED
-        self.memory.failure_reason = reason
-        self._ended()
-        await self.members.event(f"job failed: {reason}")
-        await self.journal.write()
-        await self.members.broadcast(messages.Failed(reason=reason))
+        end = messages.Shutdown() if succeeded else messages.Failed(reason=reason or "")
+        await self.members.broadcast(end)
         await self.capacity.release()
         self.done.set()
 

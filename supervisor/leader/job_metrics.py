@@ -35,6 +35,10 @@ class JobView(Protocol):
     world: JobWorld
     decisions: Decisions
 
+    @property
+    def task_failures(self) -> Counter[str]:
+        """Background work of this leader that failed, by what it was (leader.background)."""
+
 
 class JobCollector(Collector):
     """The job's series while `leader()` gives the leader this supervisor runs; none otherwise."""
@@ -50,6 +54,18 @@ class JobCollector(Collector):
         yield from _world(leader.world, leader.decisions)
         yield from _faults(leader.memory)
         yield from _stragglers(leader.decisions, leader.world.full_hosts)
+        yield _task_failures(leader.task_failures)
+
+
+def _task_failures(failures: Counter[str]) -> Metric:
+    family = CounterMetricFamily(
+        "slicekeeper_leader_task_failures",
+        "The leader's background work that failed (each fails the job with the reason), by what it was.",
+        labels=["task"],
+    )
+    for task, count in sorted(failures.items()):
+        family.add_metric([task], count)
+    return family
 
 
 def _state(memory: JobMemory) -> Iterator[Metric]:
@@ -133,7 +149,7 @@ def _faults(memory: JobMemory) -> Iterator[Metric]:
     yield recovery
 
 
-def _stragglers(decisions: Decisions, hosts: int) -> Iterator[Metric]:
+def _stragglers(decisions: Decisions, host_count: int) -> Iterator[Metric]:
     score = GaugeMetricFamily(
         "slicekeeper_straggler_score",
         "Per host: its own work per step over the other hosts' (medians over the detector's window; "
@@ -158,6 +174,6 @@ def _stragglers(decisions: Decisions, hosts: int) -> Iterator[Metric]:
         labels=["host"],
     )
     counts = Counter(int(s["host"]) for s in decisions.stragglers)
-    for host in sorted({*range(hosts), *counts}):
+    for host in sorted({*range(host_count), *counts}):
         found.add_metric([str(host)], counts[host])
     yield found

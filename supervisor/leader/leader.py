@@ -19,13 +19,15 @@ import json
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader import status as views
-from slicekeeper.supervisor.leader.capacity import PodReplacements, Replacement, SparePool
+from slicekeeper.supervisor.leader.background import BackgroundWork
+from slicekeeper.supervisor.leader.capacity import Replacement, Replacements, spare_pool
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.election import Holder
@@ -49,7 +51,7 @@ from slicekeeper.shape import JobShape
 class Leader:
     def __init__(
         self,
-        hosts: int,
+        host_count: int,
         max_restarts: int,
         coordinator_address: Callable[[int, int], str],
         summary_path: Path | None = None,
@@ -62,22 +64,27 @@ class Leader:
         devices_per_host: int = 1,
         engine: PolicyEngine | None = None,
         events_path: Path | None = None,
-        replacement_timeout: float | None = None,
+        replacements: Replacements = spare_pool,
         log_events: bool = False,
         term: int = 1,
         leading: Callable[[], bool] = lambda: True,
     ) -> None:
-        """`replacement_timeout`: in a cluster, how long a lost host's new pod is awaited; None: local
-        mode, where spare supervisors stand in (leader.capacity). `term`, `leading`: this leader's term
+        """`replacements`: where a lost host's new machine comes from (leader.capacity: the site's
+        choice, spare supervisors locally, new pods in a cluster). `term`, `leading`: this leader's term
         and whether it still surely holds the job's lease (supervisor.leader.election)."""
-        per_slice = hosts_per_slice or hosts
+        per_slice = hosts_per_slice or host_count
         self.memory = JobMemory(started_at=time.time())
         """The job's memory (leader.journal): what a leader that takes over carries on."""
-        self.world = JobWorld(JobShape(hosts // per_slice, per_slice, devices_per_host), min_slices)
+        self.world = JobWorld(JobShape(host_count // per_slice, per_slice, devices_per_host), min_slices)
         self.members = Members(log_events, term=term, leading=leading)
         self.leading = leading
-        self.status = {h: HostStatus() for h in range(hosts)}
-        self.decisions = Decisions(engine or PolicyEngine(None), self.world, events_path=events_path)
+        self.background = BackgroundWork(leading=leading, failed=self._background_failed)
+        """The one way this leader runs work in the background (tasks, timers): fenced, and a
+        failure is the job's outcome."""
+        self.status = {h: HostStatus() for h in range(host_count)}
+        self.decisions = Decisions(
+            engine or PolicyEngine(None), self.world, events_path=events_path, leading=leading
+        )
         self.journal_writer = JournalWriter(self.members, self.journal)
         self.checkpoints = Checkpoints(
             self.memory,
@@ -88,20 +95,15 @@ class Leader:
             persistent_keep,
             self.journal_writer.write,
         )
-        self.capacity: Replacement
-        if replacement_timeout is None:
-            self.capacity = SparePool(
-                self.members, self.status, self.memory, self._newcomer, self.journal_writer.write
-            )
-        else:
-            self.capacity = PodReplacements(
-                self.members,
-                self.status,
-                self.memory,
-                self._newcomer,
-                timeout=replacement_timeout,
-                overdue=lambda host: self.remediation.no_replacement(host),
-            )
+        self.capacity: Replacement = replacements(
+            self.members,
+            self.status,
+            self.memory,
+            self._newcomer,
+            write_journal=self.journal_writer.write,
+            overdue=lambda host: self.remediation.no_replacement(host),
+            background=self.background,
+        )
         self.generations = Generations(
             memory=self.memory,
             world=self.world,
@@ -112,6 +114,7 @@ class Leader:
             capacity=self.capacity,
             rule=RestartRule(max_restarts, max_restarts_without_progress),
             decisions=self.decisions,
+            background=self.background,
             coordinator_address=coordinator_address,
             ended=self.write_summary,
         )
@@ -124,7 +127,7 @@ class Leader:
             capacity=self.capacity,
             checkpoints=self.checkpoints,
             journal=self.journal_writer,
-            spawn=self._spawn,
+            background=self.background,
         )
         self.generations.holds = lambda: self._carrying_on or self.remediation.holding()
         self.registrations = Registrations(
@@ -139,7 +142,6 @@ class Leader:
         self._summary_path = summary_path
         self._standing_down = False
         """The leader's process is ending (`stand_down`): it acts no more."""
-        self._tasks: set[asyncio.Future[None]] = set()
         self._server: asyncio.Server | None = None
         self._tls: JobTls | None = None
         self._takeover: Takeover | None = None
@@ -155,14 +157,21 @@ class Leader:
     def _newcomer(self, host: int) -> None:
         """A new machine serves `host`: it has no workload to stop, and holds nothing yet."""
         if self.memory.state is JobState.STOPPING:
-            self.generations.stopped.add(host)
+            self.generations.no_workload(host)
             self.status[host].state = "stopped"
         self.decisions.new_world()  # the old machine's timings are not the new one's
 
-    def _spawn(self, coroutine: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def _background_failed(self, task: str, error: BaseException) -> None:
+        """Background work failed: the job fails with the reason rather than wait for it for ever. A
+        leader that no longer leads does nothing (its successor carries on)."""
+        if self._standing_down or not self.leading():
+            return
+        await self.generations.fail(f"the leader's background work failed ({task}): {error!r}")
+
+    @property
+    def task_failures(self) -> Counter[str]:
+        """Failed background work, by what it was (slicekeeper_leader_task_failures_total)."""
+        return self.background.failures
 
     # --- the job's memory as data -------------------------------------------------------------
     def journal(self) -> dict[str, Any]:
@@ -199,7 +208,7 @@ class Leader:
             handle=self._handle,
             host_lost=self.remediation.host_lost,
         )
-        self._spawn(self._take_over(self._takeover))
+        self.background.spawn("taking over from the lost leader", self._take_over(self._takeover))
 
     async def _take_over(self, takeover: Takeover) -> None:
         await takeover.settle()
@@ -234,11 +243,10 @@ class Leader:
         is taken on them; the job's memory stays as it was (a leader taking over carries it on)."""
         if not self._standing_down:
             self._standing_down = True
-            self._spawn(self.members.event(f"leader standing down: {reason}"))
+            self.background.spawn("standing down", self.members.event(f"leader standing down: {reason}"))
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+        self.background.cancel()
         if self._server is not None:
             self._server.close()
         self.members.close()
@@ -289,7 +297,7 @@ class Leader:
             self.members.drop(host)
             lost = self.status[host]
             lost.state, lost.committed, lost.replicas = "lost", set(), {}
-            self.generations.stopped.discard(host)
+            self.generations.member_lost(host)
             await self.remediation.host_lost(host, lost.machine)
 
     # --- what the members say -----------------------------------------------------------------
@@ -334,7 +342,7 @@ class Leader:
         status.step, status.loss, status.state = report.step, report.loss, "training"
         status.steps_seen.append((report.t, report.step))
         del status.steps_seen[:-50]
-        self.generations.progressed = True
+        self.generations.progress()
         machines = {h: s.machine for h, s in self.status.items()}
         await self.remediation.straggler_check(report.host, report.step, report.work, machines, report.t)
         if self.memory.progressed(report.step, report.t):
@@ -364,15 +372,19 @@ class Leader:
     def status_message(self) -> messages.Status:
         return views.status_line(self.memory, self.status)
 
-    def cluster_status(self) -> dict[str, Any]:
-        view = views.cluster_status(
-            self.memory, self.world, self.restore_plan().step, self.capacity.awaiting()
-        )
+    def cluster_status(self) -> views.LeaderView:
         fingerprints = {f.fingerprint for f in self.generations.finished.values()}
         agreed = (
             fingerprints.pop() if self.memory.state is JobState.SUCCEEDED and len(fingerprints) == 1 else None
         )
-        return {**view, "term": self.members.term, "paramsFingerprint": agreed}
+        return views.cluster_status(
+            self.memory,
+            self.world,
+            self.restore_plan().step,
+            self.capacity.awaiting(),
+            term=self.members.term,
+            params_fingerprint=agreed,
+        )
 
     def summary(self) -> dict[str, Any]:
         fingerprints = {h: f.fingerprint for h, f in self.generations.finished.items()}

@@ -7,6 +7,10 @@ a lost host, a straggler and capacity coming back are events too. The decision i
 back up, wait and decide again, ignore, fail. Decisions are taken one at a time, each on the world
 the previous one left, and the next start waits until every pending one is in.
 
+What a decision comes to is data (leader.remedies: the steps, pure); each step has one applier here,
+looked up by its type. A decision that raises fails the job with the reason (the leader's background
+work counts it), never leaving it stopped with nothing to start it again.
+
 A hang is put down to the host that stopped, not to the first host whose timer fired: the leader
 asks every member where its workload is and names the one furthest behind (supervisor.culprit).
 """
@@ -18,9 +22,12 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.culprit import Activity, name_culprit
+from slicekeeper.supervisor.leader import remedies
+from slicekeeper.supervisor.leader.background import BackgroundWork
 from slicekeeper.supervisor.leader.capacity import Replacement
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
 from slicekeeper.supervisor.leader.decisions import Decisions
@@ -48,7 +55,7 @@ class Remediation:
         capacity: Replacement,
         checkpoints: Checkpoints,
         journal: JournalWriter,
-        spawn: Callable[[Awaitable[None]], None],
+        background: BackgroundWork,
     ) -> None:
         self.memory = memory
         self.world = world
@@ -58,7 +65,7 @@ class Remediation:
         self.capacity = capacity
         self.checkpoints = checkpoints
         self.journal = journal
-        self._spawn = spawn
+        self.background = background
         self._deciding = 0
         """Decisions under way that the next start must wait for."""
         self._turn = asyncio.Lock()
@@ -69,6 +76,15 @@ class Remediation:
         self._activities: dict[int, Activity] | None = None
         """While a hang's culprit is being named: the members' answers so far (else None)."""
         self._activities_in = asyncio.Event()
+        self._appliers: dict[type, Callable[[policy.Event, Any], Awaitable[bool]]] = {
+            remedies.StopFirst: self._stop_first,
+            remedies.HoldFor: self._hold,
+            policy.Fail: self._fail,
+            policy.ReplaceHost: self._replace,
+            policy.ScaleDown: self._scale_down,
+            policy.ScaleUp: self._scale_up,
+        }
+        """One applier per step a decision comes to (leader.remedies), by the step's type."""
 
     def holding(self) -> bool:
         """The next start must wait: a decision under way, a `Wait`, a replacement on its way."""
@@ -87,7 +103,7 @@ class Remediation:
                 # Not awaited here: the answers come over the members' connections, the reporter's
                 # included, whose reading must go on.
                 self._activities = {}
-                self._spawn(self._hang(report))
+                self.background.spawn("naming a hang's culprit", self._hang(report))
             return
         await self._fault_of(report.host, report)
 
@@ -203,7 +219,7 @@ class Remediation:
             await self.generations.stop(
                 host, "host_lost", f"host {host} re-registered while running", time.time()
             )
-            self.generations.stopped.add(host)
+            self.generations.no_workload(host)
             await self.generations.start_when_all_stopped()
 
     # --- signals while training ---------------------------------------------------------------
@@ -226,7 +242,7 @@ class Remediation:
                 host=finding.host,
                 score=finding.score,
             )
-            self._spawn(self.decide_and_act(event))
+            self.background.spawn("deciding on a straggler", self.decide_and_act(event))
         if self.capacity_offer:
             await self.offer_capacity()
 
@@ -267,70 +283,70 @@ class Remediation:
                     f"decision ({decision.source.value}): {action.name} for {event.summary}{reason}"
                 )
                 await self.journal.write()  # the decision, before anything is done about it
-                await self._act(event, action)
+                for step in remedies.intents(event, action, self.memory.state):
+                    if self.generations.over:
+                        break
+                    if not await self._appliers[type(step)](event, step):
+                        break
+        except Exception as error:  # a decision that cannot be taken or applied: the job fails with it
+            await self.background.failed(f"deciding on {event.kind}", error)
         finally:
             self._deciding -= 1
         await self.generations.start_when_all_stopped()
 
-    async def _act(self, event: policy.Event, action: policy.Action) -> None:
-        if self.generations.over:
-            return
-        if isinstance(action, policy.Fail):
-            await self.generations.fail(action.reason)
-        elif isinstance(action, policy.Wait):
-            holds = self.memory.state is JobState.STOPPING  # the job stays stopped until reconsidered
-            self._waiting += holds
-            loop = asyncio.get_running_loop()
-            loop.call_later(action.seconds, lambda: self._spawn(self._reconsider(event, holds)))
-        elif isinstance(action, (policy.ReplaceHost, policy.ScaleDown, policy.ScaleUp)):
-            if self.memory.state is JobState.RUNNING:
-                host = getattr(event, "host", 0)
-                planned = isinstance(action, policy.ScaleUp)
-                if not await self.generations.stop(host, str(event.kind), action.name, time.time(), planned):
-                    return
-            await self._apply(event, action)
-        # RestartInJob: the stop under way is the restart; Ignore: nothing to do.
+    # --- the appliers: each returns whether the next step may follow --------------------------
+    async def _fail(self, event: policy.Event, action: policy.Fail) -> bool:
+        await self.generations.fail(action.reason)
+        return False
+
+    async def _hold(self, event: policy.Event, hold: remedies.HoldFor) -> bool:
+        self._waiting += hold.holds  # the job stays stopped until reconsidered
+        self.background.later(
+            hold.seconds, "reconsidering after a Wait", lambda: self._reconsider(event, hold.holds)
+        )
+        return True
+
+    async def _stop_first(self, event: policy.Event, stop: remedies.StopFirst) -> bool:
+        return await self.generations.stop(stop.host, stop.kind, stop.detail, time.time(), stop.planned)
 
     async def _reconsider(self, event: policy.Event, held: bool) -> None:
         """A `Wait` is over: offer the same event again, with the facts of now."""
         self._waiting -= held
         if isinstance(event, policy.CapacityReturned) and not self.world.scaled_down:
+            await self.generations.start_when_all_stopped()
             return
         fresh = dataclasses.replace(
             event, t=time.time(), step=self.memory.high_water, generation=self.memory.generation
         )
         await self.decide_and_act(fresh)
 
-    async def _apply(self, event: policy.Event, action: policy.Action) -> None:
-        """Change who takes part, while the job is stopped; the next start runs the new world."""
-        if isinstance(action, policy.ReplaceHost):
-            refused = await self.capacity.replace(action.host, f"replaced ({event.kind})")
-            if refused is not None:
-                await self.generations.fail(refused)
-        elif isinstance(action, policy.ScaleDown):
-            await self._scale_down(event, action)
-        elif isinstance(action, policy.ScaleUp):
-            await self._scale_up(event)
+    async def _replace(self, event: policy.Event, action: policy.ReplaceHost) -> bool:
+        refused = await self.capacity.replace(action.host, f"replaced ({event.kind})")
+        if refused is not None:
+            await self.generations.fail(refused)
+            return False
+        return True
 
-    async def _scale_down(self, event: policy.Event, action: policy.ScaleDown) -> None:
+    async def _scale_down(self, event: policy.Event, action: policy.ScaleDown) -> bool:
         before = list(self.world.active)
         host = getattr(event, "host", None)
         slices = list(action.slices) or ([self.world.slice_of(host)] if host is not None else [])
         slices = [s for s in slices if s in self.world.active]
         if not slices:
-            return
+            return True
         try:
             self.world.drop(slices)
         except ValueError as error:
             await self.generations.fail(str(error))
-            return
+            return False
         self.checkpoints.joined -= {h for s in slices for h in self.world.hosts_of(s)}
         self.decisions.scaled("down", before, self.memory.high_water, self.memory.generation, str(event.kind))
         await self.members.event(
             f"scale-down: slice(s) {slices} dropped, {len(self.world.hosts)} hosts go on"
         )
+        return True
 
-    async def _scale_up(self, event: policy.Event) -> None:
+    async def _scale_up(self, event: policy.Event, action: policy.ScaleUp) -> bool:
         before = list(self.world.active)
         back = self.world.restorable(self._idle_hosts(), self.capacity.for_scale_up())
         if back:
@@ -344,7 +360,8 @@ class Remediation:
             for host in self.world.hosts_of(slice_index):
                 if host not in self.members:
                     await self.capacity.stand_in(host, scale_up=True)
-                self.generations.stopped.add(host)  # idle or new: no workload to stop
+                self.generations.no_workload(host)  # idle or new: no workload to stop
                 self.checkpoints.joined.add(host)
         if back:
             await self.members.event(f"scale-up: slice(s) {back} back, {len(self.world.hosts)} hosts")
+        return True

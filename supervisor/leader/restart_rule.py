@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slicekeeper.supervisor.leader.journal import JobMemory
-
 
 @dataclass(frozen=True)
 class RestartRule:
@@ -29,21 +27,22 @@ class RestartRule:
     max_without_progress: int = 3
     """spec.health.maxRestartsWithoutProgress."""
 
-    def stop(self, memory: JobMemory, progressed: bool, planned: bool) -> None:
-        """Count a stop of the running generation (`progressed`: it completed a step)."""
-        memory.restarts_without_progress = (
-            0 if progressed or planned else memory.restarts_without_progress + 1
-        )
+    @staticmethod
+    def without_progress(count: int, progressed: bool, planned: bool) -> int:
+        """The consecutive starts without progress once the running generation stops (`count`: before
+        it; `progressed`: it completed a step; `planned`: nothing broke)."""
+        return 0 if progressed or planned else count + 1
 
-    def refusal(self, memory: JobMemory, fault: str) -> str | None:
+    def refusal(self, without_progress: int, restarts: int, fault: str) -> str | None:
         """Why a fault (`fault`: e.g. "crash on host 2 (workload exited with 1)") fails the job instead
-        of restarting it; None when it may restart. Call after `stop` counted it."""
-        if memory.restarts_without_progress >= self.max_without_progress:
+        of restarting it; None when it may restart. `without_progress`: as `without_progress` counted
+        it with this stop; `restarts`: the restarts before this one."""
+        if without_progress >= self.max_without_progress:
             return (
-                f"no progress across {memory.restarts_without_progress} consecutive starts "
+                f"no progress across {without_progress} consecutive starts "
                 f"(spec.health.maxRestartsWithoutProgress); last fault: {fault}"
             )
-        if sum(memory.restarts.values()) >= self.max_restarts:
+        if restarts >= self.max_restarts:
             return (
                 f"restart budget spent: {self.max_restarts} in-job restarts (spec.health.maxRestarts); "
                 f"last fault: {fault}"

@@ -15,6 +15,9 @@ from slicekeeper.supervisor.leader.journal import JobMemory
 from slicekeeper.supervisor.leader.members import HostStatus
 from slicekeeper.supervisor.world import JobWorld
 
+from slicekeeper.leader_view import LastRestore
+from slicekeeper.leader_view import LeaderView as LeaderView  # what Leader.cluster_status returns
+
 
 def status_line(memory: JobMemory, status: dict[int, HostStatus]) -> messages.Status:
     """What a watcher (the local runtime's display) shows, every half second."""
@@ -47,34 +50,43 @@ def status_line(memory: JobMemory, status: dict[int, HostStatus]) -> messages.St
 
 
 def cluster_status(
-    memory: JobMemory, world: JobWorld, checkpoint_step: int | None, awaiting: list[int]
-) -> dict[str, Any]:
+    memory: JobMemory,
+    world: JobWorld,
+    checkpoint_step: int | None,
+    awaiting: list[int],
+    *,
+    term: int,
+    params_fingerprint: str | None,
+) -> LeaderView:
     """The job as the TrainingJob's status shows it (published on the leader's pod in a cluster);
-    `checkpoint_step`: the newest step every shard restores from."""
-    return {
-        "state": memory.state.value,
-        "generation": memory.generation,
-        "step": memory.high_water,
-        "slicesActive": len(world.active),
-        "restarts": dict(memory.restarts),
-        "hotSwaps": len(memory.hot_swaps),
-        "lastCheckpointStep": checkpoint_step,
-        "lastRestore": _last_restore(memory),
-        "awaitingReplacement": awaiting,
-        "failureReason": memory.failure_reason,
-    }
+    `checkpoint_step`: the newest step every shard restores from; `term`: the leader's;
+    `params_fingerprint`: the final parameters' digest every host agreed on, once the job succeeded."""
+    return LeaderView(
+        state=memory.state.value,
+        generation=memory.generation,
+        step=memory.high_water,
+        slicesActive=len(world.active),
+        restarts=dict(memory.restarts),
+        hotSwaps=len(memory.hot_swaps),
+        lastCheckpointStep=checkpoint_step,
+        lastRestore=_last_restore(memory),
+        awaitingReplacement=awaiting,
+        failureReason=memory.failure_reason,
+        term=term,
+        paramsFingerprint=params_fingerprint,
+    )
 
 
-def _last_restore(memory: JobMemory) -> dict[str, Any] | None:
+def _last_restore(memory: JobMemory) -> LastRestore | None:
     if not memory.recoveries:
         return None
     last = memory.recoveries[-1]
-    return {
-        "generation": last["generation"],
-        "cause": last["cause"],
-        "step": last["restore_step"],
-        "stepsReplayed": last["steps_replayed"],
-    }
+    return LastRestore(
+        generation=last["generation"],
+        cause=last["cause"],
+        step=last["restore_step"],
+        stepsReplayed=last["steps_replayed"],
+    )
 
 
 def summary(

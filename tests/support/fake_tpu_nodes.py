@@ -73,13 +73,13 @@ def plan(job: TrainingJob, workers: list[str], spares_per_pool: int = 1) -> list
     pod = next(render(job).pods())
     selector: dict[str, str] = pod["spec"]["nodeSelector"]
     chips = str(pod["spec"]["containers"][0]["resources"]["limits"][TPU_RESOURCE])
-    per_pool = job.slice_shape.hosts + spares_per_pool
+    per_pool = job.slice_shape.host_count + spares_per_pool
     needed = job.spec.slices * per_pool
     ordered = sorted(workers, key=_natural)
     if len(ordered) < needed + 1:
         raise ValueError(
             f"{job.metadata.name} needs {needed} fake TPU nodes ({job.spec.slices} pools of "
-            f"{job.slice_shape.hosts} hosts + {spares_per_pool} spare) and one plain worker for the "
+            f"{job.slice_shape.host_count} hosts + {spares_per_pool} spare) and one plain worker for the "
             f"operator: {needed + 1} kind workers, found {len(ordered)}; add workers to the kind config"
         )
     nodes = []

@@ -117,7 +117,7 @@ async def leader_with_spares(
 ) -> Job:
     """A leader, a watcher of its events, `spares` registered spares and unregistered members."""
     leader = Leader(
-        hosts=hosts,
+        host_count=hosts,
         max_restarts=max_restarts,
         coordinator_address=coordinator,
         persistent=persistent,  # type: ignore[arg-type]
@@ -209,7 +209,7 @@ async def running_job(
 ) -> tuple[Leader, list[Member]]:
     """A leader with every member registered and the `start` of generation 0 consumed."""
     leader = Leader(
-        hosts=hosts,
+        host_count=hosts,
         max_restarts=max_restarts,
         coordinator_address=coordinator,
         max_restarts_without_progress=max_restarts_without_progress,

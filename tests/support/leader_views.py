@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.journal import JobMemory
@@ -18,6 +19,7 @@ class LeaderView:
     memory: JobMemory
     world: JobWorld
     decisions: Decisions
+    task_failures: Counter[str] = field(default_factory=Counter)
 
 
 def leader_view(

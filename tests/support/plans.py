@@ -8,6 +8,7 @@ from pathlib import Path
 from slicekeeper.supervisor.plan import JobPlan
 
 from slicekeeper.api import dump_training_job, load_training_job
+from slicekeeper.shape import JobShape
 from tests.support.cli_runs import ROOT
 
 EXAMPLE = ROOT / "examples" / "trainingjob.yaml"
@@ -19,9 +20,7 @@ def example_plan(tmp_path: Path, *, local: bool) -> JobPlan:
     job["spec"]["workload"]["env"] = [{"name": "FROM_THE_SPEC", "value": "yes"}]
     return JobPlan(
         job=job,
-        slices=2,
-        hosts_per_slice=2,
-        devices_per_host=2 if local else 4,
+        shape=JobShape(2, 2, 2 if local else 4),
         run_dir=str(tmp_path / "run"),
         leader="127.0.0.1:1" if local else "tiny-lm-s0-w0.tiny-lm:8475",
         total_steps=200,

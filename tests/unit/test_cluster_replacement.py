@@ -9,6 +9,7 @@ back (scale-up). A real Leader over TCP with fake members, two slices of two hos
 import asyncio
 
 from slicekeeper.supervisor.leader import Leader
+from slicekeeper.supervisor.leader.capacity import pod_replacements
 from slicekeeper.supervisor.leader.journal import JobState
 
 from tests.support.fake_members import Member, coordinator, eventually, join, run
@@ -18,12 +19,12 @@ TIMEOUT = 0.5
 
 async def cluster_job(replacement_timeout: float = TIMEOUT) -> tuple[Leader, list[Member], int]:
     leader = Leader(
-        hosts=4,
+        host_count=4,
         max_restarts=10,
         coordinator_address=coordinator,
         hosts_per_slice=2,
         devices_per_host=2,
-        replacement_timeout=replacement_timeout,
+        replacements=pod_replacements(replacement_timeout),
     )
     port = await leader.serve("127.0.0.1", 0)
     members = await join(port, 4)
@@ -151,7 +152,12 @@ def test_a_lost_host_whose_own_pod_comes_back_is_no_longer_awaited():
 
 def test_a_pod_lost_before_the_job_started_is_awaited_not_failed():
     async def scenario():
-        leader = Leader(hosts=2, max_restarts=3, coordinator_address=coordinator, replacement_timeout=TIMEOUT)
+        leader = Leader(
+            host_count=2,
+            max_restarts=3,
+            coordinator_address=coordinator,
+            replacements=pod_replacements(TIMEOUT),
+        )
         port = await leader.serve("127.0.0.1", 0)
         members = await join(port, 2)
         await members[0].send("register", machine="node-0")

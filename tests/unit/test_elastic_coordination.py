@@ -46,7 +46,7 @@ class Job:
 
 async def two_slices(engine: PolicyEngine | None = None, min_slices: int = 1, spares: int = 0) -> Job:
     leader = Leader(
-        hosts=4,
+        host_count=4,
         max_restarts=10,
         coordinator_address=coordinator,
         hosts_per_slice=2,
@@ -261,7 +261,11 @@ def test_a_leader_taking_over_from_the_journal_carries_on_the_policys_history_bu
         await eventually(lambda: len(job.leader.summary()["decisions"]) == 2)
         written = json.loads(json.dumps(job.leader.journal()))  # what a successor would receive
         successor = Leader(
-            hosts=4, max_restarts=10, coordinator_address=coordinator, hosts_per_slice=2, devices_per_host=2
+            host_count=4,
+            max_restarts=10,
+            coordinator_address=coordinator,
+            hosts_per_slice=2,
+            devices_per_host=2,
         )
         successor.carry_on(written)
         assert successor.journal() == written

@@ -56,7 +56,7 @@ def test_a_memory_with_a_field_it_does_not_know_is_refused_by_name():
 
 def test_the_memory_a_leader_built_through_faults_and_restarts_survives_json():
     async def scenario():
-        leader = Leader(hosts=2, max_restarts=5, coordinator_address=coordinator)
+        leader = Leader(host_count=2, max_restarts=5, coordinator_address=coordinator)
         members = await join(await leader.serve("127.0.0.1", 0), 2)
         for member in members:
             await member.send(

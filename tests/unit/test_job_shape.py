@@ -21,7 +21,7 @@ def test_host_h_is_worker_h_mod_hosts_per_slice_of_slice_h_div_hosts_per_slice()
 @pytest.mark.parametrize("active", [(0, 1, 2), (0, 2), (1,)])
 def test_the_layout_the_world_and_the_policy_view_say_the_same_of_every_host(active):
     shape = JobShape(3, 2, 4)
-    layout = JobLayout("job", 3, 2, 4)
+    layout = JobLayout("job", JobShape(3, 2, 4))
     world = JobWorld(shape, min_slices=1, active=list(active))
     view = world.for_policy(idle=set(), spares=0)
     assert layout.shape == shape == view.shape

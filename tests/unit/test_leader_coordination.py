@@ -17,7 +17,7 @@ from tests.support.leader_jobs import restart, running_job, shut
 
 def test_once_every_member_registered_each_gets_start_of_generation_0_from_scratch():
     async def scenario():
-        leader = Leader(hosts=3, max_restarts=3, coordinator_address=coordinator)
+        leader = Leader(host_count=3, max_restarts=3, coordinator_address=coordinator)
         port = await leader.serve("127.0.0.1", 0)
         assert port > 0
         members = await join(port, 3)
@@ -344,7 +344,9 @@ def test_losing_a_member_with_no_spare_left_fails_the_job_with_that_reason():
 def test_when_every_host_finished_each_gets_shutdown_and_the_job_succeeded(tmp_path):
     async def scenario():
         summary_path = tmp_path / "job-summary.json"
-        leader = Leader(hosts=2, max_restarts=3, coordinator_address=coordinator, summary_path=summary_path)
+        leader = Leader(
+            host_count=2, max_restarts=3, coordinator_address=coordinator, summary_path=summary_path
+        )
         port = await leader.serve("127.0.0.1", 0)
         members = await join(port, 2)
         for member in members:

@@ -47,7 +47,9 @@ def leadership_on(election: Election, own: Holder, *, candidate: bool) -> Leader
         own,
         candidate=candidate,
         first=candidate,
-        new_leader=lambda term, leading: Leader(hosts=2, max_restarts=3, coordinator_address=coordinator),
+        new_leader=lambda term, leading: Leader(
+            host_count=2, max_restarts=3, coordinator_address=coordinator
+        ),
         journal=lambda: None,
         bind="127.0.0.1",
         say=lambda text: None,

@@ -124,7 +124,7 @@ class LoopErrors:
 
 @asynccontextmanager
 async def serving(hosts: int = HOSTS) -> AsyncIterator[tuple[Leader, int]]:
-    leader = Leader(hosts=hosts, max_restarts=3, coordinator_address=coordinator)
+    leader = Leader(host_count=hosts, max_restarts=3, coordinator_address=coordinator)
     port = await leader.serve("127.0.0.1", 0)
     try:
         yield leader, port

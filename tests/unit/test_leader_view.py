@@ -6,10 +6,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from slicekeeper.operator.job_status import leader_view
+from slicekeeper.operator.job_status import derive, leader_view
+from slicekeeper.supervisor.leader.journal import JobMemory, JobState
+from slicekeeper.supervisor.leader.status import cluster_status
+from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper import protocol
 from slicekeeper.api import parse_training_job
+from slicekeeper.leader_view import encode
+from slicekeeper.shape import JobShape
 from tests.support.operator_example import EXAMPLE
 
 JOB = parse_training_job(EXAMPLE, "the example")
@@ -33,3 +38,26 @@ def test_without_terms_the_first_hosts_view_is_the_leaders():
     pods = [pod("tiny-lm-s1-w0", {"step": 3}), pod("tiny-lm-s0-w0", {"step": 7})]
     assert leader_view(JOB, pods) == {"step": 7}
     assert leader_view(JOB, [pod("tiny-lm-s0-w0", None)]) is None
+
+
+def test_the_view_the_leader_publishes_is_the_view_the_operator_reads():
+    memory = JobMemory(started_at=0.0, state=JobState.RUNNING, generation=2, high_water=80)
+    memory.restarts["crash"] = 1
+    memory.recoveries.append({"generation": 2, "cause": "crash", "restore_step": 70, "steps_replayed": 4})
+    published = cluster_status(memory, JobWorld(JobShape(2, 2)), 70, [3], term=4, params_fingerprint=None)
+    published["goodput"] = 0.9
+    text = encode(published)
+    pods = [{"metadata": {"name": "tiny-lm-s1-w0", "annotations": {protocol.ANNOTATION_STATUS: text}}}]
+    assert leader_view(JOB, pods) == published
+    status = derive(JOB, pods, {}).status
+    assert (status["step"], status["slicesActive"], status["lastCheckpointStep"]) == (80, 2, 70)
+    assert status["lastRestore"] == {"generation": 2, "cause": "crash", "step": 70, "stepsReplayed": 4}
+    assert (status["restarts"], status["goodput"]) == ({"crash": 1, "replace": 0}, 0.9)
+
+
+def test_a_view_that_is_not_one_is_not_taken_for_the_leaders():
+    pods = [
+        pod("tiny-lm-s0-w0", {"term": 1, "step": 59}),
+        pod("tiny-lm-s1-w1", {"term": 2, "step": "eighty"}),  # unreadable: does not hide the valid one
+    ]
+    assert leader_view(JOB, pods) == {"term": 1, "step": 59}

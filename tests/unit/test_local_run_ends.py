@@ -4,7 +4,8 @@
 on its own while the others run on (it died before it registered, say, and the job waits for it
 forever) would leave the run hanging: after LONE_FAILURE_SECONDS the others are stopped, and nothing
 is left running. A failure the others share (the leader failed the job, so every supervisor exits)
-stops nobody early. The supervisors here are real processes standing in for them.
+stops nobody early. The supervisors here are real processes standing in for them, started and reaped
+by the runtime's own SupervisorProcess, as in a run.
 """
 
 from __future__ import annotations
@@ -16,17 +17,13 @@ import sys
 
 import pytest
 from slicekeeper.supervisor import local_runtime
-from slicekeeper.supervisor.local_runtime import LocalRuntime
+from slicekeeper.supervisor.local_runtime import LocalRuntime, SupervisorProcess
 
 from slicekeeper.api import TrainingJob, dump_training_job, load_training_job
 from tests.support.plans import EXAMPLE
 
 RUNNING = "import time; time.sleep(600)"
-# The failing supervisor exits only once every host has been started, as in a run. Exiting at once
-# raced the test's own spawning: a Popen made while the child is a zombie runs subprocess._cleanup(),
-# which polls pids of earlier tests' abandoned Popen objects; after the pid counter wraps (32768 here,
-# reached in a full suite) one can be the new child's, its exit status is reaped there, and asyncio
-# reports 255 instead of 1 (seen once in CI as a 60 s hang).
+# The failing supervisor exits only once every host has been started, as in a run.
 FAILED = "import time; time.sleep(0.3); raise SystemExit(1)"
 ENDS_WELL_SOON = "import time; time.sleep(0.8)"
 
@@ -43,7 +40,7 @@ async def hosts_ending(run: LocalRuntime, programs: list[str]) -> tuple[list[int
     """Each program as a host's supervisor; their exit codes as the runtime saw them, and the pids."""
     processes = []
     for program in programs:
-        process = await asyncio.create_subprocess_exec(sys.executable, "-c", program, start_new_session=True)
+        process = SupervisorProcess.start([sys.executable, "-c", program])
         run._supervisors.append(process)
         run._machines.append(f"host-{len(processes)}")
         processes.append(process)
@@ -53,9 +50,8 @@ async def hosts_ending(run: LocalRuntime, programs: list[str]) -> tuple[list[int
     except TimeoutError:
         ended = {i: p.returncode for i, p in enumerate(processes) if p.returncode is not None}
         for process in processes:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+            process.kill_group()
+            await process.wait()
         pytest.fail(f"the run did not end within 60 s; hosts that ended, with their codes: {ended}")
     return codes, [process.pid for process in processes]
 

@@ -91,28 +91,28 @@ def local(tmp_path: Path) -> Path:
 
 def test_replicas_go_first_to_the_same_worker_on_the_following_slices_then_around_the_ring():
     # 4 slices of 2 hosts: host 1 is slice 0, worker 1; the same worker is 3, 5, 7.
-    assert replica_holders(1, hosts=8, hosts_per_slice=2, replicas=5) == [3, 5, 7, 2, 4]
-    assert replica_holders(7, hosts=8, hosts_per_slice=2, replicas=4) == [1, 3, 5, 0]
+    assert replica_holders(1, host_count=8, hosts_per_slice=2, replicas=5) == [3, 5, 7, 2, 4]
+    assert replica_holders(7, host_count=8, hosts_per_slice=2, replicas=4) == [1, 3, 5, 0]
 
 
 def test_the_owner_never_holds_its_own_replica_and_every_holder_is_distinct_and_stable():
     for owner in range(12):
-        holders = replica_holders(owner, hosts=12, hosts_per_slice=4, replicas=20)
+        holders = replica_holders(owner, host_count=12, hosts_per_slice=4, replicas=20)
         assert owner not in holders
         assert sorted(holders) == sorted(set(range(12)) - {owner})
-        assert holders == replica_holders(owner, hosts=12, hosts_per_slice=4, replicas=20)
+        assert holders == replica_holders(owner, host_count=12, hosts_per_slice=4, replicas=20)
 
 
 def test_the_number_of_holders_is_capped_by_the_request_and_by_the_other_hosts():
-    assert replica_holders(0, hosts=8, hosts_per_slice=2, replicas=0) == []
-    assert len(replica_holders(0, hosts=8, hosts_per_slice=2, replicas=2)) == 2
-    assert len(replica_holders(0, hosts=4, hosts_per_slice=2, replicas=9)) == 3
-    assert replica_holders(0, hosts=1, hosts_per_slice=1, replicas=2) == []
+    assert replica_holders(0, host_count=8, hosts_per_slice=2, replicas=0) == []
+    assert len(replica_holders(0, host_count=8, hosts_per_slice=2, replicas=2)) == 2
+    assert len(replica_holders(0, host_count=4, hosts_per_slice=2, replicas=9)) == 3
+    assert replica_holders(0, host_count=1, hosts_per_slice=1, replicas=2) == []
 
 
 def test_on_a_single_slice_the_holders_are_the_next_hosts_in_ring_order():
-    assert replica_holders(2, hosts=4, hosts_per_slice=4, replicas=2) == [3, 0]
-    assert replica_holders(3, hosts=4, hosts_per_slice=4, replicas=3) == [0, 1, 2]
+    assert replica_holders(2, host_count=4, hosts_per_slice=4, replicas=2) == [3, 0]
+    assert replica_holders(3, host_count=4, hosts_per_slice=4, replicas=3) == [0, 1, 2]
 
 
 @pytest.mark.parametrize(

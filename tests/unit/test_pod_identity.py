@@ -51,7 +51,7 @@ def test_every_rendered_pod_finds_its_host_its_leader_and_its_workload(tmp_path)
         assert str(host) == pod["metadata"]["labels"]["slicekeeper.dev/host"]
         assert plan.leader == f"tiny-lm-s0-w0.tiny-lm:{protocol.SUPERVISOR_PORT}"
         assert not plan.local and plan.metrics_port == protocol.METRICS_PORT
-        assert (plan.slices, plan.hosts_per_slice, plan.devices_per_host) == (
+        assert (plan.shape.slices, plan.shape.hosts_per_slice, plan.shape.devices_per_host) == (
             2,
             2,
             4,

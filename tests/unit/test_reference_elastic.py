@@ -35,7 +35,7 @@ TOLERANCE = 1e-5
 
 @pytest.mark.parametrize("hosts", [4, 2, 3, 1])
 def test_every_chunk_of_the_global_batch_is_computed_exactly_once(hosts):
-    plan = ChunkPlan(chunks=FULL_HOSTS, hosts=hosts)
+    plan = ChunkPlan(chunks=FULL_HOSTS, host_count=hosts)
     slots = [
         plan.chunk_at(micro_step, host) for micro_step in range(plan.micro_steps) for host in range(hosts)
     ]
@@ -49,7 +49,7 @@ def test_every_chunk_of_the_global_batch_is_computed_exactly_once(hosts):
 
 @pytest.mark.parametrize("hosts", [4, 2, 3, 1])
 def test_padding_slots_weigh_nothing_and_real_chunks_weigh_one(hosts):
-    plan = ChunkPlan(chunks=FULL_HOSTS, hosts=hosts)
+    plan = ChunkPlan(chunks=FULL_HOSTS, host_count=hosts)
     weights = plan.weights()
     assert weights.shape == (plan.micro_steps, hosts)
     for micro_step in range(plan.micro_steps):
@@ -60,14 +60,14 @@ def test_padding_slots_weigh_nothing_and_real_chunks_weigh_one(hosts):
 
 
 def test_three_hosts_for_four_chunks_take_two_micro_steps_with_two_padding_slots():
-    plan = ChunkPlan(chunks=4, hosts=3)
+    plan = ChunkPlan(chunks=4, host_count=3)
     assert plan.micro_steps == 2
     assert plan.weights().tolist() == [[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]]
 
 
 @pytest.mark.parametrize("hosts", [4, 2, 3, 1])
 def test_the_layout_puts_each_chunks_rows_in_its_slot_and_zeros_in_padding(hosts):
-    plan = ChunkPlan(chunks=FULL_HOSTS, hosts=hosts)
+    plan = ChunkPlan(chunks=FULL_HOSTS, host_count=hosts)
     rows_per_chunk, width = 3, 5
     rows = np.arange(FULL_HOSTS * rows_per_chunk * width, dtype=np.int32).reshape(-1, width) + 1
     laid_out = plan.lay_out(rows)
@@ -84,7 +84,7 @@ def test_the_layout_puts_each_chunks_rows_in_its_slot_and_zeros_in_padding(hosts
 
 
 def test_with_every_host_present_each_computes_its_own_chunk_in_one_micro_step():
-    plan = ChunkPlan(chunks=4, hosts=4)
+    plan = ChunkPlan(chunks=4, host_count=4)
     assert plan.micro_steps == 1
     assert [plan.slot(chunk) for chunk in range(4)] == [(0, 0), (0, 1), (0, 2), (0, 3)]
 
@@ -92,12 +92,12 @@ def test_with_every_host_present_each_computes_its_own_chunk_in_one_micro_step()
 @pytest.mark.parametrize("hosts", [0, 5])
 def test_a_plan_needs_between_one_host_and_one_per_chunk(hosts):
     with pytest.raises(ValueError, match="hosts"):
-        ChunkPlan(chunks=4, hosts=hosts)
+        ChunkPlan(chunks=4, host_count=hosts)
 
 
 def test_rows_that_do_not_split_into_the_chunks_are_refused():
     with pytest.raises(ValueError, match="chunks"):
-        ChunkPlan(chunks=4, hosts=2).lay_out(np.zeros((6, 3), np.int32))
+        ChunkPlan(chunks=4, host_count=2).lay_out(np.zeros((6, 3), np.int32))
 
 
 # --- restoring a host's shards ----------------------------------------------------------------------

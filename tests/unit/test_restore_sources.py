@@ -168,7 +168,7 @@ def test_an_earlier_step_saved_by_a_scaled_down_world_gives_the_missing_hosts_th
     async def scenario():
         store = FakePersistent(earlier={30: {0, 1}})  # slice 1 (hosts 2, 3) was dropped then
         leader = Leader(
-            hosts=4, max_restarts=3, coordinator_address=coordinator, persistent=store, hosts_per_slice=2
+            host_count=4, max_restarts=3, coordinator_address=coordinator, persistent=store, hosts_per_slice=2
         )  # type: ignore[arg-type]
         port = await leader.serve("127.0.0.1", 0)
         members = await join(port, 4)

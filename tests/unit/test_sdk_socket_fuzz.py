@@ -138,7 +138,7 @@ class Supervisor:
     def __init__(self, standby: bool) -> None:
         self.accountant = GoodputAccountant(time.time())
         self.metrics = SupervisorMetrics(lambda: self.accountant)
-        self.reports: list[dict[str, Any]] = []
+        self.reports: list[messages.MemberReport] = []
         self.said: list[str] = []
         waiting = Standby(FakeProcess()) if standby else None  # type: ignore[arg-type]
         self.sdk = SdkEvents(
@@ -158,15 +158,15 @@ class Supervisor:
         )
         self.sdk.begin(0, None, time.time())
 
-    async def report(self, message: dict[str, Any]) -> None:
+    async def report(self, message: messages.MemberReport) -> None:
         self.reports.append(message)
 
-    def as_the_leader_reads_it(self, report: dict[str, Any]) -> messages.ToLeader:
-        return messages.to_leader(protocol.encode({"host": 0, "t": time.time(), **report}))
+    def as_the_leader_reads_it(self, report: messages.MemberReport) -> messages.ToLeader:
+        return messages.to_leader(report.model_copy(update={"host": 0}).encode())
 
     async def marked_step_arrived(self) -> None:
         async with asyncio.timeout(WAIT):
-            while not any(r.get("type") == "progress" and r.get("step") == MARK for r in self.reports):
+            while not any(isinstance(r, messages.Progress) and r.step == MARK for r in self.reports):
                 await asyncio.sleep(0.005)
 
 

@@ -13,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.culprit import ActivityTracker
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
@@ -52,9 +53,9 @@ class Host:
     def begun(self, step: int) -> None:
         self.step = step
 
-    async def reported(self, message: dict) -> None:
-        if message.get("type") == "progress":
-            self.last_step = message["step"]
+    async def reported(self, message: messages.MemberReport) -> None:
+        if isinstance(message, messages.Progress):
+            self.last_step = message.step
 
     async def generation_runs(self, socket: Path, generation: int, restore: int, steps: range) -> None:
         self.generation = generation

@@ -4,6 +4,7 @@ import json
 
 import pytest
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.restore_plan import Source, Tier
 
 MEMBER_REPORTS = [
     messages.Register(
@@ -80,3 +81,36 @@ def test_a_command_is_not_taken_for_a_report():
 def test_fields_a_receiver_does_not_know_are_ignored():
     line = json.dumps({"type": "progress", "host": 1, "generation": 0, "step": 1, "t": 2.0, "newer": True})
     assert messages.to_leader(line) == messages.Progress(host=1, generation=0, step=1, t=2.0)
+
+
+def test_a_report_names_its_host_once_its_supervisor_stamps_it_and_is_refused_before():
+    built = messages.Persisted(step=30)  # as a part of a host's supervisor builds it
+    with pytest.raises(ValueError, match="names no host"):
+        messages.to_leader(built.encode().replace(b'"host":-1,', b""))
+    stamped = built.model_copy(update={"host": 2})
+    assert messages.to_leader(stamped.encode()) == stamped
+
+
+def test_a_start_lists_each_source_with_only_what_it_names():
+    sources = [
+        Source(Tier.LOCAL).to_message({}),
+        Source(Tier.PEER, holder=1, owner=3).to_message({1: "h1:7000"}),
+        Source(Tier.PERSISTENT).to_message({}),
+    ]
+    start = messages.Start(
+        generation=1, coordinator="c:1", restore_step=10, sources=sources, world=[0], rank=0
+    )
+    line = json.loads(start.encode())
+    assert line["sources"] == [
+        {"tier": "local"},
+        {"tier": "peer", "holder": 1, "address": "h1:7000", "owner": 3},
+        {"tier": "persistent"},
+    ]
+    assert messages.command(start.encode()) == start
+
+
+def test_a_start_naming_a_tier_that_does_not_exist_is_refused_naming_the_source():
+    line = messages.Start(generation=1, coordinator="c:1", restore_step=10, world=[0], rank=0).encode()
+    bad = line.replace(b'"sources":[]', b'"sources":[{"tier":"tape"}]')
+    with pytest.raises(ValueError, match=r"sources\.0\.tier"):
+        messages.command(bad)

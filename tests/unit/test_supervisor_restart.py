@@ -14,6 +14,7 @@ import asyncio
 from slicekeeper.supervisor.host.chaos import faults_of
 from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.leader import Leader
+from slicekeeper.supervisor.leader.capacity import pod_replacements
 from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.journal import JobState
 
@@ -119,7 +120,11 @@ def test_a_new_machine_registering_first_with_a_new_leader_is_decided_on_with_ev
         memory = {"type": "journal", "seq": 3, "journal": old.journal()}
         await shut(old, members)
         new = Leader(
-            hosts=2, max_restarts=3, coordinator_address=coordinator, replacement_timeout=10.0, term=2
+            host_count=2,
+            max_restarts=3,
+            coordinator_address=coordinator,
+            replacements=pod_replacements(10.0),
+            term=2,
         )
         port = await new.serve("127.0.0.1", 0)
         new.take_over(Holder("a-0", 0, "10.0.0.1:8475"), Holder("a-2", 0, f"127.0.0.1:{port}"), None, 100.0)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers
 from slicekeeper.supervisor.metrics import SupervisorMetrics
 from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
@@ -19,6 +20,7 @@ from slicekeeper.supervisor.restore_plan import Tier
 from slicekeeper import shard_folder
 from slicekeeper.api import CheckpointSpec
 from slicekeeper.goodput import GoodputAccountant
+from slicekeeper.shape import JobShape
 from slicekeeper.shard_folder import Manifest, ShardFile
 
 WAIT = 5.0
@@ -47,8 +49,7 @@ class Host:
         self.tiers = CheckpointTiers(
             root / f"host-{host}",
             spec,
-            hosts=2,
-            hosts_per_slice=1,
+            shape=JobShape(2, 1),
             persistent=persistent,
             metrics=self.metrics,
             report=self._report,
@@ -56,8 +57,9 @@ class Host:
         )
         self.tiers.host = host
 
-    async def _report(self, message: dict[str, Any]) -> None:
-        self.reports.append(message)
+    async def _report(self, message: messages.MemberReport) -> None:
+        """Recorded as the leader reads it, less the host and time its supervisor stamps."""
+        self.reports.append(message.model_dump(mode="json", include={"type", *message.model_fields_set}))
 
     def failures(self, tier: str) -> float:
         value = self.metrics.registry.get_sample_value(

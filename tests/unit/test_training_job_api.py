@@ -112,7 +112,7 @@ def test_an_unreadable_or_malformed_file_is_a_clear_error(tmp_path):
 def test_local_layout_keeps_slices_and_scales_hosts_down():
     job = api.load_training_job(EXAMPLE)
     layout = local_layout(job)
-    assert (layout.slices, layout.hosts_per_slice, layout.devices_per_host) == (2, 2, 2)
+    assert (layout.shape.slices, layout.shape.hosts_per_slice, layout.shape.devices_per_host) == (2, 2, 2)
     assert layout.host(3) == layout.host(3).__class__(3, 1, 1)
     assert layout.slice_hostnames(1) == ["tiny-lm-s1-w0", "tiny-lm-s1-w1"]
 
@@ -122,7 +122,7 @@ def test_local_layout_defaults_to_at_most_four_hosts():
     document["spec"]["tpu"] = {"type": "v4-128"}  # 16 hosts per slice
     del document["spec"]["local"]["hosts"]
     layout = local_layout(api.parse_training_job(document))
-    assert layout.hosts == 4 and layout.slices == 2
+    assert layout.shape.host_count == 4 and layout.shape.slices == 2
 
 
 def test_local_hosts_that_do_not_split_over_slices_are_refused():
@@ -134,7 +134,7 @@ def test_local_hosts_that_do_not_split_over_slices_are_refused():
 
 def test_cluster_layout_follows_the_tpu_table():
     layout = cluster_layout(api.load_training_job(EXAMPLE))
-    assert (layout.slices, layout.hosts_per_slice, layout.devices_per_host) == (2, 2, 4)
+    assert (layout.shape.slices, layout.shape.hosts_per_slice, layout.shape.devices_per_host) == (2, 2, 4)
 
 
 # --- checkpoint tiers and spares ------------------------------------------------------------------

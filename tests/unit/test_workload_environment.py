@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from slicekeeper.supervisor.host.site import site_of
 from slicekeeper.supervisor.host.workload import go_env, standby_env, workload_argv, workload_env
 from slicekeeper.supervisor.plan import JobPlan
 from slicekeeper.workload.sdk import HostIdentity
@@ -34,8 +35,9 @@ def env_of(
         plan.training_job,
         layout,
         layout.host(host),
+        site=site_of(plan),
         host=host,
-        world=list(range(plan.hosts)) if world is None else world,
+        world=list(range(plan.shape.host_count)) if world is None else world,
         rank=host if rank is None else rank,
         generation=generation,
         coordinator="coordinator:1234",
@@ -114,7 +116,7 @@ def test_a_promoted_standby_sees_what_a_process_started_for_that_generation_woul
             assert later not in standby
         # Started while the full world trained; promoted after a scale-down, the slow fault fired.
         after = env_of(plan, 3, world=[2, 3], rank=1, generation=2, restore_step=20, slow="2.0@0")
-        go = go_env(after, local=local)
+        go = go_env(after, site_of(plan))
         assert {**standby, **go} == {**after, protocol.ENV_STANDBY: "1"}
         assert list(go)[:5] == [
             protocol.ENV_GENERATION,
@@ -132,7 +134,7 @@ def test_go_carries_only_the_generations_variables_whatever_else_the_environment
     # Locally JAX is given its coordinator: a megascale address in the supervisor's own environment
     # is the standby's already, and not one of the generation's variables.
     env = env_of(plan, 1, environ={protocol.ENV_MEGASCALE_COORDINATOR_ADDRESS: "elsewhere", "OTHER": "1"})
-    go = go_env(env, local=True)
+    go = go_env(env, site_of(plan))
     assert protocol.ENV_MEGASCALE_COORDINATOR_ADDRESS not in go and "OTHER" not in go
     assert go == {
         protocol.ENV_GENERATION: "0",
@@ -147,16 +149,17 @@ def test_go_carries_only_the_generations_variables_whatever_else_the_environment
 
 
 def test_locally_python_is_the_supervisors_own_interpreter(tmp_path):
+    local, pod = site_of(example_plan(tmp_path, local=True)), site_of(example_plan(tmp_path, local=False))
     workload = example_plan(tmp_path, local=True).training_job.spec.workload
-    assert workload_argv(workload, local=True) == [
+    assert workload_argv(workload, local) == [
         sys.executable,
         "-m",
         "slicekeeper.workload.reference.jax_trainer",
         "--seed",
         "0",
     ]
-    assert workload_argv(workload, local=False)[0] == "python"
-    assert workload_argv(workload.model_copy(update={"command": ["./train"]}), local=True)[0] == "./train"
+    assert workload_argv(workload, pod)[0] == "python"
+    assert workload_argv(workload.model_copy(update={"command": ["./train"]}), local)[0] == "./train"
 
 
 def test_the_checkpoint_a_job_starts_from_reaches_every_workload_and_its_identity(tmp_path):

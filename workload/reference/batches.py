@@ -62,38 +62,38 @@ def synthetic_batch(config: ModelConfig, seed: int, step: int, global_batch: int
 
 @dataclass(frozen=True)
 class ChunkPlan:
-    """Where each chunk of the global batch is computed when `hosts` hosts share `chunks` chunks.
+    """Where each chunk of the global batch is computed when `host_count` hosts share `chunks` chunks.
 
     The global batch is sized for the full job: one chunk of `batch_per_host` rows per host of the
     full job. With fewer hosts (slices dropped) each one works through several chunks in turn
-    (micro-steps) and sums their gradients: chunk c goes to host slot c % hosts at micro-step
-    c // hosts. Slots past the last chunk are padding with weight 0. With every host present it is
+    (micro-steps) and sums their gradients: chunk c goes to host slot c % host_count at micro-step
+    c // host_count. Slots past the last chunk are padding with weight 0. With every host present it is
     one chunk each. Host slot r is the host of rank r in this generation.
     """
 
     chunks: int
-    hosts: int
+    host_count: int
 
     def __post_init__(self) -> None:
-        if not 1 <= self.hosts <= self.chunks:
-            raise ValueError(f"{self.hosts} hosts cannot share a batch of {self.chunks} chunks")
+        if not 1 <= self.host_count <= self.chunks:
+            raise ValueError(f"{self.host_count} hosts cannot share a batch of {self.chunks} chunks")
 
     @property
     def micro_steps(self) -> int:
-        return -(-self.chunks // self.hosts)
+        return -(-self.chunks // self.host_count)
 
     def slot(self, chunk: int) -> tuple[int, int]:
         """(micro-step, host slot) that computes `chunk`."""
-        return divmod(chunk, self.hosts)
+        return divmod(chunk, self.host_count)
 
     def chunk_at(self, micro_step: int, host: int) -> int | None:
         """The chunk computed at this slot, or None for padding."""
-        chunk = micro_step * self.hosts + host
+        chunk = micro_step * self.host_count + host
         return chunk if chunk < self.chunks else None
 
     def weights(self) -> np.ndarray:
         """[micro_steps, hosts]: 1 for a real chunk, 0 for padding."""
-        slots = np.arange(self.micro_steps * self.hosts).reshape(self.micro_steps, self.hosts)
+        slots = np.arange(self.micro_steps * self.host_count).reshape(self.micro_steps, self.host_count)
         return (slots < self.chunks).astype(np.float32)
 
     def lay_out(self, rows: np.ndarray) -> np.ndarray:
@@ -105,7 +105,7 @@ class ChunkPlan:
         if remainder:
             raise ValueError(f"{len(rows)} rows do not split into {self.chunks} chunks")
         padding = np.zeros(
-            ((self.micro_steps * self.hosts - self.chunks) * per_chunk, *rows.shape[1:]), rows.dtype
+            ((self.micro_steps * self.host_count - self.chunks) * per_chunk, *rows.shape[1:]), rows.dtype
         )
         padded = np.concatenate([rows, padding])
-        return padded.reshape(self.micro_steps, self.hosts, per_chunk, *rows.shape[1:])
+        return padded.reshape(self.micro_steps, self.host_count, per_chunk, *rows.shape[1:])

@@ -123,7 +123,7 @@ class ShardedModel:
             raise ValueError(f"the mesh's axes must be {AXES}, not {mesh.axis_names}")
         self.config = config
         self.mesh = mesh
-        self.plan = ChunkPlan(chunks=full_hosts, hosts=mesh.shape["replica"] * mesh.shape["fsdp"])
+        self.plan = ChunkPlan(chunks=full_hosts, host_count=mesh.shape["replica"] * mesh.shape["fsdp"])
         self.tx = optimizer(config)
         specs = param_specs(config)
         abstract_params = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
@@ -280,11 +280,13 @@ class ShardedModel:
         plan, config = self.plan, self.config
         return Batch(
             jax.ShapeDtypeStruct(
-                (plan.micro_steps, plan.hosts, config.batch_per_host, config.seq_len + 1),
+                (plan.micro_steps, plan.host_count, config.batch_per_host, config.seq_len + 1),
                 np.int32,
                 sharding=self.tokens_sharding,
             ),
-            jax.ShapeDtypeStruct((plan.micro_steps, plan.hosts), np.float32, sharding=self.weights_sharding),
+            jax.ShapeDtypeStruct(
+                (plan.micro_steps, plan.host_count), np.float32, sharding=self.weights_sharding
+            ),
         )
 
     def global_batch(self, seed: int, step: int) -> Batch[jax.Array]:

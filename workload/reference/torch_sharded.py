@@ -99,7 +99,7 @@ class ShardedTorchModel:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.parts = mesh.size(1)
         self.position = mesh.get_local_rank("fsdp")
-        self.plan = ChunkPlan(chunks=full_hosts, hosts=self.world)
+        self.plan = ChunkPlan(chunks=full_hosts, host_count=self.world)
         self.shapes = {name: tuple(value.shape) for name, value in init_params(config, 0).items()}
         for name, shape in self.shapes.items():
             if shape[0] % self.parts:

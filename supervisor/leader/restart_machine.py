@@ -1,0 +1,374 @@
+"""The restart state machine as pure transitions: `transition(state, event, rule) -> (state, commands)`.
+
+Every host of a job restarts together, in a generation all agree on:
+
+    REGISTERING --every host registered--> (StartGeneration) --Started--> RUNNING(0)
+    RUNNING(g) --a fault--> STOPPING(g): every member kills its workload and acks `stopped`
+    STOPPING(g) --all live active members acked, nothing holds the start--> (StartGeneration)
+               --Started(g+1)--> RUNNING(g+1)
+    RUNNING(g) --every active host finished--> SUCCEEDED
+    any state but an end --a limit reached (leader.restart_rule), a decision to fail, a stop not
+               acked in time, background work that failed--> FAILED
+
+No asyncio, socket, file or clock in here: the facts a transition needs (who is connected, which hosts
+take part, whether a decision still holds the start) come in the event, and what must be done (write
+the journal, tell the members, arm or cancel the ack deadline, start a generation, end the job) goes
+out as commands, which the driver (leader.generations) carries out in order, feeding what they lead
+to back in as events. The fleet simulator drives the same transitions with simulated time.
+
+Liveness: while STOPPING, the ack deadline stays armed until a start is under way, so a job whose
+start condition was met while nothing was left to notice it (every ack in, the last decision gone)
+is looked at again when the deadline passes; it can never sit stopped with nothing pending.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from slicekeeper.supervisor.leader.journal import JobState
+from slicekeeper.supervisor.leader.restart_rule import RestartRule
+
+END_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED})
+
+
+@dataclass(frozen=True)
+class RestartState:
+    """What the restart state machine knows; the rest of the job's memory is the driver's."""
+
+    phase: JobState = JobState.REGISTERING
+    generation: int = 0
+    stopped: frozenset[int] = frozenset()
+    """Members that acked the stop of this generation (or have no workload to stop)."""
+    finished: frozenset[int] = frozenset()
+    """Members that finished training in this generation."""
+    progressed: bool = False
+    """The running generation completed a step."""
+    restarts: int = 0
+    """Stops that restarted the job (spec.health.maxRestarts counts them)."""
+    restarts_without_progress: int = 0
+    """Consecutive starts that never completed a step."""
+    ack_deadline: bool = False
+    """The deadline for stop acknowledgements is armed."""
+    starting: bool = False
+    """A start was commanded and has not been reported as started (or given up) yet."""
+    failure_reason: str | None = None
+
+    @property
+    def over(self) -> bool:
+        return self.phase in END_STATES
+
+
+# --- events -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """The facts the start condition depends on, as the leader sees them now."""
+
+    live: frozenset[int]
+    """Hosts whose supervisor is connected."""
+    world: tuple[int, ...]
+    """Hosts of the active slices: the ones the next generation runs on."""
+    holding: bool = False
+    """A decision under way, a policy's `Wait`, a replacement on its way: no start yet."""
+
+
+@dataclass(frozen=True)
+class FaultStop:
+    """A fault of the running generation (or a stop the policy planned with nothing broken)."""
+
+    host: int
+    kind: str
+    detail: str
+    t: float
+    """When it was detected."""
+    live: frozenset[int]
+    world: tuple[int, ...]
+    planned: bool = False
+
+
+@dataclass(frozen=True)
+class AllRegistered:
+    """Every host registered before the first start (or a stand-in made them complete)."""
+
+
+@dataclass(frozen=True)
+class StopAcked:
+    host: int
+    generation: int
+    readiness: Readiness
+
+
+@dataclass(frozen=True)
+class NoWorkload:
+    """`host` has nothing to stop: a new machine serving it, or a host of a slice coming back."""
+
+    host: int
+
+
+@dataclass(frozen=True)
+class MemberLost:
+    host: int
+
+
+@dataclass(frozen=True)
+class Reconsider:
+    """Something the start waits for may have changed (a decision in, a member back)."""
+
+    readiness: Readiness
+
+
+@dataclass(frozen=True)
+class AckDeadlinePassed:
+    generation: int
+    readiness: Readiness
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Started:
+    """The driver started generation `generation` (restore plan chosen, members told)."""
+
+    generation: int
+
+
+@dataclass(frozen=True)
+class StartAbandoned:
+    """The driver could not start yet (a host lost while the persistent tier was read): the next
+    registration or decision starts it."""
+
+
+@dataclass(frozen=True)
+class Progressed:
+    """A step of the running generation completed."""
+
+
+@dataclass(frozen=True)
+class HostFinished:
+    host: int
+    generation: int
+    world: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class JobFails:
+    reason: str
+
+
+Event = (
+    AllRegistered
+    | FaultStop
+    | StopAcked
+    | NoWorkload
+    | MemberLost
+    | Reconsider
+    | AckDeadlinePassed
+    | Started
+    | StartAbandoned
+    | Progressed
+    | HostFinished
+    | JobFails
+)
+
+
+# --- commands -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordStop:
+    """Write the stop into the job's memory (its cause, the detection, the faults it detects)."""
+
+    host: int
+    kind: str
+    detail: str
+    planned: bool
+    refused: bool
+    generation: int
+    t: float
+
+
+@dataclass(frozen=True)
+class WriteJournal:
+    pass
+
+
+@dataclass(frozen=True)
+class SendStop:
+    generation: int
+    kind: str
+    host: int | None
+    to: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ArmAckDeadline:
+    generation: int
+
+
+@dataclass(frozen=True)
+class CancelAckDeadline:
+    pass
+
+
+@dataclass(frozen=True)
+class StartGeneration:
+    pass
+
+
+@dataclass(frozen=True)
+class EndJob:
+    """The job is over (`succeeded`, else failed with `reason`): summary, event, journal, tell every
+    member, release the spares, wake whoever awaits the end."""
+
+    succeeded: bool
+    reason: str | None = None
+
+
+Command = RecordStop | WriteJournal | SendStop | ArmAckDeadline | CancelAckDeadline | StartGeneration | EndJob
+
+
+# --- transitions --------------------------------------------------------------------------------
+
+Outcome = tuple[RestartState, list[Command]]
+
+
+def transition(state: RestartState, event: Event, rule: RestartRule) -> Outcome:
+    """The state after `event`, and what the driver must do, in order."""
+    if state.over:
+        return state, []  # an ended job changes no more
+    match event:
+        case FaultStop():
+            return _stop(state, event, rule)
+        case StopAcked(host=host, generation=generation, readiness=readiness):
+            if state.phase is not JobState.STOPPING or generation != state.generation:
+                return state, []
+            return _start_if_ready(dataclasses.replace(state, stopped=state.stopped | {host}), readiness)
+        case NoWorkload(host=host):
+            if state.phase is not JobState.STOPPING:
+                return state, []
+            return dataclasses.replace(state, stopped=state.stopped | {host}), []
+        case MemberLost(host=host):
+            return dataclasses.replace(state, stopped=state.stopped - {host}), []
+        case Reconsider(readiness=readiness):
+            return _start_if_ready(state, readiness)
+        case AckDeadlinePassed():
+            return _deadline(state, event)
+        case Started(generation=generation):
+            started = dataclasses.replace(
+                state,
+                phase=JobState.RUNNING,
+                generation=generation,
+                starting=False,
+                progressed=False,
+                finished=frozenset(),
+                ack_deadline=False,
+            )
+            return started, []
+        case StartAbandoned():
+            if state.phase is JobState.STOPPING:  # waits again, under its deadline
+                return dataclasses.replace(state, starting=False, ack_deadline=True), [
+                    ArmAckDeadline(state.generation)
+                ]
+            return dataclasses.replace(state, starting=False), []
+        case AllRegistered():
+            if state.phase is not JobState.REGISTERING or state.starting:
+                return state, []  # a second call while the first start reads the persistent tier
+            return dataclasses.replace(state, starting=True), [StartGeneration()]
+        case Progressed():
+            return (
+                (dataclasses.replace(state, progressed=True), [])
+                if state.phase is JobState.RUNNING
+                else (
+                    state,
+                    [],
+                )
+            )
+        case HostFinished(host=host, generation=generation, world=world):
+            if state.phase is not JobState.RUNNING or generation != state.generation:
+                return state, []
+            finished = state.finished | {host}
+            if set(world) <= finished:
+                return _end(dataclasses.replace(state, finished=finished), succeeded=True)
+            return dataclasses.replace(state, finished=finished), []
+        case JobFails(reason=reason):
+            return _end(state, succeeded=False, reason=reason)
+
+
+def _stop(state: RestartState, event: FaultStop, rule: RestartRule) -> Outcome:
+    if state.phase is not JobState.RUNNING:
+        return state, []  # stopping already, or not started: one stop per generation
+    without = rule.without_progress(state.restarts_without_progress, state.progressed, event.planned)
+    counted = dataclasses.replace(state, restarts_without_progress=without)
+    fault = f"{event.kind} on host {event.host} ({event.detail})"
+    refusal = None if event.planned else rule.refusal(without, state.restarts, fault)
+    record = RecordStop(
+        event.host, event.kind, event.detail, event.planned, refusal is not None, state.generation, event.t
+    )
+    if refusal is not None:
+        failed, ending = _end(counted, succeeded=False, reason=refusal)
+        return failed, [record, *ending]
+    stopping = dataclasses.replace(
+        counted,
+        phase=JobState.STOPPING,
+        stopped=frozenset(),
+        restarts=state.restarts + 1,
+        ack_deadline=True,
+    )
+    stop = SendStop(
+        state.generation,
+        event.kind,
+        None if event.planned else event.host,
+        tuple(h for h in event.world if h in event.live),
+    )
+    return stopping, [record, WriteJournal(), stop, ArmAckDeadline(state.generation)]
+
+
+def _start_if_ready(state: RestartState, readiness: Readiness) -> Outcome:
+    """Start once every live active member acked its stop and nothing holds the start."""
+    if state.phase is not JobState.STOPPING or state.starting or readiness.holding:
+        return state, []
+    if not {h for h in readiness.world if h in readiness.live} <= state.stopped:
+        return state, []
+    starting = dataclasses.replace(state, starting=True, ack_deadline=False)
+    return starting, [CancelAckDeadline(), StartGeneration()]
+
+
+def _deadline(state: RestartState, event: AckDeadlinePassed) -> Outcome:
+    if state.phase is not JobState.STOPPING or event.generation != state.generation or state.starting:
+        return state, []
+    readiness = event.readiness
+    missing = sorted({h for h in readiness.world if h in readiness.live} - state.stopped)
+    if missing:
+        reason = f"host(s) {missing} did not stop their workload within {event.seconds:.0f} s"
+        return _end(state, succeeded=False, reason=reason)
+    # Every ack is in and the start waits for a decision (a policy's Wait, a replacement): look again
+    # when the deadline passes next, and now, in case what held the start went without a word.
+    rearmed = dataclasses.replace(state, ack_deadline=True)
+    ready, commands = _start_if_ready(rearmed, readiness)
+    return ready, commands or [ArmAckDeadline(state.generation)]
+
+
+def _end(state: RestartState, *, succeeded: bool, reason: str | None = None) -> Outcome:
+    phase = JobState.SUCCEEDED if succeeded else JobState.FAILED
+    ended = dataclasses.replace(state, phase=phase, failure_reason=reason, ack_deadline=False, starting=False)
+    commands: list[Command] = [CancelAckDeadline()] if state.ack_deadline else []
+    return ended, [*commands, EndJob(succeeded, reason)]
+
+
+def pending(state: RestartState) -> bool:
+    """Something will move the job on by itself: an end, training under way, members awaited, a
+    timer armed or a start commanded. False is a stuck job."""
+    if state.over or state.phase in (JobState.RUNNING, JobState.REGISTERING):
+        return True
+    return state.ack_deadline or state.starting
+
+
+def replay(state: RestartState, events: Sequence[Event], rule: RestartRule) -> Outcome:
+    """Apply `events` in order (tests and the simulator): the last state and every command."""
+    commands: list[Command] = []
+    for event in events:
+        state, more = transition(state, event, rule)
+        commands.extend(more)
+    return state, commands

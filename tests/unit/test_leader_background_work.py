@@ -1,0 +1,169 @@
+"""The leader's background work (supervisor.leader.background): a failure ends the job with the
+reason instead of leaving it stopped for ever, and a timer of a leader that lost its lease writes
+nothing. A real Leader over TCP with fake members."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from slicekeeper.supervisor.leader import Leader, remediation
+from slicekeeper.supervisor.leader.capacity import pod_replacements
+from slicekeeper.supervisor.leader.journal import JobState
+
+from tests.support.fake_members import Member, coordinator, eventually, join, run
+from tests.support.leader_jobs import nothing_arrives, running_job, shut
+
+
+async def _drained(member: Member) -> list[bytes]:
+    """Whatever the leader sent `member` and it has not read yet."""
+    lines: list[bytes] = []
+    while len(lines) < 100 and not await nothing_arrives(member, 0.1):
+        lines.append(b"a line")
+    return lines
+
+
+def _broken(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("the decision path broke")
+
+
+async def _stopped_by_a_crash(members: list[Member]) -> None:
+    await members[1].fault(0, kind="crash")
+    for member in members:
+        assert (await member.receive())["type"] == "stop"
+    for member in members:
+        await member.send("stopped", generation=0)
+
+
+def test_a_decision_that_raises_fails_the_job_with_the_reason(monkeypatch):
+    async def scenario():
+        leader, members = await running_job(hosts=2)
+        monkeypatch.setattr(leader.decisions, "decide", _broken)
+        await _stopped_by_a_crash(members)
+        for member in members:
+            message = await member.receive()
+            assert message["type"] == "fail"
+            assert "deciding on crash" in message["reason"]
+            assert "RuntimeError('the decision path broke')" in message["reason"]
+        assert leader.memory.state is JobState.FAILED
+        assert leader.task_failures == {"deciding on crash": 1}
+        await shut(leader, members)
+
+    run(scenario)
+
+
+def test_a_decision_on_a_hang_that_raises_fails_the_job_instead_of_leaving_it_stopped(monkeypatch):
+    """A hang is decided on in the background (its culprit is named from the members' answers
+    first): the decision's failure is the job's outcome too."""
+
+    async def scenario():
+        leader, members = await running_job(hosts=2)
+        monkeypatch.setattr(leader.decisions, "decide", _broken)
+        await members[0].fault(0, kind="hang")
+        for member in members:
+            assert (await member.receive())["type"] == "activity_request"
+            await member.send(
+                "activity", generation=0, step=3, stage="step", phase="step", silent_seconds=1.0
+            )
+        for member in members:
+            assert (await member.receive())["type"] == "stop"
+            await member.send("stopped", generation=0)
+        for member in members:
+            message = await member.receive()
+            assert message["type"] == "fail"
+            assert "deciding on hang" in message["reason"]
+        assert leader.memory.state is JobState.FAILED
+        assert leader.task_failures == {"deciding on hang": 1}
+        await shut(leader, members)
+
+    run(scenario)
+
+
+def test_a_background_task_that_raises_fails_the_job_with_the_reason(monkeypatch):
+    """Naming a hang's culprit runs in the background (its answers come over the members'
+    connections): its failure is the job's too."""
+    monkeypatch.setattr(remediation, "name_culprit", _broken)
+
+    async def scenario():
+        leader, members = await running_job(hosts=2)
+        await members[0].fault(0, kind="hang")
+        for member in members:
+            message = await member.receive()
+            while message["type"] == "activity_request":
+                await member.send(
+                    "activity", generation=0, step=3, stage="step", phase="step", silent_seconds=1.0
+                )
+                message = await member.receive()
+            assert message["type"] == "fail"
+            assert "naming a hang's culprit" in message["reason"]
+        assert leader.task_failures["naming a hang's culprit"] == 1
+        await shut(leader, members)
+
+    run(scenario)
+
+
+def test_an_ack_deadline_that_passes_while_the_leader_is_fenced_does_nothing(monkeypatch):
+    from slicekeeper.supervisor.leader import generations
+
+    monkeypatch.setattr(generations, "STOP_ACK_SECONDS", 0.2)
+    leads = [True]
+
+    async def scenario():
+        leader = Leader(
+            host_count=2, max_restarts=3, coordinator_address=coordinator, leading=lambda: leads[0]
+        )
+        port = await leader.serve("127.0.0.1", 0)
+        members = await join(port, 2)
+        for member in members:
+            await member.send("register", metrics_port=9100 + member.host)
+        for member in members:
+            assert (await member.receive())["type"] == "start"
+        await members[0].fault(0)
+        for member in members:
+            assert (await member.receive())["type"] == "stop"
+        await eventually(lambda: len(leader.decisions.records) == 1)  # a restart, written down
+        await _drained(members[0])
+        leads[0] = False  # paused past its lease: another leader may act now
+        await asyncio.sleep(0.5)  # the deadline passed while fenced (host 1 never acked)
+        assert leader.memory.state is JobState.STOPPING
+        assert await _drained(members[0]) == []  # no journal, no `fail`
+        await shut(leader, members)
+
+    run(scenario)
+
+
+def test_a_replacement_timeout_that_passes_while_the_leader_is_fenced_decides_nothing(tmp_path: Path):
+    leads = [True]
+    events = tmp_path / "policy-events.jsonl"
+
+    async def scenario():
+        leader = Leader(
+            host_count=4,
+            max_restarts=10,
+            coordinator_address=coordinator,
+            hosts_per_slice=2,
+            replacements=pod_replacements(0.3),
+            events_path=events,
+            leading=lambda: leads[0],
+        )
+        port = await leader.serve("127.0.0.1", 0)
+        members = await join(port, 4)
+        for member in members:
+            await member.send(
+                "register", replica_address=f"pod-{member.host}:1", machine=f"node-{member.host}"
+            )
+        for member in members:
+            assert (await member.receive())["type"] == "start"
+        members[3].close()
+        for member in members[:3]:
+            assert (await member.receive())["type"] == "stop"
+        await eventually(lambda: leader.status[3].state == "awaiting replacement")
+        decided = events.read_text().splitlines()
+        leads[0] = False  # paused past its lease while the replacement pod is awaited
+        await asyncio.sleep(0.6)
+        assert events.read_text().splitlines() == decided  # no decision logged by the timer
+        assert len(leader.decisions.records) == len(decided)
+        assert leader.memory.state is JobState.STOPPING
+        await shut(leader, members)
+
+    run(scenario)

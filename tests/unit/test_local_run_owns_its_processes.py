@@ -1,0 +1,143 @@
+"""A local run signals and reaps only the supervisor processes it still owns.
+
+`slicekeeper run` holds each supervisor through a pidfd (supervisor/local_runtime.py,
+SupervisorProcess). A pid is only a number: once its process is reaped the kernel gives it to the next
+process started, so a pid kept past that names another program, and its process group another
+program's group. And any waiter in the process that reaps by pid (a stale `subprocess.Popen` polling
+a pid it no longer owns) can take a supervisor's exit status: the run must still end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from slicekeeper.supervisor import local_runtime
+from slicekeeper.supervisor.local_runtime import STATUS_LOST, LocalRuntime, SupervisorProcess
+
+from slicekeeper.api import TrainingJob, dump_training_job, load_training_job
+from tests.support.cli_runs import ROOT
+from tests.support.plans import EXAMPLE
+
+RUNNING = "import time; time.sleep(600)"
+
+# Run in a PID namespace of its own, where /proc/sys/kernel/ns_last_pid chooses the next pid: a
+# supervisor ends and is reaped, its pid goes to another program leading its own process group, and
+# the runtime stops what it has left.
+PID_REUSED = f"""
+import asyncio, json, subprocess, sys
+from pathlib import Path
+from slicekeeper.api import TrainingJob, dump_training_job, load_training_job
+from slicekeeper.supervisor.local_runtime import LocalRuntime, SupervisorProcess
+from tests.support.plans import EXAMPLE
+
+async def main(tmp: Path) -> None:
+    spec = dump_training_job(load_training_job(EXAMPLE))
+    spec["spec"]["local"] = {{"workDir": str(tmp / "runs")}}
+    spec["spec"]["checkpoint"]["localDir"] = str(tmp / "disk")
+    run = LocalRuntime(TrainingJob.model_validate(spec), layout_hosts=4, slices=2, devices_per_host=2)
+    ended = SupervisorProcess.start([sys.executable, "-c", "pass"])
+    running = SupervisorProcess.start([sys.executable, "-c", {RUNNING!r}])
+    run._supervisors += [ended, running]
+    await ended.wait()
+    Path("/proc/sys/kernel/ns_last_pid").write_text(str(ended.pid - 1))
+    other = subprocess.Popen([sys.executable, "-c", {RUNNING!r}], start_new_session=True)
+    await run._stop_all()
+    try:  # a SIGKILL takes effect once its target is scheduled
+        other.wait(timeout=1)
+    except subprocess.TimeoutExpired:
+        pass
+    seen = {{"reused": other.pid == ended.pid, "other": other.poll(), "running": running.returncode}}
+    print(json.dumps(seen))
+    other.kill()
+    other.wait()
+
+asyncio.run(main(Path(sys.argv[1])))
+"""
+NAMESPACE = ["unshare", "--user", "--map-root-user", "--pid", "--fork"]
+
+
+def runtime(tmp_path: Path, out: io.StringIO) -> LocalRuntime:
+    spec = dump_training_job(load_training_job(EXAMPLE))
+    spec["spec"]["local"] = {"workDir": str(tmp_path / "runs")}
+    spec["spec"]["checkpoint"]["localDir"] = str(tmp_path / "disk")
+    job = TrainingJob.model_validate(spec)
+    return LocalRuntime(job, layout_hosts=4, slices=2, devices_per_host=2, out=out)
+
+
+def pid_namespaces() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run([*NAMESPACE, "true"], capture_output=True).returncode == 0
+
+
+def dead(pid: int) -> bool:
+    """No such process, or a zombie left for its new parent to reap."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def gone(pid: int, seconds: float = 5.0) -> bool:
+    """Dead within `seconds` (a SIGKILL takes effect once the process is scheduled)."""
+    deadline = time.monotonic() + seconds
+    while not dead(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return dead(pid)
+
+
+@pytest.mark.skipif(not pid_namespaces(), reason="needs `unshare` into a user and PID namespace")
+def test_the_pid_of_a_reaped_supervisor_is_not_signalled_once_another_program_has_it(tmp_path):
+    result = subprocess.run(
+        [*NAMESPACE, sys.executable, "-c", PID_REUSED, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.splitlines()[-1])
+    assert seen["reused"], "the kernel did not give the reaped supervisor's pid to the other program"
+    assert seen["other"] is None, seen  # the other program's process group was left alone
+    assert seen["running"] == -15, seen  # the supervisor still running was stopped
+
+
+def test_a_supervisor_whose_exit_status_another_waiter_took_still_ends_the_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(local_runtime, "LONE_FAILURE_SECONDS", 2.0)
+    out = io.StringIO()
+
+    async def hosts_ending() -> list[int]:
+        run = runtime(tmp_path, out)
+        for index, program in enumerate([RUNNING, "raise SystemExit(1)", RUNNING]):
+            run._supervisors.append(SupervisorProcess.start([sys.executable, "-c", program]))
+            run._machines.append(f"host-{index}")
+        # Another waiter reaps host-1 by its pid before the runtime's loop gets to look.
+        os.waitpid(run._supervisors[1].pid, 0)
+        hosts = [asyncio.create_task(process.wait()) for process in run._supervisors]
+        return await asyncio.wait_for(run._hosts_ended(hosts), timeout=30)
+
+    codes = asyncio.run(hosts_ending())
+    assert codes[1] == STATUS_LOST and codes[0] < 0 and codes[2] < 0, codes
+    assert "host-1's supervisor failed and the others went on; stopping" in out.getvalue()
+
+
+def test_what_a_supervisor_left_in_its_process_group_ends_with_it(tmp_path):
+    left = tmp_path / "left.pid"
+    program = (
+        f"import subprocess; open({str(left)!r}, 'w').write(str(subprocess.Popen(['sleep', '600']).pid))"
+    )
+
+    async def supervisor_ending() -> int:
+        return await SupervisorProcess.start([sys.executable, "-c", program]).wait()
+
+    assert asyncio.run(supervisor_ending()) == 0
+    assert gone(int(left.read_text()))
