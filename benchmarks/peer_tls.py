@@ -60,8 +60,13 @@ from pathlib import Path
 from typing import Any
 
 from harness import Row, format_table, say
-from slicekeeper.supervisor import peer_tier
-from slicekeeper.supervisor.peer_tier import ReplicaServer, ReplicaStore, fetch_replica, push_replica
+from slicekeeper.supervisor.checkpoints import peer_tier
+from slicekeeper.supervisor.checkpoints.peer_tier import (
+    ReplicaServer,
+    ReplicaStore,
+    fetch_replica,
+    push_replica,
+)
 from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper import credentials, shard_folder

@@ -31,9 +31,9 @@ from typing import Any
 import yaml
 
 from slicekeeper import protocol
-from slicekeeper.api import TrainingJob, dump_training_job
+from slicekeeper.api import TrainingJob, cluster_layout, dump_training_job
 from slicekeeper.credentials import JobCredentials
-from slicekeeper.topology import HostId, JobLayout, cluster_layout
+from slicekeeper.shape import HostId, JobLayout
 
 Manifest = dict[str, Any]
 

@@ -42,7 +42,7 @@ from slicekeeper.api_spec import (
     WorkloadSpec,
 )
 from slicekeeper.errors import UserError
-from slicekeeper.shape import JobShape
+from slicekeeper.shape import JobLayout, JobShape
 
 API_GROUP = "slicekeeper.dev"
 API_VERSION = "v1alpha1"
@@ -173,7 +173,7 @@ class TrainingJob(Model):
     @property
     def shape(self) -> JobShape:
         """The job's shape on its TPU slices: spec.slices slices of the slice's hosts, each with its
-        chips (a local run scales it down: slicekeeper.topology.local_layout)."""
+        chips (a local run scales it down: slicekeeper.api.local_layout)."""
         tpu_slice = self.slice_shape
         return JobShape(self.spec.slices, tpu_slice.host_count, tpu_slice.chips_per_host)
 
@@ -231,3 +231,28 @@ def load_training_job(path: str | Path) -> TrainingJob:
 
 def dump_training_job(job: TrainingJob) -> dict[str, Any]:
     return job.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+DEFAULT_LOCAL_HOSTS = 4
+"""Host processes of a local run when spec.local.hosts is not set (at most the real job's)."""
+
+
+def cluster_layout(job: TrainingJob) -> JobLayout:
+    """The job as its TPU slices have it (TrainingJob.shape)."""
+    return JobLayout(job.metadata.name, job.shape)
+
+
+def local_layout(job: TrainingJob) -> JobLayout:
+    """The job scaled down to fit one machine: `spec.local.hosts` host processes (default
+    min(4, hosts of the real job)), each faking `spec.local.devicesPerHost` CPU devices. The slice
+    count is kept when the hosts allow it (every slice keeps at least one host); hosts are split evenly
+    over slices."""
+    local = job.spec.local
+    requested = local.hosts if local.hosts is not None else min(DEFAULT_LOCAL_HOSTS, job.shape.host_count)
+    slices = min(job.spec.slices, requested)
+    if local.hosts is not None and requested % slices:
+        raise UserError(
+            f"spec.local.hosts: {requested} hosts do not split evenly over {slices} slices "
+            f"(spec.slices); use a multiple of {slices}"
+        )
+    return JobLayout(job.metadata.name, JobShape(slices, requested // slices, local.devices_per_host))

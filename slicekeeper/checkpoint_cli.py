@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
-from slicekeeper.supervisor.checkpoint_inventory import CheckpointSource, ShardCopy, StepSummary, summarize
+from slicekeeper.supervisor.checkpoints.inventory import CheckpointSource, ShardCopy, StepSummary, summarize
 
 from slicekeeper.errors import UserError
 

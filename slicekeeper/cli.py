@@ -22,7 +22,7 @@ from slicekeeper.errors import JobFailed, UserError
 def _run(args: argparse.Namespace) -> int:
     from slicekeeper.supervisor.local_runtime import LocalRuntime
 
-    from slicekeeper.topology import local_layout
+    from slicekeeper.api import local_layout
 
     job = load_training_job(args.file)
     overrides = {

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 _MACHINE_NAME = re.compile(r"(host|spare)-[0-9]+")
-"""What a machine folder is called (topology's local layout); any other name is not read."""
+"""What a machine folder is called (slicekeeper.api's local layout); any other name is not read."""
 
 
 def records(path: Path) -> Iterator[dict[str, Any]]:

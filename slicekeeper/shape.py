@@ -1,9 +1,10 @@
-"""The job's shape, in one vocabulary: slices of hosts of devices, and which host is where.
+"""The job's geometry, in one vocabulary: slices of hosts of devices, which host is where, and the
+names of its hosts.
 
 A job has `slices` slices (data-parallel replicas over DCN) of `hosts_per_slice` hosts each, each host
 with `devices_per_host` devices. Host h is worker h % hosts_per_slice of slice h // hosts_per_slice:
 the global host index, which shard and checkpoint the host owns, fixed for the life of the job. The
-operator's layout (slicekeeper.topology), the leader's world (supervisor.world) and the policy's view of
+operator's layout (`JobLayout`, below), the leader's world (supervisor.world) and the policy's view of
 it (slicekeeper.policy.World) all say it with this one type. Hosts as a collection are a tuple in rank
 order; a number of hosts is a count (`host_count`).
 
@@ -49,3 +50,33 @@ class JobShape:
         """Hosts of `slices` whose shard equals `host`'s: the same worker in the other slices."""
         worker, own = self.worker_of(host), self.slice_of(host)
         return tuple(s * self.hosts_per_slice + worker for s in slices if s != own)
+
+
+@dataclass(frozen=True)
+class HostId:
+    """A host's place in the job. `index` is the JAX process id: slice * hosts_per_slice + worker."""
+
+    index: int
+    slice: int
+    worker: int
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    """The job's hosts by name: `<job name>-s<slice>-w<worker>` (one mapping for the operator and the
+    local runtime: slicekeeper.api's `cluster_layout` and `local_layout` make it)."""
+
+    job_name: str
+    shape: JobShape
+
+    def host(self, index: int) -> HostId:
+        count = self.shape.host_count
+        if not 0 <= index < count:
+            raise ValueError(f"host index {index} outside 0..{count - 1}")
+        return HostId(index, self.shape.slice_of(index), self.shape.worker_of(index))
+
+    def hostname(self, host: HostId) -> str:
+        return f"{self.job_name}-s{host.slice}-w{host.worker}"
+
+    def slice_hostnames(self, slice_index: int) -> list[str]:
+        return [self.hostname(self.host(h)) for h in self.shape.hosts_of(slice_index)]

@@ -1,6 +1,6 @@
 """`slicekeeper run`: the job on one machine, one supervisor process per TPU host.
 
-The local runtime plays the operator's part with processes: it lays the job out (topology.local_layout),
+The local runtime plays the operator's part with processes: it lays the job out (api.local_layout),
 starts one supervisor per host (each runs one workload process), watches the leader's status to
 show live progress (supervisor.live_view: redrawn in place on a terminal, plain lines in a log), and
 at the end gathers every host's accounting into the report (JSON, and a page to look at next to it:
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import IO, Any, Final, TextIO
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.leader.election import LEASE_FILE, read_lease_file
 from slicekeeper.supervisor.live_view import ProgressMode, run_view
-from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.plan import JobPlan, free_port
 from slicekeeper.supervisor.tls import JobTls
 from slicekeeper.supervisor.workload_process import die_with_parent

@@ -23,7 +23,7 @@ import time
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
-from slicekeeper.supervisor.restore_plan import RestoreSource
+from slicekeeper.supervisor.checkpoints.restore_plan import RestoreSource
 
 from slicekeeper import protocol
 

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from slicekeeper.api import TrainingJob, parse_training_job
-from slicekeeper.shape import JobShape
-from slicekeeper.topology import JobLayout
+from slicekeeper.shape import JobLayout, JobShape
 
 _NO_SHAPE = JobShape(1, 1, 1)
 """`shape` not given (see JobPlan.__post_init__)."""
@@ -26,7 +25,7 @@ class JobPlan:
     """The validated TrainingJob, as JSON (camelCase)."""
     shape: JobShape = _NO_SHAPE
     """The job as its supervisors run it: the TPU slices' shape in a pod, scaled down locally
-    (slicekeeper.topology)."""
+    (slicekeeper.shape)."""
     run_dir: str
     leader: str
     """host:port of the coordination leader (slice 0, worker 0)."""

@@ -16,9 +16,8 @@ from pathlib import Path
 from slicekeeper.supervisor.plan import JobPlan
 
 from slicekeeper import protocol
-from slicekeeper.api import TrainingJob, dump_training_job, load_training_job
+from slicekeeper.api import TrainingJob, cluster_layout, dump_training_job, load_training_job
 from slicekeeper.errors import UserError
-from slicekeeper.topology import cluster_layout
 
 POLICY_FILES = (
     protocol.CONFIG_POLICY_FILE,

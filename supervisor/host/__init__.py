@@ -7,7 +7,7 @@ The supervisor holding the job's lease also runs the leader (supervisor.leader);
 
 A supervisor runs on a machine (`host-i`, or `spare-j` for a spare). A spare registers with the
 leader and waits; when a host is lost, the leader assigns it that host's identity and it joins the
-next generation as that host, staging the host's shard from a peer (supervisor.checkpoint_tiers).
+next generation as that host, staging the host's shard from a peer (supervisor.checkpoints.tiers).
 When the job scales down, the hosts of a dropped slice are `park`ed (idle, accounted as
 `scaled_down`) until a scale-up starts them again; a machine being replaced while alive (a
 straggler) is told to `retire` and ends.

@@ -22,9 +22,10 @@ from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers, Log
+from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
 from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.host.workload import Spawn
+from slicekeeper.supervisor.reporting import Log
 from slicekeeper.supervisor.workload_process import WorkloadProcess
 
 from slicekeeper.chaos import Fault, FaultKind, parse_chaos

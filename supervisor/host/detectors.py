@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.checkpoint_tiers import Report
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.metrics import SupervisorMetrics
+from slicekeeper.supervisor.reporting import Report
 from slicekeeper.supervisor.workload_process import ExitStatus, WorkloadProcess
 
 from slicekeeper.goodput import Category, GoodputAccountant

@@ -16,13 +16,14 @@ import time
 from collections.abc import Callable, Sequence
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers, Log, Report
+from slicekeeper.supervisor.checkpoints.restore_plan import RestoreSource, describe
+from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.detectors import ExitWatch, HangWatch
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
 from slicekeeper.supervisor.host.workload import Spawn, Workloads
 from slicekeeper.supervisor.metrics import SupervisorMetrics
-from slicekeeper.supervisor.restore_plan import RestoreSource, describe
+from slicekeeper.supervisor.reporting import Log, Report
 
 from slicekeeper.goodput import Category, GoodputAccountant
 

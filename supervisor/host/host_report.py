@@ -13,14 +13,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers
+from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.generation import Generation
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
 from slicekeeper.supervisor.messages import Journal
 
 from slicekeeper.goodput import GoodputAccountant
-from slicekeeper.topology import HostId
+from slicekeeper.shape import HostId
 
 REPORT_FILE = "report.json"
 

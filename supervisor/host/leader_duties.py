@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
 from slicekeeper.supervisor.host.site import PodAnnotations, Site
 from slicekeeper.supervisor.leader import Leader
-from slicekeeper.supervisor.persistent_tier import PersistentTier
 from slicekeeper.supervisor.plan import JobPlan
 
 from slicekeeper.leader_view import LeaderView

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.checkpoint_tiers import Log, Report
+from slicekeeper.supervisor.checkpoints.restore_plan import Tier
 from slicekeeper.supervisor.culprit import ActivityTracker
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.workload import Standby
 from slicekeeper.supervisor.metrics import SupervisorMetrics
-from slicekeeper.supervisor.restore_plan import Tier
+from slicekeeper.supervisor.reporting import Log, Report
 
 from slicekeeper import protocol
 from slicekeeper.goodput import PHASE_CATEGORY, GoodputAccountant

@@ -39,7 +39,7 @@ from slicekeeper.supervisor.own_pod import OwnPod
 from slicekeeper.supervisor.plan import JobPlan, free_port
 
 from slicekeeper import protocol
-from slicekeeper.topology import HostId, JobLayout
+from slicekeeper.shape import HostId, JobLayout
 
 POD_STATUS_SECONDS = 5.0
 """In a pod: how often the leader's supervisor publishes the job's progress on its own pod."""

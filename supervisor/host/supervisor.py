@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers
+from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
+from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
 from slicekeeper.supervisor.culprit import ActivityTracker
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.chaos import Chaos
@@ -45,7 +46,6 @@ from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.job_metrics import JobCollector
 from slicekeeper.supervisor.metrics import Role, SupervisorMetrics
-from slicekeeper.supervisor.persistent_tier import PersistentTier
 from slicekeeper.supervisor.plan import JobPlan
 from slicekeeper.supervisor.tls import JobTls
 

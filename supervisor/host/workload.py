@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from slicekeeper.supervisor.checkpoint_tiers import Log
 from slicekeeper.supervisor.host.confinement import Confinement
 from slicekeeper.supervisor.plan import JobPlan
+from slicekeeper.supervisor.reporting import Log
 from slicekeeper.supervisor.workload_process import WorkloadProcess
 
 from slicekeeper import protocol
 from slicekeeper.api import TrainingJob, WorkloadSpec
-from slicekeeper.topology import HostId, JobLayout
+from slicekeeper.shape import HostId, JobLayout
 
 Send = Callable[[asyncio.StreamWriter, dict[str, Any]], Awaitable[None]]
 Spawn = Callable[[Coroutine[Any, Any, None]], object]

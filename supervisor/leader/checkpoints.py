@@ -3,7 +3,7 @@
 Each host reports what its local tier committed, which copies failed, which shards it keeps for its
 peers (at every stop, read from disk) and which it uploaded to the persistent tier; the leader commits
 a persistent step once every active host's shard of it is there. From all of that, at every start,
-the restore plan (supervisor.restore_plan) picks the newest step every host can restore and where
+the restore plan (supervisor.checkpoints.restore_plan) picks the newest step every host can restore and where
 each host reads its shard from. Steps newer than the restore belong to an abandoned timeline and are
 dropped from every record.
 """
@@ -16,10 +16,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier, PersistentTierError
+from slicekeeper.supervisor.checkpoints.restore_plan import Holdings, RestorePlan, Tier, plan_restore
 from slicekeeper.supervisor.leader.journal import JobMemory
 from slicekeeper.supervisor.leader.members import HostStatus, Members
-from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
-from slicekeeper.supervisor.restore_plan import Holdings, RestorePlan, Tier, plan_restore
 from slicekeeper.supervisor.world import JobWorld
 
 PERSISTENT_LISTING_ATTEMPTS = 3

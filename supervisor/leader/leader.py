@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
+from slicekeeper.supervisor.checkpoints.restore_plan import RestorePlan
 from slicekeeper.supervisor.leader import status as views
 from slicekeeper.supervisor.leader.background import BackgroundWork
 from slicekeeper.supervisor.leader.capacity import Replacement, Replacements, spare_pool
@@ -38,8 +40,6 @@ from slicekeeper.supervisor.leader.registrations import Registrations
 from slicekeeper.supervisor.leader.remediation import Remediation
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 from slicekeeper.supervisor.leader.takeover import Takeover
-from slicekeeper.supervisor.persistent_tier import PersistentTier
-from slicekeeper.supervisor.restore_plan import RestorePlan
 from slicekeeper.supervisor.tls import JobTls
 from slicekeeper.supervisor.world import JobWorld
 

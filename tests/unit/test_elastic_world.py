@@ -1,7 +1,7 @@
 """The job's world: which slices take part, ranks, twins, and what a scale-up can bring back."""
 
 import pytest
-from slicekeeper.supervisor.restore_plan import Holdings, Source, Tier, plan_restore
+from slicekeeper.supervisor.checkpoints.restore_plan import Holdings, Source, Tier, plan_restore
 from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper.shape import JobShape

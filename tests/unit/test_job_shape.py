@@ -4,8 +4,7 @@ import pytest
 from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper.policy import World
-from slicekeeper.shape import JobShape
-from slicekeeper.topology import JobLayout
+from slicekeeper.shape import JobLayout, JobShape
 
 
 def test_host_h_is_worker_h_mod_hosts_per_slice_of_slice_h_div_hosts_per_slice():

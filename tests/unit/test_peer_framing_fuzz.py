@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from slicekeeper.supervisor.peer_tier import (
+from slicekeeper.supervisor.checkpoints.peer_tier import (
     MAX_MANIFEST_BYTES,
     ReplicaServer,
     ReplicaStore,

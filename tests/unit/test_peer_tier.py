@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from slicekeeper.supervisor.peer_tier import (
+from slicekeeper.supervisor.checkpoints.peer_tier import (
     ReplicaServer,
     ReplicaStore,
     ReplicationError,

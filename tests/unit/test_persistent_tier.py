@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 from fsspec.core import url_to_fs
-from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
+from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier, PersistentTierError
 
 from slicekeeper import shard_folder
 from slicekeeper.shard_folder import MANIFEST, CorruptCheckpoint, Manifest, ShardFile

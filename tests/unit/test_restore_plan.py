@@ -1,7 +1,7 @@
 """The restore plan: the newest step every host can restore, and each host's sources cheapest first."""
 
 import pytest
-from slicekeeper.supervisor.restore_plan import Holdings, RestorePlan, Source, Tier, plan_restore
+from slicekeeper.supervisor.checkpoints.restore_plan import Holdings, RestorePlan, Source, Tier, plan_restore
 
 LOCAL = Source(Tier.LOCAL)
 PERSISTENT = Source(Tier.PERSISTENT)

@@ -7,9 +7,9 @@ Every test drives a real Leader over TCP on 127.0.0.1 with fake members speaking
 
 from typing import Any
 
+from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTierError
 from slicekeeper.supervisor.leader import Leader, checkpoints
 from slicekeeper.supervisor.leader.journal import JobState
-from slicekeeper.supervisor.persistent_tier import PersistentTierError
 
 from tests.support.fake_members import coordinator, eventually, join, run
 from tests.support.leader_jobs import (

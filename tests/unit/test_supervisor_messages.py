@@ -4,7 +4,7 @@ import json
 
 import pytest
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.restore_plan import Source, Tier
+from slicekeeper.supervisor.checkpoints.restore_plan import Source, Tier
 
 MEMBER_REPORTS = [
     messages.Register(

@@ -13,9 +13,9 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from slicekeeper.supervisor.checkpoints.persistent_tier import StoreReads
 from slicekeeper.supervisor.leader.job_metrics import JobCollector
 from slicekeeper.supervisor.metrics import Role, SupervisorMetrics
-from slicekeeper.supervisor.persistent_tier import StoreReads
 
 from slicekeeper.goodput import BADPUT, Category, GoodputAccountant
 from tests.support.cli_runs import documented_metrics

@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 from slicekeeper.supervisor import tls as job_tls
-from slicekeeper.supervisor.peer_tier import ReplicaServer, ReplicaStore, fetch_replica, push_replica
+from slicekeeper.supervisor.checkpoints.peer_tier import (
+    ReplicaServer,
+    ReplicaStore,
+    fetch_replica,
+    push_replica,
+)
 from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper import credentials

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.checkpoint_tiers import CheckpointTiers
+from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier, PersistentTierError
+from slicekeeper.supervisor.checkpoints.restore_plan import Tier
+from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
 from slicekeeper.supervisor.metrics import SupervisorMetrics
-from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
-from slicekeeper.supervisor.restore_plan import Tier
 
 from slicekeeper import shard_folder
 from slicekeeper.api import CheckpointSpec

@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from slicekeeper import api
+from slicekeeper.api import cluster_layout, local_layout
 from slicekeeper.errors import UserError
-from slicekeeper.topology import cluster_layout, local_layout
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "trainingjob.yaml"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from slicekeeper.supervisor.checkpoint_inventory import CheckpointSource, coverage, summarize
+from slicekeeper.supervisor.checkpoints.inventory import CheckpointSource, coverage, summarize
 from slicekeeper.supervisor.plan import JobPlan
 from slicekeeper.workload.global_arrays import IncompleteCheckpoint, assemble, nest
 from slicekeeper.workload.local_tier import LocalTier

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from slicekeeper.supervisor.peer_tier import ReplicaStore
-from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
+from slicekeeper.supervisor.checkpoints.peer_tier import ReplicaStore
+from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.plan import JobPlan
 
 from slicekeeper import shard_folder

@@ -4,7 +4,7 @@ The workload only ever writes and reads its local tier (fast, RAM-backed). Every
 here, in the supervisor, off the training process's critical path:
 
 - after each committed local save, the step folder is pushed to this host's peer holders over TCP
-  (supervisor.peer_tier) and, every `persistent.interval` steps, uploaded to the persistent tier;
+  (supervisor.checkpoints.peer_tier) and, every `persistent.interval` steps, uploaded to the persistent tier;
 - at a restart, before the workload starts, this host's shard of the agreed step is staged into the
   local tier from the first source that holds a valid copy (local, a peer, persistent), verifying
   checksums and falling back on any mismatch or missing copy;
@@ -21,14 +21,12 @@ import contextlib
 import shutil
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.metrics import SupervisorMetrics
-from slicekeeper.supervisor.peer_tier import (
+from slicekeeper.supervisor.checkpoints.peer_tier import (
     ReplicaServer,
     ReplicaStore,
     ReplicationError,
@@ -36,18 +34,16 @@ from slicekeeper.supervisor.peer_tier import (
     push_replica,
     replica_holders,
 )
-from slicekeeper.supervisor.persistent_tier import PersistentTier, PersistentTierError
-from slicekeeper.supervisor.restore_plan import RestoreSource, Tier, describe
+from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier, PersistentTierError
+from slicekeeper.supervisor.checkpoints.restore_plan import RestoreSource, Tier, describe
+from slicekeeper.supervisor.metrics import SupervisorMetrics
+from slicekeeper.supervisor.reporting import Log, Report
 from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper import shard_folder
 from slicekeeper.api import CheckpointSpec
 from slicekeeper.shape import JobShape
 from slicekeeper.shard_folder import CorruptCheckpoint
-
-Report = Callable[[messages.MemberReport], Awaitable[None]]
-"""Sends a report to the leader (its supervisor stamps the host it serves)."""
-Log = Callable[[dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -122,7 +118,7 @@ class CheckpointTiers:
         self._world = world
 
     def _own_copy(self, owner: int, step: int) -> Path | None:
-        """This host's committed local step, served to a rejoining twin (see supervisor.restore_plan)."""
+        """This host's committed local step, served to a rejoining twin (checkpoints.restore_plan)."""
         folder = shard_folder.step_dir(self.local_dir, step)
         if owner != self.host or step not in shard_folder.committed_steps(self.local_dir):
             return None
