@@ -107,7 +107,7 @@ def _unschedulable(pods: list[dict[str, Any]]) -> list[str]:
 
 def derive(job: TrainingJob, pods: list[dict[str, Any]], previous: dict[str, Any]) -> DerivedStatus:
     """The status to write, given the job's pods and the status it has now (`previous`)."""
-    hosts_per_slice = job.slice_shape.hosts
+    hosts_per_slice = job.slice_shape.host_count
     running: dict[str, int] = {}
     for pod in pods:
         if _phase(pod) == "Running":

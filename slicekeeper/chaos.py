@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from slicekeeper.errors import UserError
+from slicekeeper.policy.events import FaultKind
 
 
-class FaultKind(StrEnum):
+class ChaosKind(StrEnum):
     KILL = "kill"
     """SIGKILL of the workload process."""
     HANG = "hang"
@@ -50,7 +51,24 @@ class FaultKind(StrEnum):
         """Whether the fault stops the workload by itself, so that a detection can be attributed to
         it: corrupt waits for the next restore, slow only slows (the straggler detector's business,
         not the hang detector's), spare adds capacity."""
-        return self in {FaultKind.KILL, FaultKind.HANG, FaultKind.LOSE, FaultKind.CRASH_SUPERVISOR}
+        return self in {ChaosKind.KILL, ChaosKind.HANG, ChaosKind.LOSE, ChaosKind.CRASH_SUPERVISOR}
+
+    @property
+    def detected_as(self) -> FaultKind | None:
+        """The fault kind (slicekeeper.policy.FaultKind) the job is expected to detect this injected
+        fault as: the one vocabulary of the wire, the job's memory and the report. None: nothing stops
+        by itself (corrupt shows at the next restore, as a restore from another copy; spare adds
+        capacity)."""
+        return _DETECTED_AS.get(self)
+
+
+_DETECTED_AS = {
+    ChaosKind.KILL: FaultKind.CRASH,
+    ChaosKind.HANG: FaultKind.HANG,
+    ChaosKind.LOSE: FaultKind.HOST_LOST,
+    ChaosKind.CRASH_SUPERVISOR: FaultKind.CRASH,
+    ChaosKind.SLOW: FaultKind.STRAGGLER,
+}
 
 
 _BARE = "value"
@@ -65,14 +83,14 @@ class KindRules:
     optional: frozenset[str] = frozenset()
 
 
-RULES: dict[FaultKind, KindRules] = {
-    FaultKind.KILL: KindRules(frozenset({"host"})),
-    FaultKind.HANG: KindRules(frozenset({"host"})),
-    FaultKind.LOSE: KindRules(frozenset({"host"})),
-    FaultKind.CORRUPT: KindRules(frozenset({"host"})),
-    FaultKind.SLOW: KindRules(frozenset({"host", "factor"})),
-    FaultKind.CRASH_SUPERVISOR: KindRules(frozenset({"host"})),
-    FaultKind.SPARE: KindRules(frozenset({_BARE})),
+RULES: dict[ChaosKind, KindRules] = {
+    ChaosKind.KILL: KindRules(frozenset({"host"})),
+    ChaosKind.HANG: KindRules(frozenset({"host"})),
+    ChaosKind.LOSE: KindRules(frozenset({"host"})),
+    ChaosKind.CORRUPT: KindRules(frozenset({"host"})),
+    ChaosKind.SLOW: KindRules(frozenset({"host", "factor"})),
+    ChaosKind.CRASH_SUPERVISOR: KindRules(frozenset({"host"})),
+    ChaosKind.SPARE: KindRules(frozenset({_BARE})),
 }
 
 _NEW_FAULT = re.compile(r"^\s*[A-Za-z][\w-]*:")
@@ -80,7 +98,7 @@ _NEW_FAULT = re.compile(r"^\s*[A-Za-z][\w-]*:")
 
 @dataclass(frozen=True)
 class Fault:
-    kind: FaultKind
+    kind: ChaosKind
     step: int
     args: dict[str, str] = field(default_factory=dict, hash=False)
 
@@ -104,14 +122,14 @@ class Fault:
     @property
     def factor(self) -> float:
         """How many times slower a `slow` fault makes its host's work (> 1)."""
-        if self.kind is not FaultKind.SLOW:
+        if self.kind is not ChaosKind.SLOW:
             raise ValueError(f"chaos fault '{self}' has no slowdown factor (only slow faults do)")
         return float(self.args["factor"])
 
     @property
     def count(self) -> int:
         """How many spare machines a `spare` fault adds (>= 1)."""
-        if self.kind is not FaultKind.SPARE:
+        if self.kind is not ChaosKind.SPARE:
             raise ValueError(f"chaos fault '{self}' adds no spares (only spare faults do)")
         match = _SPARE_COUNT.match(self.args[_BARE])
         assert match is not None, "validated by parse_chaos"
@@ -138,9 +156,9 @@ def _parse_one(text: str) -> Fault:
     if not sep:
         raise UserError(f"{where}: expected KIND:host=H@step=S")
     try:
-        kind = FaultKind(kind_text.strip().lower())
+        kind = ChaosKind(kind_text.strip().lower())
     except ValueError:
-        known = ", ".join(k.value for k in FaultKind)
+        known = ", ".join(k.value for k in ChaosKind)
         raise UserError(f"{where}: unknown fault kind '{kind_text}' (known: {known})") from None
     arg_text, at, trigger = rest.rpartition("@")
     if not at:
@@ -178,7 +196,7 @@ def _parse_one(text: str) -> Fault:
         raise UserError(f"{where}: host must be a host index (0, 1, ...), not '{args['host']}'")
     if "factor" in args:
         _check_factor(where, args["factor"])
-    if kind is FaultKind.SPARE:
+    if kind is ChaosKind.SPARE:
         match = _SPARE_COUNT.match(args[_BARE])
         if match is None or int(match.group(1)) < 1:
             raise UserError(

@@ -42,9 +42,7 @@ def _run(args: argparse.Namespace) -> int:
     layout = local_layout(job)
     runtime = LocalRuntime(
         job,
-        layout.shape.host_count,
-        layout.shape.slices,
-        layout.shape.devices_per_host,
+        layout.shape,
         steps=args.steps,
         chaos=args.chaos,
         report_path=args.report,

@@ -64,11 +64,6 @@ class SliceShape:
         return self.chips // self.chips_per_host
 
     @property
-    def hosts(self) -> int:
-        """`host_count`, by the name operator.job_status reads."""
-        return self.host_count
-
-    @property
     def type_name(self) -> str:
         return f"{self.generation}-{self.chips * GENERATIONS[self.generation].cores_per_chip}"
 

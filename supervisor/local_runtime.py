@@ -39,11 +39,12 @@ from slicekeeper.supervisor.workload_process import die_with_parent
 
 from slicekeeper import credentials, protocol
 from slicekeeper.api import TrainingJob, dump_training_job
-from slicekeeper.chaos import FaultKind, check_hosts, parse_chaos
+from slicekeeper.chaos import ChaosKind, check_hosts, parse_chaos
 from slicekeeper.errors import UserError
 from slicekeeper.recovery_breakdown import add_breakdowns
 from slicekeeper.report import build_report, format_report
 from slicekeeper.report_page import write_page
+from slicekeeper.shape import JobShape
 
 DEFAULT_CACHE = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slicekeeper" / "jax-compilation-cache"
@@ -146,9 +147,7 @@ class LocalRuntime:
     def __init__(
         self,
         job: TrainingJob,
-        layout_hosts: int,
-        slices: int,
-        devices_per_host: int,
+        shape: JobShape,
         *,
         steps: int | None = None,
         chaos: str | None = None,
@@ -158,10 +157,9 @@ class LocalRuntime:
     ) -> None:
         self.job = job
         self.faults = parse_chaos(chaos)
-        check_hosts(self.faults, layout_hosts)
-        self.slices = slices
-        self.hosts = layout_hosts
-        self.devices_per_host = devices_per_host
+        check_hosts(self.faults, shape.host_count)
+        self.shape = shape
+        """The job scaled down to this machine (slicekeeper.api.local_layout)."""
         self.total_steps = steps if steps is not None else job.spec.workload.steps
         if self.total_steps < 1:
             raise UserError("--steps: must be at least 1")
@@ -191,7 +189,7 @@ class LocalRuntime:
         """Where everything the run prints goes (`progress`: live, plain, or auto by `out`)."""
         self._supervisors: list[SupervisorProcess] = []
         self._machines: list[str] = []
-        self._capacity = [f for f in self.faults if f.kind is FaultKind.SPARE]
+        self._capacity = [f for f in self.faults if f.kind is ChaosKind.SPARE]
         """Chaos `spare:+N@step=S`: spare machines that join when the job reaches step S."""
         self._spares: list[asyncio.Task[int]] = []
         """The spare machines' supervisors (kept running like the hosts')."""
@@ -206,9 +204,7 @@ class LocalRuntime:
     def _plan(self) -> JobPlan:
         return JobPlan(
             job=dump_training_job(self.job),
-            slices=self.slices,
-            hosts_per_slice=self.hosts // self.slices,
-            devices_per_host=self.devices_per_host,
+            shape=self.shape,
             run_dir=str(self.run_dir),
             leader=f"127.0.0.1:{free_port()}",
             total_steps=self.total_steps,
@@ -228,8 +224,8 @@ class LocalRuntime:
         plan_path = self.run_dir / "plan.json"
         plan.write(plan_path)
         self._say(
-            f"slicekeeper: running {self.job.metadata.name} locally: {self.slices} slice(s) x "
-            f"{self.hosts // self.slices} host(s) x {self.devices_per_host} CPU device(s), "
+            f"slicekeeper: running {self.job.metadata.name} locally: {self.shape.slices} slice(s) x "
+            f"{self.shape.hosts_per_slice} host(s) x {self.shape.devices_per_host} CPU device(s), "
             f"{self.total_steps} steps" + (f", {self.spares} spare(s)" if self.spares else "")
         )
         if self.faults:
@@ -241,8 +237,10 @@ class LocalRuntime:
             loop.add_signal_handler(signum, self._interrupt)
         try:
             self.view.start()
-            hosts = [self._keep(plan, plan_path, machine) for machine in plan.machines[: plan.hosts]]
-            for machine in plan.machines[plan.hosts :]:
+            hosts = [
+                self._keep(plan, plan_path, machine) for machine in plan.machines[: plan.shape.host_count]
+            ]
+            for machine in plan.machines[plan.shape.host_count :]:
                 self._spares.append(self._keep(plan, plan_path, machine))
             watcher = asyncio.create_task(self._watch(plan, plan_path))
             codes = await self._hosts_ended(hosts)

@@ -26,6 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from slicekeeper.supervisor.checkpoints.restore_plan import RestoreSource
 
 from slicekeeper import protocol
+from slicekeeper.chaos import ChaosKind
+from slicekeeper.policy.events import FaultKind
 
 UNSTAMPED = -1
 """The host of a report not sent yet: its supervisor stamps the host it serves (a spare has none)."""
@@ -134,7 +136,7 @@ class ChaosFired(Report):
     """A chaos fault aimed at the host fired (`fault`: its spec, which never fires again)."""
 
     type: Literal["chaos"] = "chaos"
-    kind: str
+    kind: ChaosKind
     step: int
     fault: str = ""
     generation: int = -1
@@ -147,7 +149,7 @@ class Fault(Report):
 
     type: Literal["fault"] = "fault"
     generation: int
-    kind: str
+    kind: FaultKind
     detail: str = ""
     exit_code: int | None = None
     signal: str | None = None
@@ -224,7 +226,7 @@ class Stop(Order):
 
     type: Literal["stop"] = "stop"
     generation: int
-    kind: str
+    kind: FaultKind
     host: int | None = None
 
 

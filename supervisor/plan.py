@@ -8,22 +8,19 @@ from __future__ import annotations
 
 import json
 import socket
-from dataclasses import InitVar, asdict, dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from slicekeeper.api import TrainingJob, parse_training_job
 from slicekeeper.shape import JobLayout, JobShape
 
-_NO_SHAPE = JobShape(1, 1, 1)
-"""`shape` not given (see JobPlan.__post_init__)."""
-
 
 @dataclass(frozen=True, kw_only=True)
 class JobPlan:
     job: dict[str, object]
     """The validated TrainingJob, as JSON (camelCase)."""
-    shape: JobShape = _NO_SHAPE
+    shape: JobShape
     """The job as its supervisors run it: the TPU slices' shape in a pod, scaled down locally
     (slicekeeper.shape)."""
     run_dir: str
@@ -49,18 +46,6 @@ class JobPlan:
     """The directory of the job's credentials (slicekeeper.credentials): its supervisors connect to
     each other with them, and refuse whoever has none. Locally in the run directory; in a pod, the
     job's Secret mounted. A supervisor without them does not start."""
-    slices: InitVar[int | None] = None
-    hosts_per_slice: InitVar[int | None] = None
-    devices_per_host: InitVar[int | None] = None
-    """The shape as three counts, the way supervisor.local_runtime still gives it: `shape` when given."""
-
-    def __post_init__(
-        self, slices: int | None, hosts_per_slice: int | None, devices_per_host: int | None
-    ) -> None:
-        if slices is not None and hosts_per_slice is not None:
-            object.__setattr__(self, "shape", JobShape(slices, hosts_per_slice, devices_per_host or 1))
-        elif self.shape is _NO_SHAPE:
-            raise TypeError("a job's plan needs the job's shape")
 
     @property
     def training_job(self) -> TrainingJob:
@@ -69,11 +54,6 @@ class JobPlan:
     @property
     def layout(self) -> JobLayout:
         return JobLayout(str(self.training_job.metadata.name), self.shape)
-
-    @property
-    def hosts(self) -> int:
-        """`shape.host_count`, by the name supervisor.local_runtime reads."""
-        return self.shape.host_count
 
     @property
     def machines(self) -> list[str]:

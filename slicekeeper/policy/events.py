@@ -29,6 +29,33 @@ class EventKind(StrEnum):
     """Spare machines became available while the job runs on fewer slices than its spec."""
 
 
+class FaultKind(StrEnum):
+    """What stopped a job's running generation: the one vocabulary of a host's fault report and the
+    leader's stop on the wire, the job's memory and report (`restarts`, `detected_as`), and what a
+    chaos fault is expected to be detected as. Every `EventKind` is one (a stop the policy orders on
+    an event has the event's kind); a host reports the two reasons of a `CheckpointInvalid` apart."""
+
+    CRASH = "crash"
+    HANG = "hang"
+    HOST_LOST = "host_lost"
+    STRAGGLER = "straggler"
+    CHECKPOINT_INVALID = "checkpoint_invalid"
+    CAPACITY_RETURNED = "capacity_returned"
+    NONFINITE_LOSS = "nonfinite_loss"
+    """A non-finite loss right after a restore: the restored step is bad (a CheckpointInvalid event)."""
+    RESTORE_FAILED = "restore_failed"
+    """No valid copy of the host's shard could be staged (a CheckpointInvalid event)."""
+    SCALE_DOWN = "scale_down"
+    """A member that rejoins after its slice was dropped stops its workload."""
+
+    @property
+    def event_kind(self) -> EventKind | None:
+        """The policy event a fault of this kind is decided as (none for a scale-down's stop)."""
+        if self in (FaultKind.NONFINITE_LOSS, FaultKind.RESTORE_FAILED):
+            return EventKind.CHECKPOINT_INVALID
+        return None if self is FaultKind.SCALE_DOWN else EventKind(self.value)
+
+
 FAULT_KINDS = frozenset({EventKind.CRASH, EventKind.HANG, EventKind.HOST_LOST, EventKind.CHECKPOINT_INVALID})
 """The kinds that stop the running generation; `Context.faults_on` counts these."""
 

@@ -12,9 +12,16 @@ When the job scales down, the hosts of a dropped slice are `park`ed (idle, accou
 `scaled_down`) until a scale-up starts them again; a machine being replaced while alive (a
 straggler) is told to `retire` and ends.
 
-The parts, each handed only what it needs:
+The supervisor of a machine (`supervisor`: `HostSupervisor`) owns what belongs to the machine and
+its process: the event log, metrics, credentials, checkpoint tiers, its part in the election and its
+connection to the leader. What it serves is a mode: a spare waiting for a host (`spare`), or one host
+(`served_host`), whose parts are built once the host is known, each handed one frozen context
+(`context`: the plan, the site, the host's identity, its account, the log and the report):
 
-- `supervisor`: a host's life (`HostSupervisor`): join the leader, follow its commands, the report;
+- `supervisor`: the machine's supervisor: join the leader, follow its commands, the report;
+- `spare`: a machine waiting to be assigned a host;
+- `served_host`: the parts serving one host, and the leader's commands to a host;
+- `context`: what every part serving a host shares, fixed once the host is known;
 - `generation`: the restart generation this host is in: start (stage, launch), stop, park;
 - `workload`: the workload process, its standby, and its environment (pure functions);
 - `sdk_events`: the SDK socket and what each event means (hang timer, culprit, goodput, metrics);
@@ -22,8 +29,8 @@ The parts, each handed only what it needs:
 - `chaos`: the chaos faults aimed at this host, for local runs;
 - `site`: what differs between a local process and a pod, decided once (addresses, the workload's
   command and environment, the leader's replacements, the pod's annotations);
-- `leadership`: this host's part in the election, and which leader to follow;
-- `leader_duties`: what this supervisor does while it leads (the term's Leader, the status it publishes);
+- `leadership`: this supervisor's part in the election, which leader to follow, and what it does
+  while it leads (the term's Leader, the status it publishes);
 - `membership`: the connection to whoever leads, rejoined when a leader is lost;
 - `machine_record`: what the machine remembers across restarts of its supervisor;
 - `host_report`: the supervisor's account at its end.

@@ -18,26 +18,21 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
+from slicekeeper.supervisor.host.context import HostContext
 from slicekeeper.supervisor.host.machine_record import MachineRecord
-from slicekeeper.supervisor.host.workload import Spawn
-from slicekeeper.supervisor.reporting import Log
 from slicekeeper.supervisor.workload_process import WorkloadProcess
 
-from slicekeeper.chaos import Fault, FaultKind, parse_chaos
-from slicekeeper.goodput import GoodputAccountant
+from slicekeeper.chaos import ChaosKind, Fault, parse_chaos
 
 LOST_EXIT_CODE = 137
 """How a supervisor whose machine a `lose` fault took ends (as if SIGKILLed). A `crash-supervisor`
 fault SIGKILLs the supervisor for real: the local runtime starts again a supervisor killed by a
 signal, never one that exited (supervisor.local_runtime)."""
-
-ReportTask = Callable[[messages.MemberReport], Coroutine[Any, Any, None]]
-"""Sends a report to the leader (a coroutine, so that it can run as a task of its own)."""
 
 
 def faults_of(specs: list[str], host: int | None, fired: set[str]) -> list[Fault]:
@@ -55,58 +50,43 @@ class Chaos:
 
     def __init__(
         self,
-        specs: list[str],
-        host: int | None,
+        context: HostContext,
         *,
-        machine: str,
         record: MachineRecord,
         tiers: CheckpointTiers,
-        accountant: Callable[[], GoodputAccountant],
+        fired: set[str],
         kill_workload: Callable[[], None],
         write_report: Callable[[str], None],
-        log: Log,
-        report: ReportTask,
-        spawn: Spawn,
         leading: Callable[[], bool] = lambda: False,
     ) -> None:
-        """`specs`: the job's faults (plan.chaos); `host` None: a spare, aimed at by none yet;
-        `accountant`: the current one; `kill_workload`: SIGKILLs the workload and its standby;
-        `write_report(end)`: this host's report, as a "lost" machine's or a "crashed" supervisor's;
-        `record`: the machine's own record of the faults it fired."""
-        self._specs = specs
-        self._machine = machine
+        """`fired`: this host's faults the job's memory says fired already (on a machine it was taken
+        over from); `record`: the machine's own record of the faults it fired; `kill_workload`:
+        SIGKILLs the workload and its standby; `write_report(end)`: this host's report, as a "lost"
+        machine's or a "crashed" supervisor's; `leading`: whether this supervisor leads the job now."""
+        self._context = context
         self._record = record
         self._tiers = tiers
-        self._accountant = accountant
         self._kill_workload = kill_workload
         self._write_report = write_report
-        self._log = log
-        self._report = report
-        self._spawn = spawn
         self._leading = leading
-        """Whether this supervisor leads the job now."""
-        self.faults = faults_of(specs, host, fired=set(record.fired))
+        self.faults = faults_of(context.plan.chaos, context.host, fired | set(record.fired))
         self.slow: float | None = record.slow
         """Chaos `slow`: this machine's work factor once fired (a machine property: a spare taking
         over is not slow)."""
-
-    def aim_at(self, host: int, fired: set[str]) -> None:
-        """This machine takes over `host`: its faults not `fired` yet are now this machine's."""
-        self.faults = faults_of(self._specs, host, fired | set(self._record.fired))
 
     def slow_spec(self) -> str:
         """Chaos `slow` for the workload (protocol.ENV_CHAOS_SLOW): `F@S` before it fired, `F@0`
         after (a machine property: every later process of this machine is slow from its start)."""
         if self.slow is not None:
             return f"{self.slow}@0"
-        pending = [f for f in self.faults if f.kind is FaultKind.SLOW]
+        pending = [f for f in self.faults if f.kind is ChaosKind.SLOW]
         return f"{pending[0].factor}@{pending[0].step}" if pending else ""
 
     def inject(self, step: int, workload: WorkloadProcess | None, generation: int) -> None:
         """Fire the chaos faults aimed at this host and this step (each exactly once)."""
         for fault in [f for f in self.faults if f.step == step]:
             self.faults.remove(fault)
-            self._record.fire(str(fault), slow=fault.factor if fault.kind is FaultKind.SLOW else None)
+            self._record.fire(str(fault), slow=fault.factor if fault.kind is ChaosKind.SLOW else None)
             assert workload is not None
             chaos = messages.ChaosFired(
                 kind=fault.kind.value,
@@ -116,13 +96,13 @@ class Chaos:
                 # corrupt and slow stop nothing by themselves: no restart's detection is theirs
                 disruptive=fault.kind.disruptive,
             )
-            if fault.kind is FaultKind.KILL:
+            if fault.kind is ChaosKind.KILL:
                 workload.signal(signal.SIGKILL)
-            elif fault.kind is FaultKind.HANG:
+            elif fault.kind is ChaosKind.HANG:
                 workload.signal(signal.SIGSTOP)
-            elif fault.kind is FaultKind.SLOW:
+            elif fault.kind is ChaosKind.SLOW:
                 self.slow = fault.factor  # the SDK applies it (protocol.ENV_CHAOS_SLOW)
-            elif fault.kind is FaultKind.CORRUPT:
+            elif fault.kind is ChaosKind.CORRUPT:
                 corrupted = self._tiers.corrupt_newest()
                 detail = (
                     f"flipped bytes in local step {corrupted}, noticed at the next restore"
@@ -130,19 +110,22 @@ class Chaos:
                     else "no committed local step to corrupt yet"
                 )
                 chaos = chaos.model_copy(update={"detail": detail})
-            elif fault.kind is FaultKind.LOSE:
-                self._spawn(self._lose_machine(chaos))
+            elif fault.kind is ChaosKind.LOSE:
+                self._context.spawn(self._lose_machine(chaos))
                 continue
-            elif fault.kind is FaultKind.CRASH_SUPERVISOR:
-                self._spawn(self._crash_supervisor(chaos))
+            elif fault.kind is ChaosKind.CRASH_SUPERVISOR:
+                self._context.spawn(self._crash_supervisor(chaos))
                 continue
-            self._log(_record(chaos))
-            self._spawn(self._report(chaos))
+            self._context.log(_record(chaos))
+            self._context.spawn(self._tell(chaos))
+
+    async def _tell(self, chaos: messages.ChaosFired) -> None:
+        await self._context.report(chaos)
 
     async def _said(self, chaos: messages.ChaosFired) -> None:
         """The fault logged and reported before this supervisor goes."""
-        self._log(_record(chaos))
-        await self._report(chaos)
+        self._context.log(_record(chaos))
+        await self._context.report(chaos)
         if self._leading():
             # A simulation's courtesy: the leader in this very process journals the fault on the
             # members before it goes, so that the job's memory has it whoever leads next (the
@@ -153,9 +136,11 @@ class Chaos:
         """Chaos `crash-supervisor`: this process dies at once; its workload dies with it (they are
         bound to it, supervisor.workload_process), its disk stays."""
         await self._said(chaos)
-        self._accountant().interrupt(time.time())
+        self._context.accountant.interrupt(time.time())
         self._write_report("crashed")  # a simulation's courtesy: the time it accounted still counts
-        print(f"[{self._machine}] supervisor crashed (chaos {chaos.fault})", file=sys.stderr, flush=True)
+        print(
+            f"[{self._context.machine}] supervisor crashed (chaos {chaos.fault})", file=sys.stderr, flush=True
+        )
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("unreachable: SIGKILL cannot be caught")
 
@@ -164,9 +149,9 @@ class Chaos:
         await self._said(chaos)
         self._kill_workload()
         self._tiers.wipe()
-        self._accountant().interrupt(time.time())
+        self._context.accountant.interrupt(time.time())
         self._write_report("lost")  # a simulation's courtesy: the time this host trained still counts
-        print(f"[{self._machine}] lost (chaos {chaos.fault})", file=sys.stderr, flush=True)
+        print(f"[{self._context.machine}] lost (chaos {chaos.fault})", file=sys.stderr, flush=True)
         os._exit(LOST_EXIT_CODE)
 
 

@@ -21,6 +21,7 @@ from slicekeeper.supervisor.reporting import Report
 from slicekeeper.supervisor.workload_process import ExitStatus, WorkloadProcess
 
 from slicekeeper.goodput import Category, GoodputAccountant
+from slicekeeper.policy.events import FaultKind
 
 SDK_DRAIN_SECONDS = 1.0
 """After an exit, how long to wait for the workload's remaining SDK lines (EOF comes at once)."""
@@ -40,7 +41,7 @@ def crash_message(status: ExitStatus, generation: int, workload: WorkloadProcess
     detail = status.describe() if not status.succeeded else "exit code 0 before training finished"
     return messages.Fault(
         generation=generation,
-        kind="crash",
+        kind=FaultKind.CRASH,
         exit_code=status.returncode if status.returncode >= 0 else None,
         signal=status.signal_name,
         detail=f"workload {detail} (log: {workload.log_path})",
@@ -54,7 +55,7 @@ class ExitWatch:
         self,
         *,
         report: Report,
-        accountant: Callable[[], GoodputAccountant],
+        accountant: GoodputAccountant,
         drain: Callable[[], Awaitable[None]],
         sdk_read: Callable[[int], asyncio.Event],
         done: Callable[[], dict[str, Any] | None],
@@ -80,9 +81,9 @@ class ExitWatch:
             return
         done = self._done()
         if status.succeeded and done is not None:
-            self._accountant().switch(Category.CHECKPOINT_SAVE, time.time())
+            self._accountant.switch(Category.CHECKPOINT_SAVE, time.time())
             await self._drain()
-            self._accountant().switch(Category.OTHER, time.time())
+            self._accountant.switch(Category.OTHER, time.time())
             await self._report(finished_message(generation, done))
             return
         await self._report(crash_message(status, generation, workload))
@@ -124,7 +125,7 @@ class HangWatch:
                 await self._report(
                     messages.Fault(
                         generation=generation,
-                        kind="hang",
+                        kind=FaultKind.HANG,
                         silent_seconds=round(silent, 3),
                         detail=f"no progress for {silent:.1f} s (limit {self._detector.limit():.1f} s)",
                     )

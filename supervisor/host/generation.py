@@ -11,21 +11,20 @@ scale-up starts it again. A workload's word counts only while its generation is 
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.restore_plan import RestoreSource, describe
 from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
 from slicekeeper.supervisor.hang import HangDetector
+from slicekeeper.supervisor.host.context import HostContext
 from slicekeeper.supervisor.host.detectors import ExitWatch, HangWatch
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
-from slicekeeper.supervisor.host.workload import Spawn, Workloads
-from slicekeeper.supervisor.metrics import SupervisorMetrics
-from slicekeeper.supervisor.reporting import Log, Report
+from slicekeeper.supervisor.host.workload import Workloads
 
-from slicekeeper.goodput import Category, GoodputAccountant
+from slicekeeper.goodput import Category
+from slicekeeper.policy.events import FaultKind
 
 
 class Generation:
@@ -34,34 +33,18 @@ class Generation:
 
     def __init__(
         self,
+        context: HostContext,
         *,
         workloads: Workloads,
         tiers: CheckpointTiers,
         sdk: SdkEvents,
         detector: HangDetector,
-        accountant: Callable[[], GoodputAccountant],
-        metrics: SupervisorMetrics,
-        report: Report,
-        log: Log,
-        say: Callable[[str], None],
-        host: Callable[[], int],
-        spawn: Spawn,
-        finished: asyncio.Event,
     ) -> None:
-        """`detector`: judges the workload's silence (supervisor.hang); `accountant`: the current one
-        (a spare taking over a host starts a fresh account); `say`: a line on stderr naming this host;
-        `host`: this host's index; `finished`: set when this supervisor ends."""
+        """`detector`: judges the workload's silence (supervisor.hang)."""
+        self._context = context
         self._workloads = workloads
         self._tiers = tiers
         self._sdk = sdk
-        self._accountant = accountant
-        self._metrics = metrics
-        self._report = report
-        self._log = log
-        self._say = say
-        self._host = host
-        self._spawn = spawn
-        self._finished = finished
         self.number = -1
         self._acked: int | None = None
         """The generation whose stop this host acknowledged last."""
@@ -75,18 +58,18 @@ class Generation:
         self.faults: dict[str, int] = {}
         """Faults the leader attributed to this host, by kind (`slicekeeper_host_faults_total`)."""
         self.exits = ExitWatch(
-            report=report,
-            accountant=accountant,
+            report=context.report,
+            accountant=context.accountant,
             drain=tiers.drain,  # the final checkpoint reaches the peer and persistent tiers
             sdk_read=sdk.eof,
             done=lambda: sdk.done,
             current=self.is_current,
         )
-        self.hangs = HangWatch(detector, metrics, report=report, watched=self.watched)
+        self.hangs = HangWatch(detector, context.metrics, report=context.report, watched=self.watched)
 
     def is_current(self, generation: int) -> bool:
         """Whether `generation` runs, not being stopped, and the supervisor is not ending."""
-        return not (self.stopping or generation != self.number or self._finished.is_set())
+        return not (self.stopping or generation != self.number or self._context.finished.is_set())
 
     def watched(self) -> int | None:
         """The generation whose workload runs and is not being stopped (None: nothing to watch)."""
@@ -110,14 +93,14 @@ class Generation:
         now = time.time()
         self._sdk.drop_checkpoints_after(restore_step)  # before the generation moves
         self.number = generation
-        self._metrics.generation.set(generation)
+        self._context.metrics.generation.set(generation)
         self.stopping = False
         self.hangs.rearm()
-        self._accountant().switch(
+        self._context.accountant.switch(
             Category.PROGRAM_STARTUP if generation == 0 else Category.INFRASTRUCTURE_RECOVERY, now
         )
         self._sdk.begin(generation, restore_step, now)
-        self._log(
+        self._context.log(
             {"source": "leader", "type": "start", "generation": generation, "restore_step": restore_step}
         )
         self._tiers.discard_after(restore_step)
@@ -127,27 +110,30 @@ class Generation:
             workload = await self._workloads.launch(generation, coordinator, restore_step)
         except OSError as error:
             detail = f"cannot start the workload {self._workloads.argv[0]!r}: {error.strerror or error}"
-            await self._report(messages.Fault(generation=generation, kind="crash", detail=detail))
+            await self._context.report(
+                messages.Fault(generation=generation, kind=FaultKind.CRASH, detail=detail)
+            )
             return
-        self._accountant().switch(Category.PROGRAM_STARTUP, time.time())
-        await self._report(messages.StateReport(state="starting"))
-        self._spawn(self.exits.watch(workload, generation))
+        self._context.accountant.switch(Category.PROGRAM_STARTUP, time.time())
+        await self._context.report(messages.StateReport(state="starting"))
+        self._context.spawn(self.exits.watch(workload, generation))
 
     async def _stage(self, generation: int, step: int, sources: Sequence[RestoreSource]) -> bool:
         """This host's shard of the restore step into the local tier, from the first of `sources` that
         holds a valid copy; False: none did (a fault said so)."""
-        self._accountant().switch(Category.CHECKPOINT_RESTORE, time.time())
+        self._context.accountant.switch(Category.CHECKPOINT_RESTORE, time.time())
         staged = await self._tiers.stage(step, sources)
         if staged is None:
             tried = ", ".join(describe(source) for source in sources)
-            detail = (
-                f"no valid copy of host {self._host()}'s shard of step {step} (tried: {tried or 'nothing'})"
+            host = self._context.host
+            detail = f"no valid copy of host {host}'s shard of step {step} (tried: {tried or 'nothing'})"
+            await self._context.report(messages.CheckpointInvalid(step=step, tier="any", reason=detail))
+            await self._context.report(
+                messages.Fault(generation=generation, kind=FaultKind.RESTORE_FAILED, detail=detail)
             )
-            await self._report(messages.CheckpointInvalid(step=step, tier="any", reason=detail))
-            await self._report(messages.Fault(generation=generation, kind="restore_failed", detail=detail))
             return False
         self._sdk.check_restored_steps()
-        await self._report(
+        await self._context.report(
             messages.Restored(
                 step=step,
                 tier=staged.tier.value,
@@ -162,36 +148,38 @@ class Generation:
         """The leader's `stop` of a generation at a fault; `blamed`: the fault is this host's."""
         generation, kind = message.generation, message.kind
         if generation == self._acked:  # asked again, by a leader taking over: the same answer
-            await self._report(self._tiers.stopped(generation))
+            await self._context.report(self._tiers.stopped(generation))
             return
         if blamed:
             self.faults[kind] = self.faults.get(kind, 0) + 1
-            self._metrics.faults.labels(kind=kind).inc()
+            self._context.metrics.faults.labels(kind=kind).inc()
         if generation < self.number:
             return
         self.number = generation  # newer: its start never came (the leader was lost in between)
         self.stopping = True
+        self._sdk.stopped(generation)
         self._tiers.pause()
-        self._log({"source": "leader", "type": "stop", "generation": generation, "kind": kind})
+        self._context.log({"source": "leader", "type": "stop", "generation": generation, "kind": kind})
         await self._workloads.stop()  # the whole group, even when the main process is already gone
-        self._accountant().interrupt(time.time())
+        self._context.accountant.interrupt(time.time())
         self.restarts[kind] = self.restarts.get(kind, 0) + 1
-        self._metrics.restarts.labels(kind=kind).inc()
+        self._context.metrics.restarts.labels(kind=kind).inc()
         self._acked = generation
-        await self._report(self._tiers.stopped(generation))
+        await self._context.report(self._tiers.stopped(generation))
 
     def park(self, message: messages.Park) -> None:
         """This host's slice was dropped (scale-down): idle, its steps past the restore point dropped."""
         generation, restore_step = message.generation, message.restore_step
         self.number = generation  # an older workload's late words no longer count
-        self._metrics.generation.set(generation)
+        self._context.metrics.generation.set(generation)
         self.stopping = True
+        self._sdk.stopped(generation)
         self.parked = True
         self._workloads.drop_standby()
         self._tiers.start_generation(generation, {}, [])
         self._tiers.discard_after(restore_step)
-        self._accountant().switch(Category.SCALED_DOWN, time.time())
-        self._log(
+        self._context.accountant.switch(Category.SCALED_DOWN, time.time())
+        self._context.log(
             {"source": "leader", "type": "park", "generation": generation, "restore_step": restore_step}
         )
-        self._say("parked: slice dropped by a scale-down")
+        self._context.say("parked: slice dropped by a scale-down")

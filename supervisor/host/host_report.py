@@ -38,7 +38,6 @@ def host_report(
     machine: str,
     end: str | None,
     retired: bool,
-    host: int,
     identity: HostId,
     accountant: GoodputAccountant,
     generation: Generation,
@@ -49,20 +48,15 @@ def host_report(
     exit_code: int | None,
     now: float,
 ) -> dict[str, Any]:
-    """This supervisor's account; `end`: "lost" (its machine gone), "crashed" (this process), or None."""
-    seconds = accountant.seconds(now)
+    """The account of a supervisor that served host `identity`; `end`: "lost" (its machine gone),
+    "crashed" (this process), or None."""
     return {
-        "machine": machine,
-        "lost": end == "lost",
-        "crashed": end == "crashed",
+        **_machine_account(machine, end),
         "retired": retired,
-        "host": host if host >= 0 else None,
+        "host": identity.index,
         "slice": identity.slice,
         "worker": identity.worker,
-        "wall_seconds": now - accountant.start,
-        "seconds": {c.value: v for c, v in seconds.items()},
-        "high_water": accountant.high_water,
-        "productive_step_seconds": accountant.productive_step_seconds,
+        **_time_account(accountant, now),
         "restarts": generation.restarts,
         "faults": generation.faults,
         "journal_seq": journal.seq if journal else None,
@@ -70,8 +64,55 @@ def host_report(
         "last_checkpoint_step": sdk.last_checkpoint,
         "typical_step_seconds": detector.typical_step_seconds,
         "exit_code": exit_code,
-        "persistent_reads": asdict(tiers.persistent.reads) if tiers.persistent else None,
+        "persistent_reads": _persistent_reads(tiers),
     }
+
+
+def spare_report(
+    *,
+    machine: str,
+    end: str | None,
+    accountant: GoodputAccountant,
+    tiers: CheckpointTiers,
+    exit_code: int | None,
+    now: float,
+) -> dict[str, Any]:
+    """The account of a spare that was never assigned a host: its time, no host's (the run's report
+    adds up hosts only, slicekeeper.report)."""
+    return {
+        **_machine_account(machine, end),
+        "retired": False,
+        "host": None,
+        "slice": None,
+        "worker": None,
+        **_time_account(accountant, now),
+        "restarts": {},
+        "faults": {},
+        "journal_seq": None,
+        "fingerprint": None,
+        "last_checkpoint_step": None,
+        "typical_step_seconds": None,
+        "exit_code": exit_code,
+        "persistent_reads": _persistent_reads(tiers),
+    }
+
+
+def _machine_account(machine: str, end: str | None) -> dict[str, Any]:
+    return {"machine": machine, "lost": end == "lost", "crashed": end == "crashed"}
+
+
+def _time_account(accountant: GoodputAccountant, now: float) -> dict[str, Any]:
+    seconds = accountant.seconds(now)
+    return {
+        "wall_seconds": now - accountant.start,
+        "seconds": {c.value: v for c, v in seconds.items()},
+        "high_water": accountant.high_water,
+        "productive_step_seconds": accountant.productive_step_seconds,
+    }
+
+
+def _persistent_reads(tiers: CheckpointTiers) -> dict[str, Any] | None:
+    return asdict(tiers.persistent.reads) if tiers.persistent else None
 
 
 def write_host_report(machine_dir: Path, report: dict[str, Any]) -> None:

@@ -8,6 +8,12 @@ the lease unrenewed for its duration, or released, takes it: the new leader serv
 supervisor's leader address and takes over from the old one (supervisor.leader.Leader.take_over). A
 leader that cannot renew in time stands down and closes its server, so its members go looking for
 the new one.
+
+`Leadership` decides when this supervisor leads; `LeaderDuties` says with what. The leader of a
+term is built from the job's plan (restart limits, policy engine, persistent tier, the site's
+coordinator addresses and replacement timeout) so that every candidate builds the same one; while it
+leads, the job's status is published to watchers and, in a pod, on the pod itself (with this host's
+goodput), where the operator reads it.
 """
 
 from __future__ import annotations
@@ -17,16 +23,27 @@ import contextlib
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
+from slicekeeper.supervisor.host.site import PodAnnotations, Site
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import Election, Holder, Lease
+from slicekeeper.supervisor.plan import JobPlan
 from slicekeeper.supervisor.tls import JobTls
+
+from slicekeeper.leader_view import LeaderView
+from slicekeeper.policy.engine import PolicyEngine
 
 WATCH_SECONDS = 0.2
 """How often a spare (which only watches) reads the lease, and a candidate before the lease exists
 or while its member looks for a new leader (`looking`)."""
+
+LAST_BROADCAST_SECONDS = 0.2
+"""At the job's end, how long the leader lets its last broadcast reach members and watchers."""
 
 NewLeader = Callable[[int, Callable[[], bool]], Leader]
 """Makes this supervisor's leader for a term, given the check that it still holds the lease."""
@@ -207,3 +224,72 @@ class Leadership:
         leader.stand_down("lost the job's lease")
         self.deposed()
         await leader.close()
+
+
+class LeaderDuties:
+    def __init__(
+        self,
+        plan: JobPlan,
+        site: Site,
+        *,
+        persistent: PersistentTier | None,
+        pod: PodAnnotations | None,
+        goodput: Callable[[], float],
+        spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
+    ) -> None:
+        self._plan = plan
+        self._site = site
+        self._persistent = persistent
+        self._pod = pod
+        self._goodput = goodput
+        """This host's goodput so far, published with the job's status."""
+        self._spawn = spawn
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def new_leader(self, term: int, leading: Callable[[], bool]) -> Leader:
+        """The job's leader for `term`, run by this supervisor while it holds the lease."""
+        plan = self._plan
+        spec = plan.training_job.spec
+        return Leader(
+            plan.shape,
+            spec.health.max_restarts,
+            lambda generation, rank0: self._site.coordinator_address(plan.layout, rank0),
+            Path(plan.run_dir) / "job-summary.json",
+            spec.health.max_restarts_without_progress,
+            persistent=self._persistent,
+            persistent_keep=spec.checkpoint.persistent.max_to_keep if spec.checkpoint.persistent else 2,
+            min_slices=spec.min_slices,
+            engine=PolicyEngine.from_spec(spec.policy),
+            events_path=Path(plan.run_dir) / "policy-events.jsonl",
+            replacements=self._site.replacements,
+            log_events=self._site.log_events,
+            term=term,
+            leading=leading,
+        )
+
+    def begin(self, leader: Leader) -> None:
+        """This supervisor leads now: it publishes the job's status (to watchers, on its pod)."""
+        self.end()
+        self._tasks = [self._spawn(leader.publish_status())]
+        if self._pod is not None:
+            published = self._pod.keep_status_published(lambda: dict(self.status(leader)), leader.leading)
+            self._tasks.append(self._spawn(published))
+
+    def end(self) -> None:
+        """It leads no more: its publishing stops."""
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
+
+    async def publish_last(self, leader: Leader, sure: Callable[[], Awaitable[bool]]) -> None:
+        """The job ended under this leader: its final status reaches members, watchers and, once
+        `sure` confirms it still leads, the pod."""
+        await asyncio.sleep(LAST_BROADCAST_SECONDS)
+        if self._pod is not None and await sure():
+            await self._pod.publish_status(dict(self.status(leader)))
+
+    def status(self, leader: Leader) -> LeaderView:
+        """The job's status as the operator reads it from the leader's pod."""
+        view = leader.cluster_status()
+        view["goodput"] = round(self._goodput(), 4)
+        return view

@@ -53,7 +53,7 @@ class Membership:
         """Set when no leader could be reached, or reading the leader failed."""
 
     async def report(self, message: messages.MemberReport) -> None:
-        """A report to the leader, stamped with this host."""
+        """A report to the leader (the supervisor stamped it with the host it serves)."""
         if isinstance(message, messages.Finished):
             self.finished_report = message
         if self.writer is not None and not self.writer.is_closing():  # between leaders: said again later
@@ -66,10 +66,11 @@ class Membership:
         register: Callable[[bool], messages.Register | messages.RegisterSpare],
         *,
         obey: Obey,
-        assigned: Callable[[messages.Assign], None],
+        assigned: Callable[[messages.Assign], Awaitable[None]],
     ) -> None:
         """Join and follow leaders until this host's part ends. `register(rejoining)`: the message
-        that joins a leader; a spare's (`RegisterSpare`) waits for `assign`."""
+        that joins a leader; a spare's (`RegisterSpare`) waits for `assign`, and `assigned` makes it
+        the host assigned before the leader's next command is read."""
         term, joined = 0, False
         while not self._finished.is_set():
             found = await self._reach(term)
@@ -127,14 +128,14 @@ class Membership:
         return message
 
     async def _await_assignment(
-        self, reader: asyncio.StreamReader, assigned: Callable[[messages.Assign], None]
+        self, reader: asyncio.StreamReader, assigned: Callable[[messages.Assign], Awaitable[None]]
     ) -> bool | None:
         """As a spare: True once assigned a host; False: the job ended without needing it; None: the
         leader was lost (the spare offers itself to the next one)."""
         while line := await _read_line(reader):
             match self._current(line):
                 case messages.Assign() as assign:
-                    assigned(assign)
+                    await assigned(assign)
                     return True
                 case messages.Shutdown() | messages.Failed():
                     self.exit_code = 0  # the job ended without needing this spare

@@ -26,12 +26,12 @@ from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.restore_plan import Tier
 from slicekeeper.supervisor.culprit import ActivityTracker
 from slicekeeper.supervisor.hang import HangDetector
+from slicekeeper.supervisor.host.context import HostContext
 from slicekeeper.supervisor.host.workload import Standby
-from slicekeeper.supervisor.metrics import SupervisorMetrics
-from slicekeeper.supervisor.reporting import Log, Report
 
 from slicekeeper import protocol
-from slicekeeper.goodput import PHASE_CATEGORY, GoodputAccountant
+from slicekeeper.goodput import PHASE_CATEGORY
+from slicekeeper.policy.events import FaultKind
 from slicekeeper.protocol import Event, Phase
 
 SANITY_STEPS = 3
@@ -98,42 +98,30 @@ class SdkEvents:
 
     def __init__(
         self,
+        context: HostContext,
         *,
         detector: HangDetector,
         activity: ActivityTracker,
-        accountant: Callable[[], GoodputAccountant],
-        metrics: SupervisorMetrics,
         checkpoint_saved: Callable[[int], None],
-        report: Report,
-        log: Log,
-        say: Callable[[str], None],
-        generation: Callable[[], int],
-        stopping: Callable[[], bool],
         standby: Callable[[], Standby | None],
         step_begun: Callable[[int], None],
         productive_again: Callable[[], object],
     ) -> None:
-        """`accountant`: the current one (a spare taking over a host starts a fresh account);
-        `checkpoint_saved`: the tiers' hook for a committed local step; `say`: a line on stderr
-        naming this host; `generation` and `stopping`: whether a workload's word still counts;
-        `standby`: the pre-started process, if any; `step_begun`: the chaos faults' trigger;
-        `productive_again`: the moment to pre-start the next standby, the end of the generation's first
-        step beyond what this host had done before it started: a standby's imports (seconds of CPU)
-        started earlier slowed the first step and the steps executed again, the recovery itself
-        (0.2-0.5 s per 0.09 s step after each restart of the example job on 2 cores)."""
+        """`checkpoint_saved`: the tiers' hook for a committed local step; `standby`: the pre-started
+        process, if any; `step_begun`: the chaos faults' trigger; `productive_again`: the moment to
+        pre-start the next standby, the end of the generation's first step beyond what this host had
+        done before it started: a standby's imports (seconds of CPU) started earlier slowed the first
+        step and the steps executed again, the recovery itself."""
+        self._context = context
         self._detector = detector
         self._activity = activity
-        self._accountant = accountant
-        self._metrics = metrics
         self._checkpoint_saved = checkpoint_saved
-        self._report = report
-        self._log = log
-        self._say = say
-        self._generation = generation
-        self._stopping = stopping
         self._standby = standby
         self._step_begun = step_begun
         self._productive_again = productive_again
+        self._generation = -1
+        """The generation whose workload's word counts (`begin`), unless `_stopping` (`stopped`)."""
+        self._stopping = False
         self.done: dict[str, Any] | None = None
         """The current generation's `done` event: it finished training (its exit says the rest)."""
         self.fingerprint: str | None = None
@@ -170,18 +158,24 @@ class SdkEvents:
         moves, so that no scrape of the new generation sees a dropped step."""
         if self.last_checkpoint is not None and (restore_step is None or self.last_checkpoint > restore_step):
             self.last_checkpoint = restore_step
-            self._metrics.last_checkpoint_step.set(restore_step or 0)
+            self._context.metrics.last_checkpoint_step.set(restore_step or 0)
 
     def begin(self, generation: int, restore_step: int | None, now: float) -> None:
-        """A generation starts: a new process (the startup allowance applies again), nothing done yet,
-        its first step to come, no sanity check (yet)."""
+        """A generation starts: its workload's word counts; a new process (the startup allowance
+        applies again), nothing done yet, its first step to come, no sanity check (yet)."""
+        self._generation, self._stopping = generation, False
         self._detector.restart(now)
         self._activity.restart(now, restore_step)
         self.done = None
         self._first_step_pending = True
-        self._standby_after = self._accountant().high_water
+        self._standby_after = self._context.accountant.high_water
         self._eof[generation] = asyncio.Event()
         self._restored_step, self._sanity_left = restore_step, 0
+
+    def stopped(self, generation: int) -> None:
+        """Generation `generation` is being stopped (or this host parked): no workload's word counts
+        until the next `begin`."""
+        self._generation, self._stopping = generation, True
 
     def check_restored_steps(self) -> None:
         """The restore step was staged: the next steps' losses must be finite."""
@@ -192,7 +186,7 @@ class SdkEvents:
         return self._eof[generation]
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        generation = self._generation()
+        generation = self._generation
         try:
             line = await reader.readline()
             standby = self._standby()
@@ -209,12 +203,12 @@ class SdkEvents:
                 generation = standby.generation  # it speaks for the generation it was promoted to
                 line = await reader.readline()
             while line:
-                if generation != self._generation() or self._stopping():
+                if generation != self._generation or self._stopping:
                     break  # a process of an older generation: its word no longer counts
                 try:
                     await self._on_event(protocol.decode(line))
                 except (ValueError, KeyError, TypeError) as error:
-                    self._say(f"ignored a malformed SDK message {line[:200]!r}: {error!r}")
+                    self._context.say(f"ignored a malformed SDK message {line[:200]!r}: {error!r}")
                 line = await reader.readline()
         except ConnectionError:
             pass
@@ -223,7 +217,7 @@ class SdkEvents:
             # Python 3.11's stream server logs a handler task that ends cancelled as an error.
             pass
         except ValueError as error:  # a line over SDK_LINE_LIMIT (an event's own error is caught above)
-            self._say(f"dropped the SDK connection, a line over its limit: {error}")
+            self._context.say(f"dropped the SDK connection, a line over its limit: {error}")
         finally:
             writer.close()
             if generation in self._eof:
@@ -231,19 +225,19 @@ class SdkEvents:
 
     async def _on_event(self, message: dict[str, Any]) -> None:
         now = time.time()
-        generation = self._generation()
-        self._log({"source": "workload", "generation": generation, **message})
+        generation = self._generation
+        self._context.log({"source": "workload", "generation": generation, **message})
         event = _event(message)
         if event is Event.PHASE:
             phase = Phase(message["phase"])
             self._detector.activity(now, phase)
             self._activity.phase(now, phase.value)
-            self._accountant().switch(PHASE_CATEGORY[phase], now)
+            self._context.accountant.switch(PHASE_CATEGORY[phase], now)
         elif event is Event.STEP_BEGIN:
             step = int(message["step"])
             self._detector.activity(now, Phase.IDLE)
             self._activity.step_begun(now, step)
-            self._accountant().begin_step(step, now, first_of_start=self._first_step_pending)
+            self._context.accountant.begin_step(step, now, first_of_start=self._first_step_pending)
             self._step_begun(step)
         elif event is Event.WORK_DONE:
             # Not activity for the hang timer: silence is counted from the step's begin on every host,
@@ -255,15 +249,15 @@ class SdkEvents:
         elif event is Event.CHECKPOINT_SAVED:
             self._detector.activity(now)
             self.last_checkpoint = int(message["step"])
-            self._metrics.last_checkpoint_step.set(self.last_checkpoint)
+            self._context.metrics.last_checkpoint_step.set(self.last_checkpoint)
             self._checkpoint_saved(self.last_checkpoint)
-            await self._report(messages.Committed(step=self.last_checkpoint))
+            await self._context.report(messages.Committed(step=self.last_checkpoint))
         elif event is Event.CHECKPOINT_FAILED:
             await self._checkpoint_failed(now, message)
         elif event is Event.CHECKPOINT_RESTORED:
             self._detector.activity(now)
             # What the workload says it loaded, next to what this supervisor staged for it.
-            await self._report(messages.Loaded(generation=generation, step=int(message["step"])))
+            await self._context.report(messages.Loaded(generation=generation, step=int(message["step"])))
         elif event is Event.DONE:
             self._detector.activity(now, Phase.TEARDOWN)  # it must still exit, within the phase allowance
             self.done = message
@@ -276,21 +270,21 @@ class SdkEvents:
     async def _step_ended(self, now: float, step: int, message: dict[str, Any]) -> bool:
         """A step ended; False when its loss condemned the restored step (nothing more to do)."""
         self._activity.step_ended(now, step)
-        duration = self._accountant().end_step(step, now)
+        duration = self._context.accountant.end_step(step, now)
         self._detector.step_completed(now, duration)
         self._first_step_pending = False
         if self._standby_after is not None and step > self._standby_after:
             self._standby_after = None
             self._productive_again()
         if duration is not None:
-            self._metrics.step_duration.observe(duration)
+            self._context.metrics.step_duration.observe(duration)
         if self._sanity_left > 0 and await self._restored_state_is_bad(step, message.get("loss")):
             return False
-        self._metrics.steps.inc()
-        self._metrics.step.set(step)
-        await self._report(
+        self._context.metrics.steps.inc()
+        self._context.metrics.step.set(step)
+        await self._context.report(
             messages.Progress(
-                generation=self._generation(), step=step, loss=message.get("loss"), work=message.get("work")
+                generation=self._generation, step=step, loss=message.get("loss"), work=message.get("work")
             )
         )
         return True
@@ -302,8 +296,10 @@ class SdkEvents:
             # The metric's labels are the tiers: a tier a workload makes up adds none (counted as local,
             # as the report below says).
             tier = message.get("tier")
-            self._metrics.checkpoint_failures.labels(tier=tier if tier in set(Tier) else Tier.LOCAL).inc()
-        await self._report(
+            self._context.metrics.checkpoint_failures.labels(
+                tier=tier if tier in set(Tier) else Tier.LOCAL
+            ).inc()
+        await self._context.report(
             messages.CheckpointInvalid(
                 step=int(message["step"]),
                 tier="local",
@@ -311,7 +307,7 @@ class SdkEvents:
                 detail=message.get("reason", ""),
             )
         )
-        self._say(f"checkpoint of step {message['step']} failed: {message.get('reason')}")
+        self._context.say(f"checkpoint of step {message['step']} failed: {message.get('reason')}")
 
     async def _restored_state_is_bad(self, step: int, loss: Any) -> bool:
         """The first steps after a restore must give a finite loss, or the restored step is bad."""
@@ -320,10 +316,10 @@ class SdkEvents:
             return False
         self._sanity_left = 0
         detail = f"loss {loss} at step {step}, right after restoring step {self._restored_step}"
-        await self._report(
+        await self._context.report(
             messages.Fault(
-                generation=self._generation(),
-                kind="nonfinite_loss",
+                generation=self._generation,
+                kind=FaultKind.NONFINITE_LOSS,
                 detail=detail,
                 invalid_step=self._restored_step,
             )

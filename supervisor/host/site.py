@@ -75,16 +75,17 @@ class Site(ABC):
         self.leader_host, self.leader_port = plan.leader.rsplit(":", 1)
 
     @abstractmethod
-    def metrics_port(self, host: int, machine: str) -> int:
-        """The port of this machine's metrics (0: a free one)."""
+    def metrics_port(self, host: int | None, machine: str) -> int:
+        """The port of this machine's metrics (0: a free one); `host` None: a spare's."""
 
     @abstractmethod
     def bind_address(self) -> str:
         """Where this supervisor's servers listen."""
 
-    def advertised_address(self, layout: JobLayout, identity: HostId, bind: str) -> str:
-        """The host peers reach this supervisor's servers at."""
-        if bind != "0.0.0.0":
+    def advertised_address(self, layout: JobLayout, identity: HostId | None, bind: str) -> str:
+        """The host peers reach this supervisor's servers at (`identity` None: a spare's, which has no
+        host name of the job's)."""
+        if bind != "0.0.0.0" or identity is None:
             return bind
         return f"{layout.hostname(identity)}.{layout.job_name}"
 
@@ -93,7 +94,7 @@ class Site(ABC):
         """Where the workloads of a generation whose rank 0 is host `rank0` find JAX's coordinator."""
 
     @abstractmethod
-    def leader_address(self, host: int, advertised: str) -> tuple[str, socket.socket | None]:
+    def leader_address(self, host: int | None, advertised: str) -> tuple[str, socket.socket | None]:
         """Where this supervisor's leader server listens if it is elected, and the socket bound to
         it now when the port is taken at start-up (None: the port is the pod's own)."""
 
@@ -181,12 +182,14 @@ class LocalSite(Site):
     local = True
     log_events = False
 
-    def metrics_port(self, host: int, machine: str) -> int:
+    def metrics_port(self, host: int | None, machine: str) -> int:
         """Local machines share one address: host i on port + i, spare j after the hosts, on port +
         hosts + j (a spare keeps its port when it takes over a host)."""
         port = self.plan.metrics_port
         if port:
-            port += host if host >= 0 else self.plan.shape.host_count + spare_index(machine)
+            if host is None or host < 0:  # a spare (a lease's holder says -1)
+                host = self.plan.shape.host_count + spare_index(machine)
+            port += host
         return port
 
     def bind_address(self) -> str:
@@ -218,7 +221,7 @@ class LocalSite(Site):
     def coordinator_address(self, layout: JobLayout, rank0: int) -> str:
         return f"127.0.0.1:{free_port()}"
 
-    def leader_address(self, host: int, advertised: str) -> tuple[str, socket.socket | None]:
+    def leader_address(self, host: int | None, advertised: str) -> tuple[str, socket.socket | None]:
         """A port bound now, so that no other process of the machine takes it before an election:
         the plan's leader port for the first leader (host 0) if it is still free, any port otherwise
         (members find the leader's address in the lease)."""
@@ -308,7 +311,7 @@ class PodSite(Site):
     local = False
     log_events = True
 
-    def metrics_port(self, host: int, machine: str) -> int:
+    def metrics_port(self, host: int | None, machine: str) -> int:
         return self.plan.metrics_port  # every pod has its own address
 
     def announce_metrics(self, machine: str, address: str, port: int) -> None:
@@ -322,7 +325,7 @@ class PodSite(Site):
         """JAX's coordinator runs in rank 0's workload; peers reach it through the headless Service."""
         return f"{layout.hostname(layout.host(rank0))}.{layout.job_name}:{COORDINATOR_PORT}"
 
-    def leader_address(self, host: int, advertised: str) -> tuple[str, socket.socket | None]:
+    def leader_address(self, host: int | None, advertised: str) -> tuple[str, socket.socket | None]:
         return f"{advertised}:{self.leader_port}", None
 
     def election(self, own: Holder) -> Election:

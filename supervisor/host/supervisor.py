@@ -1,21 +1,20 @@
-"""A host's life: join the leader, follow its commands, and write down what this host did.
+"""One machine's supervisor: join the job's leader, follow its commands, serve a host.
 
-`HostSupervisor` builds the parts of a host and owns what they share: the host's identity (a spare
-takes one over), the world it trains in, the goodput accountant and the event log. Each part gets
-only the objects and callables it needs: the workload process (host.workload), the SDK's events
-(host.sdk_events), the restart generation with its exit and hang watches (host.generation,
-host.detectors), the chaos faults (host.chaos), the local or pod specifics (host.site), its part
-in the election (host.leadership) and what it does while it leads (host.leader_duties), its
-connection to whoever leads (host.membership), what its machine remembers across supervisor restarts
-(host.machine_record). Here the leader's commands are carried out (`_obey`: messages.Start, Stop,
-Park, Retire, Shutdown, Failed, Journal, ActivityRequest; Assign for a spare); the host's end is its
-account (host.host_report).
+`HostSupervisor` owns what belongs to the machine and its process, and outlives any change of role:
+its folder and event log (supervisor.reporting.EventLog), its metrics, the job's credentials, its
+share of the checkpoint tiers (their server is the replica address a leader hands on), its part in
+the election and what it does while it leads (host.leadership), its connection to whoever leads
+(host.membership), its background tasks. What it serves is its mode: a spare waiting to be assigned
+a host (host.spare), or one host, whose parts are built once the host is known and fixed from then
+on (host.served_host, with one frozen host.context). A spare assigned a host (messages.Assign, on
+the connection it registered on) becomes that host's supervisor, keeping the machine's parts. Here
+the commands that end the supervisor's part are carried out (messages.Retire, Shutdown, Failed) and
+its account is written at its end (host.host_report).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -28,25 +27,20 @@ from typing import Any
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
 from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
-from slicekeeper.supervisor.culprit import ActivityTracker
-from slicekeeper.supervisor.hang import HangDetector
-from slicekeeper.supervisor.host.chaos import Chaos
-from slicekeeper.supervisor.host.confinement import Confinement
-from slicekeeper.supervisor.host.generation import Generation
-from slicekeeper.supervisor.host.host_report import host_report, keep_predecessors_report, write_host_report
-from slicekeeper.supervisor.host.leader_duties import LeaderDuties
-from slicekeeper.supervisor.host.leadership import Leadership
+from slicekeeper.supervisor.host.context import HostContext
+from slicekeeper.supervisor.host.host_report import keep_predecessors_report, write_host_report
+from slicekeeper.supervisor.host.leadership import LeaderDuties, Leadership
 from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.host.membership import Membership
-from slicekeeper.supervisor.host.sdk_events import SdkEvents
-from slicekeeper.supervisor.host.sdk_socket import remove_sdk_socket, sdk_socket_path
-from slicekeeper.supervisor.host.site import site_of, spare_index
-from slicekeeper.supervisor.host.workload import Workloads, send_sdk_line, workload_argv, workload_env
+from slicekeeper.supervisor.host.served_host import ServedHost
+from slicekeeper.supervisor.host.site import site_of
+from slicekeeper.supervisor.host.spare import Spare
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.job_metrics import JobCollector
 from slicekeeper.supervisor.metrics import Role, SupervisorMetrics
 from slicekeeper.supervisor.plan import JobPlan
+from slicekeeper.supervisor.reporting import EventLog
 from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper import protocol
@@ -56,6 +50,10 @@ from slicekeeper.goodput import Category, GoodputAccountant
 RETIRED_EXIT_CODE = protocol.EXIT_RETIRED
 """In a pod: retired by the leader, replace this pod (its phase becomes Failed even if the annotation
 asking for a replacement could not be written)."""
+
+SPARE_HOLDER = -1
+"""The host a spare's lease identity names (supervisor.leader.election.Holder): none. A spare only
+reads the lease until it serves a host."""
 
 
 class HostSupervisor:
@@ -68,34 +66,28 @@ class HostSupervisor:
         *,
         restart: int = 0,
     ) -> None:
-        """`host` None: a spare, which takes a host's identity when the leader assigns one
-        (`joined_by`: the chaos fault that brought it in, for the report). `restart`: how many
-        supervisors ran on this machine before this one (their process died, the machine did not):
-        this one serves the host its machine's record names (supervisor.host.machine_record)."""
-        self.plan = plan
-        self.joined_by = joined_by
+        """`host` None: a spare, which serves a host once the leader assigns one (`joined_by`: the
+        chaos fault that brought it in, for the report). `restart`: how many supervisors ran on this
+        machine before this one (their process died, the machine did not): this one serves the host
+        its machine's record names (supervisor.host.machine_record)."""
         self.machine = machine
-        self.restart = restart
-        self._dir = plan.machine_dir(machine)
-        self._dir.mkdir(parents=True, exist_ok=True)
-        (self._dir / "tmp").mkdir(exist_ok=True)  # the workload's TMPDIR locally (host.workload)
-        self.record = MachineRecord.of(self._dir)
-        host = self.record.claim(host, restarted=restart > 0)
+        self._joined_by = joined_by
+        self._restarted = restart > 0
+        self._folder = plan.machine_dir(machine)
+        self._folder.mkdir(parents=True, exist_ok=True)
+        (self._folder / "tmp").mkdir(exist_ok=True)  # the workload's TMPDIR locally (host.workload)
+        record = MachineRecord.of(self._folder)
+        host = record.claim(host, restarted=self._restarted)
         if restart:
-            keep_predecessors_report(self._dir, restart)
-        self.host = host if host is not None else -1
-        self.job = plan.training_job
-        self.layout = plan.layout
-        self.identity = self.layout.host(max(self.host, 0))
-        self.accountant = GoodputAccountant(time.time(), booked=self._booked)
-        self.detector = HangDetector(self.job.spec.health)
-        self.activity = ActivityTracker()
-        """Where the workload is, for the leader naming a hang's culprit (supervisor.culprit)."""
-        self.journal: messages.Journal | None = None
-        """The newest journal the leader sent (`{"type": "journal", "seq", "journal"}`)."""
-        self.metrics = SupervisorMetrics(lambda: self.accountant)
+            keep_predecessors_report(self._folder, restart)
+        self.site = site_of(plan)
+        """Local or pod: decided once (supervisor.host.site)."""
+        self._events = EventLog(self._folder / "events.jsonl")
+        self._mode: Spare | ServedHost
+        """What this machine serves: nothing yet (a spare), or one host."""
+        self.metrics = SupervisorMetrics(self._accountant)
         self.metrics.export_role(self._role)
-        self.metrics.export(JobCollector(lambda: self._leader))
+        self.metrics.export(JobCollector(self._leading))
         if not plan.credentials:
             raise CredentialsError("the plan names no directory of the job's credentials")
         self.tls = JobTls(
@@ -104,15 +96,15 @@ class HostSupervisor:
             say=self._say,
         )
         """The job's credentials: every connection to and from another of its supervisors."""
-        persistent = self.job.spec.checkpoint.persistent
+        persistent = plan.training_job.spec.checkpoint.persistent
         self.tiers = CheckpointTiers(
             plan.machine_disk(machine),
-            self.job.spec.checkpoint,
+            plan.training_job.spec.checkpoint,
             shape=plan.shape,
             persistent=PersistentTier(persistent.uri, plan.run_key) if persistent else None,
             metrics=self.metrics,
             report=self._report,
-            log=self._log,
+            log=self._events.log,
             tls=self.tls,
         )
         self.tiers.host = host
@@ -122,78 +114,42 @@ class HostSupervisor:
         self.membership: Membership | None = None
         self._exit_code: int | None = None
         self._finished = asyncio.Event()
-        self._world: list[int] = list(range(plan.shape.host_count))
-        self._rank = max(self.host, 0)
-        self._retired = False
-        self._socket_path = sdk_socket_path(self._dir)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._events = (self._dir / "events.jsonl").open("a", buffering=1)
-        self.site = site_of(plan)
-        """Local or pod: decided once (supervisor.host.site)."""
-        self._pod = self.site.pod(machine)
-        self.duties = LeaderDuties(
-            plan,
-            self.site,
-            persistent=self.tiers.persistent,
-            pod=self._pod,
-            goodput=lambda: self.accountant.goodput(time.time()),
-            spawn=self._spawn_task,
-        )
-        """What this supervisor does while it leads (supervisor.host.leader_duties)."""
-        self.chaos = Chaos(
-            plan.chaos,
-            host,
-            machine=machine,
-            record=self.record,
-            tiers=self.tiers,
-            accountant=lambda: self.accountant,
-            kill_workload=lambda: self.workloads.kill(),
-            write_report=lambda end: self._write_report(end),
-            log=self._log,
-            report=self._report,
-            spawn=self._spawn_task,
-            leading=lambda: self._leader is not None,
-        )
-        self.workloads = Workloads(
-            self._dir / "workload.log",
-            argv=workload_argv(self.job.spec.workload, self.site),
-            env=self._workload_env,
+        if host is None:
+            self._mode = Spare(
+                machine, self._folder, joined_by=joined_by, record=record, booked=self._events.booked
+            )
+        else:
+            accountant = GoodputAccountant(time.time(), booked=self._events.booked)
+            self._mode = self._serve(host, accountant, record=record, fired=set())
+
+    def _serve(
+        self, host: int, accountant: GoodputAccountant, *, record: MachineRecord, fired: set[str]
+    ) -> ServedHost:
+        """The parts serving `host`, from now on (`fired`: its chaos faults fired elsewhere)."""
+        plan = self.site.plan
+        context = HostContext(
+            plan=plan,
             site=self.site,
-            standby=self.job.spec.workload.standby,
-            finished=self._finished,
-            send=send_sdk_line,
-            log=self._log,
-            spawn=self._spawn_task,
-            confinement=Confinement(self.site.hidden_from_workload(), say=self._say),
-        )
-        self.sdk = SdkEvents(
-            detector=self.detector,
-            activity=self.activity,
-            accountant=lambda: self.accountant,
+            identity=plan.layout.host(host),
+            machine=self.machine,
+            folder=self._folder,
+            accountant=accountant,
             metrics=self.metrics,
-            checkpoint_saved=self.tiers.saved,
+            log=self._events.log,
             report=self._report,
-            log=self._log,
             say=self._say,
-            generation=lambda: self.generation.number,
-            stopping=lambda: self.generation.stopping,
-            standby=lambda: self.workloads.standby,
-            step_begun=lambda step: self.chaos.inject(step, self.workloads.current, self.generation.number),
-            productive_again=lambda: self._spawn_task(self.workloads.prestart(self.generation.number)),
+            spawn=self._spawn_task,
+            finished=self._finished,
         )
-        self.generation = Generation(
-            workloads=self.workloads,
+        return ServedHost(
+            context,
             tiers=self.tiers,
-            sdk=self.sdk,
-            detector=self.detector,
-            accountant=lambda: self.accountant,
-            metrics=self.metrics,
-            report=self._report,
-            log=self._log,
-            say=self._say,
-            host=lambda: self.host,
-            spawn=self._spawn_task,
-            finished=self._finished,
+            record=record,
+            fired=fired,
+            restarted=self._restarted,
+            write_report=self._write_report,
+            leading=self._leads,
         )
 
     def _spawn_task(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -212,42 +168,36 @@ class HostSupervisor:
         traceback.print_exception(error, file=sys.stderr)
         self._terminate(f"internal error: {error!r}", exit_code=1)
 
-    def _log(self, record: dict[str, Any]) -> None:
-        """Append to this host's event log (what happened, when): for post-mortems and replay."""
-        self._events.write(json.dumps({"t": time.time(), **record}) + "\n")
-
-    def _booked(self, category: Category, start: float, end: float) -> None:
-        """An interval of this host's time, closed and booked (slicekeeper.goodput): into the event log,
-        for the run's page. Dropped once the log is closed (the account was written)."""
-        if not self._events.closed:
-            interval = {"category": category.value, "start": start, "end": end}
-            self._log({"source": "goodput", "type": "interval", **interval})
-
     def _say(self, text: str) -> None:
-        """A line on stderr, naming this host."""
-        print(f"[host {self.host}] {text}", file=sys.stderr, flush=True)
+        """A line on stderr, naming the host this machine serves (a spare: the machine)."""
+        host = self._mode.host
+        print(f"[{self.machine if host is None else f'host {host}'}] {text}", file=sys.stderr, flush=True)
 
-    def _workload_env(self, generation: int, coordinator: str, restore_step: int | None) -> dict[str, str]:
-        """The workload's environment for a start of `generation` (supervisor.host.workload)."""
-        return workload_env(
-            self.plan,
-            self.job,
-            self.layout,
-            self.identity,
-            site=self.site,
-            host=self.host,
-            world=self._world,
-            rank=self._rank,
-            generation=generation,
-            coordinator=coordinator,
-            restore_step=restore_step,
-            socket_path=self._socket_path,
-            temp_dir=self._dir / "tmp",
-            checkpoint_dir=self.tiers.local_dir,
-            slow=self.chaos.slow_spec(),
-            environ=os.environ,
-            cores=self.site.cores(),
-        )
+    def _accountant(self) -> GoodputAccountant:
+        """The account of this machine's time as what it serves now, for the metrics (a spare that
+        takes a host over starts a fresh one)."""
+        return self._mode.accountant
+
+    def _role(self) -> Role:
+        """Which host of the job this machine plays now (none: a waiting spare), for the metrics."""
+        identity = self._mode.identity
+        if identity is None:
+            return Role(self.machine, None)
+        return Role(self.machine, identity.index, identity.slice, identity.worker)
+
+    def _leading(self) -> Leader | None:
+        """The job's leader, while this supervisor leads (supervisor.host.leadership)."""
+        return self.leadership.leader if self.leadership is not None else None
+
+    def _leads(self) -> bool:
+        return self._leading() is not None
+
+    def _goodput(self) -> float:
+        return self._mode.accountant.goodput(time.time())
+
+    def _journal(self) -> messages.Journal | None:
+        """The newest journal the leader sent this host (a spare has none)."""
+        return self._mode.journal
 
     # --- entry --------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -255,77 +205,68 @@ class HostSupervisor:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._terminate, f"received {signum.name}")
         bind = self.site.bind_address()
-        metrics_port = self.metrics.serve(self.site.metrics_port(self.host, self.machine), bind)
+        metrics_port = self.metrics.serve(self.site.metrics_port(self._mode.host, self.machine), bind)
         self.site.announce_metrics(self.machine, bind, metrics_port)
-        sdk_server = await self.sdk.serve(self._socket_path)
-        if self.host >= 0:
-            # The first generation (or, after a supervisor restart, the restart it rejoins) needs a
-            # workload: its imports are done while the hosts gather and the leader decides.
-            self._spawn_task(self.workloads.prestart(0))
-        advertise = self.site.advertised_address(self.layout, self.identity, bind)
+        if isinstance(self._mode, ServedHost):
+            await self._mode.begin(prestart=True)
+        advertise = self.site.advertised_address(self.site.plan.layout, self._mode.identity, bind)
         replica_address = await self.tiers.serve(bind, advertise=advertise)
-        self.leadership = self._leadership(bind, advertise)
+        self.leadership, duties = self._leadership(bind, advertise)
         campaign = self._spawn_task(self.leadership.run())
         hello = {"metrics_port": metrics_port, "pid": os.getpid(), "machine": self.machine}
         hello["replica_address"] = replica_address
-        watchdog = self._spawn_task(self.generation.hangs.run())
         try:
             await self._follow_leaders(hello)
         finally:
-            watchdog.cancel()
-            self.workloads.drop_standby()
-            await self.workloads.stop()
-            sdk_server.close()
-            remove_sdk_socket(self._socket_path, self._dir)
+            await self._mode.end()
             await self.tiers.close()
             self._write_report()
-            leader = self._leader
+            leader = self._leading()
             if leader is not None:
-                await self.duties.publish_last(leader, self.leadership.sure)
-            self.duties.end()
+                await duties.publish_last(leader, self.leadership.sure)
+            duties.end()
             campaign.cancel()
             if leader is not None:
                 await self.leadership.release()
                 await leader.close()
         return self._exit_code if self._exit_code is not None else 1
 
-    def _role(self) -> Role:
-        """Which host of the job this machine plays now (none: a waiting spare), for the metrics."""
-        if self.host < 0:
-            return Role(self.machine, None)
-        return Role(self.machine, self.host, self.identity.slice, self.identity.worker)
-
-    @property
-    def _leader(self) -> Leader | None:
-        """The job's leader, while this supervisor leads (supervisor.host.leadership)."""
-        return self.leadership.leader if self.leadership is not None else None
-
-    def _leadership(self, bind: str, advertise: str) -> Leadership:
-        address, reserved = self.site.leader_address(self.host, advertise)
-        own = Holder(self.machine, self.host, address)
+    def _leadership(self, bind: str, advertise: str) -> tuple[Leadership, LeaderDuties]:
+        """This supervisor's part in the election, and what it does while it leads."""
+        host = self._mode.host
+        address, reserved = self.site.leader_address(host, advertise)
+        own = Holder(self.machine, SPARE_HOLDER if host is None else host, address)
+        duties = LeaderDuties(
+            self.site.plan,
+            self.site,
+            persistent=self.tiers.persistent,
+            pod=self.site.pod(self.machine),
+            goodput=self._goodput,
+            spawn=self._spawn_task,
+        )
         leadership = Leadership(
             self.site.election(own),
             own,
-            candidate=self.host >= 0,
-            first=self.host == 0 and self.joined_by is None,
-            successor=self.restart > 0,
-            new_leader=self.duties.new_leader,
-            journal=lambda: self.journal,
+            candidate=host is not None,
+            first=host == 0 and self._joined_by is None,
+            successor=self._restarted,
+            new_leader=duties.new_leader,
+            journal=self._journal,
             bind=bind,
             reserved=reserved,
             tls=self.tls,
             say=self._say,
         )
-        leadership.elected, leadership.deposed = self.duties.begin, self.duties.end
-        return leadership
+        leadership.elected, leadership.deposed = duties.begin, duties.end
+        return leadership, duties
 
     def _terminate(self, reason: str, exit_code: int = 130) -> None:
         self._exit_code = exit_code
-        self.accountant.interrupt(time.time())
-        self.workloads.kill()
+        self._mode.interrupt()
         self._say(f"stopping: {reason}")
-        if self._leader is not None:  # before its own member's connection drops
-            self._leader.stand_down(reason)
+        leader = self._leading()
+        if leader is not None:  # before its own member's connection drops
+            leader.stand_down(reason)
             # It acts no more: the lease goes to the next candidate now, not once this process ends
             # (a pod's grace period may end it first).
             if self.leadership is not None:
@@ -335,9 +276,11 @@ class HostSupervisor:
         self._finished.set()
 
     async def _report(self, message: messages.MemberReport) -> None:
-        """Every report of this host's parts leaves through here, stamped with the host it serves."""
-        if self.membership is not None:
-            await self.membership.report(message.model_copy(update={"host": self.host}))
+        """Every report of this machine's parts leaves through here, stamped with the host it serves
+        (a spare serves none, and has nothing to report)."""
+        host = self._mode.host
+        if self.membership is not None and host is not None:
+            await self.membership.report(message.model_copy(update={"host": host}))
 
     # --- the leader's commands ----------------------------------------------------------------
     async def _follow_leaders(self, hello: dict[str, Any]) -> None:
@@ -352,108 +295,71 @@ class HostSupervisor:
             say=self._say,
         )
         await self.membership.run(
-            lambda rejoining: self._registration(hello, rejoining),
+            lambda rejoining: self._mode.registration(hello, rejoining),
             obey=self._obey,
-            assigned=lambda assign: self._adopt(assign.host, set(assign.fired)),
+            assigned=self._assigned,
         )
         if self._exit_code is None:
             self._exit_code = self.membership.exit_code
 
-    def _registration(
-        self, hello: dict[str, Any], rejoining: bool
-    ) -> messages.Register | messages.RegisterSpare:
-        """How this supervisor joins a leader: as a spare, as a host, or as a host rejoining after
-        its leader was lost (with what a leader taking over needs from it)."""
-        if self.host < 0:
-            return messages.RegisterSpare(spare=spare_index(self.machine), chaos=self.joined_by, **hello)
-        if not rejoining:
-            return messages.Register(host=self.host, **hello, restarted=self.restart > 0)
-        return messages.Register(
-            host=self.host,
-            **hello,
-            journal=self.journal,
-            generation=self.generation.number,
-            step=self.accountant.high_water,
-            parked=self.generation.parked,
-        )
-
-    def _adopt(self, host: int, fired: set[str]) -> None:
-        """Become `host`: its identity, its chaos faults not yet fired, a fresh account of time."""
-        self.host = host
-        self.identity = self.layout.host(host)
+    async def _assigned(self, assign: messages.Assign) -> None:
+        """This spare serves `assign.host` from now on: the host's chaos faults not fired yet, a fresh
+        account of time (recovering, as the host it takes over is), the host's parts."""
+        spare = self._mode
+        assert isinstance(spare, Spare), "only a spare waiting for a host is assigned one"
+        host = assign.host
         self.tiers.host = host
-        self.record.serve(host)
-        self.chaos.aim_at(host, fired)
-        if self.leadership is not None and not self.leadership.candidate:  # a spare: a candidate now
+        spare.record.serve(host)
+        if self.leadership is not None and not self.leadership.candidate:  # a candidate from now on
             own = Holder(self.machine, host, self.leadership.own.address)
             self.leadership.adopt(self.site.election(own), own)
-        self.accountant = GoodputAccountant(time.time(), booked=self._booked)
-        self.accountant.switch(Category.INFRASTRUCTURE_RECOVERY, time.time())
-        self._log({"source": "leader", "type": "assign", "host": host, "machine": self.machine})
+        accountant = GoodputAccountant(time.time(), booked=self._events.booked)
+        accountant.switch(Category.INFRASTRUCTURE_RECOVERY, time.time())
+        self._mode = self._serve(host, accountant, record=spare.record, fired=set(assign.fired))
+        self._events.log({"source": "leader", "type": "assign", "host": host, "machine": self.machine})
         print(f"[{self.machine}] taking over host {host}", file=sys.stderr, flush=True)
+        await self._mode.begin(prestart=False)
 
     async def _obey(self, command: messages.Command) -> bool:
         """Carry out one of the leader's commands; True: this host's part in the job ended."""
+        served = self._mode
+        assert isinstance(served, ServedHost), "a spare is given commands only once it serves a host"
         match command:
-            case messages.Start() as start:
-                self._world, self._rank = list(start.world), start.rank
-                await self.generation.start(start, self._world)
-            case messages.Stop() as stop:  # the fault is this host's when the leader named it so
-                await self.generation.stop(stop, blamed=stop.host == self.host)
-            case messages.Journal() as journal:
-                self.journal = journal  # the leader's newest: what a leader taking over carries on
-            case messages.ActivityRequest():
-                snapshot = self.activity.snapshot(time.time()).to_message()
-                await self._report(messages.ActivityReport(generation=self.generation.number, **snapshot))
-            case messages.Park() as park:
-                self.generation.park(park)
             case messages.Retire(reason=reason):
-                await self._retire(reason)
+                await self._retire(served, reason)
                 return True
             case messages.Shutdown():
                 self._exit_code = 0
                 return True
             case messages.Failed(reason=reason):
-                self.accountant.interrupt(time.time())
+                served.accountant.interrupt(time.time())
                 self._say(f"job failed: {reason}")
                 self._exit_code = 1
                 return True
             case messages.Assign():
                 pass  # only a spare waiting for a host is assigned one
+            case _:
+                await served.obey(command)
         return False
 
-    async def _retire(self, reason: str) -> None:
+    async def _retire(self, served: ServedHost, reason: str) -> None:
         """The leader replaced this machine while it was alive (e.g. a straggler): end, cleanly."""
-        self.workloads.drop_standby()
-        await self.workloads.stop()
-        self.accountant.interrupt(time.time())
-        self._retired = True
+        await served.retire()
         self._exit_code = 0
-        if self._pod is not None:
-            await self._pod.ask_replacement(reason)
+        pod = self.site.pod(self.machine)
+        if pod is not None:
+            await pod.ask_replacement(reason)
             self._exit_code = RETIRED_EXIT_CODE
-        self._log({"source": "leader", "type": "retire", "reason": reason})
+        self._events.log({"source": "leader", "type": "retire", "reason": reason})
         print(f"[{self.machine}] retired: {reason}", file=sys.stderr, flush=True)
 
     # --- the end ------------------------------------------------------------------------------
     def _write_report(self, end: str | None = None) -> None:
         """This supervisor's account; `end`: "lost" (its machine gone) or "crashed" (this process)."""
         now = time.time()
-        self.accountant.book_open(now)  # the account's last interval, in the event log too
-        report = host_report(
-            machine=self.machine,
-            end=end,
-            retired=self._retired,
-            host=self.host,
-            identity=self.identity,
-            accountant=self.accountant,
-            generation=self.generation,
-            journal=self.journal,
-            sdk=self.sdk,
-            detector=self.detector,
-            tiers=self.tiers,
-            exit_code=self._exit_code,
-            now=now,
+        self._mode.accountant.book_open(now)  # the account's last interval, in the event log too
+        account = self._mode.account(
+            machine=self.machine, end=end, tiers=self.tiers, exit_code=self._exit_code, now=now
         )
-        write_host_report(self._dir, report)
+        write_host_report(self._folder, account)
         self._events.close()

@@ -18,19 +18,21 @@ import os
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slicekeeper.supervisor.host.confinement import Confinement
 from slicekeeper.supervisor.plan import JobPlan
-from slicekeeper.supervisor.reporting import Log
 from slicekeeper.supervisor.workload_process import WorkloadProcess
 
 from slicekeeper import protocol
 from slicekeeper.api import TrainingJob, WorkloadSpec
 from slicekeeper.shape import HostId, JobLayout
 
+if TYPE_CHECKING:  # the context names the site, which asks this module what a workload needs
+    from slicekeeper.supervisor.host.context import HostContext
+
 Send = Callable[[asyncio.StreamWriter, dict[str, Any]], Awaitable[None]]
-Spawn = Callable[[Coroutine[Any, Any, None]], object]
+Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 """Runs a coroutine in the background (the supervisor stops, loudly, if it fails)."""
 
 _GENERATION_VARIABLES = (protocol.ENV_GENERATION, protocol.ENV_COORDINATOR, protocol.ENV_RESTORE_STEP)
@@ -209,32 +211,25 @@ class Workloads:
 
     def __init__(
         self,
-        log_path: Path,
+        context: HostContext,
         *,
-        argv: list[str],
         env: Env,
-        site: WorkloadSite,
-        standby: bool,
-        finished: asyncio.Event,
-        send: Send,
-        log: Log,
-        spawn: Spawn,
+        send: Send = send_sdk_line,
         confinement: Confinement | None = None,
     ) -> None:
-        """`confinement`: what the workload may not read (supervisor.host.confinement).
-        `env`: a generation's environment (`workload_env` with this host's place in the job);
-        `site`: where it runs (supervisor.host.site); `standby`: spec.workload.standby; `finished`: set when
-        this supervisor ends (no standby is started after it); `send`: writes one line to the SDK
-        socket."""
-        self._log_path = log_path
-        self.argv = argv
+        """`env`: a generation's environment (`workload_env` with this host's place in the job);
+        `send`: writes one line to the SDK socket; `confinement`: what the workload may not read
+        (supervisor.host.confinement). No standby is started once the supervisor is finishing."""
+        workload = context.plan.training_job.spec.workload
+        self._log_path = context.folder / "workload.log"
+        self.argv = workload_argv(workload, context.site)
         self._env = env
-        self._site = site
-        self._standby_enabled = standby
-        self._finished = finished
+        self._site: WorkloadSite = context.site
+        self._standby_enabled = workload.standby
+        self._finished = context.finished
         self._send = send
-        self._log = log
-        self._spawn = spawn
+        self._log = context.log
+        self._spawn = context.spawn
         self._confinement = confinement
         self.current: WorkloadProcess | None = None
         self.standby: Standby | None = None

@@ -143,7 +143,7 @@ class _Crew:
 
     def arrived(self, host: int, writer: asyncio.StreamWriter, status: HostStatus) -> None:
         self.status[host] = status
-        self.members.writers[host] = writer
+        self.members.serve(host, writer)
         self._newcomer(host)
 
 

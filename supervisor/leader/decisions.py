@@ -20,6 +20,7 @@ from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper import policy
 from slicekeeper.policy.engine import PolicyEngine
+from slicekeeper.policy.events import FaultKind
 from slicekeeper.policy.replay import append_to_log
 
 
@@ -70,7 +71,7 @@ class Decisions:
         """A member's `fault` report (about `host`: the culprit a hang was put down to) as the policy
         sees it."""
         kind, detail, t = fault.kind, fault.detail, fault.t
-        if kind == "hang":
+        if kind is FaultKind.HANG:
             return policy.Hang(
                 t=t,
                 step=step,
@@ -79,7 +80,7 @@ class Decisions:
                 silent_seconds=fault.silent_seconds,
                 detail=detail,
             )
-        if kind in ("nonfinite_loss", "restore_failed"):
+        if kind.event_kind is policy.EventKind.CHECKPOINT_INVALID:
             return policy.CheckpointInvalid(
                 t=t,
                 step=step,

@@ -9,12 +9,14 @@ leads to (the start done or given up) comes back as an event.
 
 Hosts of a dropped slice get `park` instead of `start`. What changes who takes part (a replacement,
 a scale-down or up) is decided and applied while the job is stopped (leader.remediation); the start
-waits for it (`holds`).
+waits for it: whatever must finish first holds the start (`hold`/`release`: a decision under way, a
+policy's `Wait`, a leader carrying on a journal), and so does a replacement on its way (the capacity).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +30,8 @@ from slicekeeper.supervisor.leader.journal import Detection, JobMemory, JobState
 from slicekeeper.supervisor.leader.members import HostStatus, Members
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 from slicekeeper.supervisor.world import JobWorld
+
+from slicekeeper.policy.events import FaultKind
 
 STOP_ACK_SECONDS = 30.0
 """How long every member gets to kill its workload and ack a stop before the job fails."""
@@ -64,8 +68,8 @@ class Generations:
         self._ended = ended
         """The job succeeded or failed: write the summary."""
         self.done = asyncio.Event()
-        self.holds: Callable[[], bool] = lambda: False
-        """A decision is under way or a `Wait` holds the job stopped: no start yet."""
+        self._holds: Counter[str] = Counter()
+        """What holds the next start, by why: no start while any is held."""
         self.finished: dict[int, messages.Finished] = {}
         self._stopped: frozenset[int] = frozenset()
         self._progressed = False
@@ -97,7 +101,20 @@ class Generations:
         self._starting = state.starting
 
     def _readiness(self) -> machine.Readiness:
-        return machine.Readiness(frozenset(self.members.live()), tuple(self.world.hosts), self.holds())
+        holding = bool(self._holds) or bool(self.capacity.awaiting())
+        return machine.Readiness(frozenset(self.members.live()), tuple(self.world.hosts), holding)
+
+    def hold(self, why: str) -> None:
+        """No start until `release(why)` (as often as held)."""
+        self._holds[why] += 1
+
+    def release(self, why: str) -> None:
+        self._holds[why] -= 1
+        if self._holds[why] <= 0:
+            del self._holds[why]
+
+    def held(self, why: str) -> bool:
+        return self._holds[why] > 0
 
     async def _feed(self, event: machine.Event) -> machine.RestartState:
         """Apply `event`: the new state written back, then its commands carried out in order."""
@@ -145,7 +162,7 @@ class Generations:
         """The running generation completed a step."""
         return self._progressed
 
-    async def stop(self, host: int, kind: str, detail: str, now: float, planned: bool = False) -> bool:
+    async def stop(self, host: int, kind: FaultKind, detail: str, now: float, planned: bool = False) -> bool:
         """Turn a fault of the running generation into a stop of every host; False if the job failed
         (or was not running). `planned`: a stop the policy chose with nothing broken (a scale-up): no
         restart limit applies."""

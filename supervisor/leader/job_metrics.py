@@ -143,9 +143,9 @@ def _faults(memory: JobMemory) -> Iterator[Metric]:
     for record in memory.faults:
         if record.detected_at is not None and record.productive_at is not None:
             times.setdefault(record.kind, []).append(record.productive_at - record.detected_at)
-    for kind, seconds in sorted(times.items()):
+    for chaos_kind, seconds in sorted(times.items()):
         buckets = [(str(bound), float(sum(1 for s in seconds if s <= bound))) for bound in RECOVERY_BUCKETS]
-        recovery.add_metric([kind], [*buckets, ("+Inf", float(len(seconds)))], sum(seconds))
+        recovery.add_metric([chaos_kind], [*buckets, ("+Inf", float(len(seconds)))], sum(seconds))
     yield recovery
 
 

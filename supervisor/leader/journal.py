@@ -24,6 +24,9 @@ from typing import Any, Protocol
 
 from slicekeeper.supervisor import messages
 
+from slicekeeper.chaos import ChaosKind
+from slicekeeper.policy.events import FaultKind
+
 
 class JobState(StrEnum):
     REGISTERING = "registering"
@@ -37,14 +40,14 @@ class JobState(StrEnum):
 class FaultRecord:
     """An injected fault and what the job made of it (times are Unix seconds)."""
 
-    kind: str
+    kind: ChaosKind
     host: int
     step: int
     fired_at: float
     generation: int
     """The generation the fault fired in; only a detection in that generation is its detection."""
     detected_at: float | None = None
-    detected_as: str | None = None
+    detected_as: FaultKind | None = None
     resumed_at: float | None = None
     """First step completed after the restart it caused."""
     productive_at: float | None = None
@@ -57,6 +60,17 @@ class FaultRecord:
     """False for faults that stop nothing by themselves (corrupt): no detection is theirs."""
     detail: str = ""
 
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> FaultRecord:
+        detected_as = record.get("detected_as")
+        return cls(
+            **{
+                **record,
+                "kind": ChaosKind(record["kind"]),
+                "detected_as": FaultKind(detected_as) if detected_as is not None else None,
+            }
+        )
+
     @property
     def awaiting_resume(self) -> bool:
         """Detected, and the job has not yet trained beyond where it stood then."""
@@ -65,7 +79,7 @@ class FaultRecord:
 
 @dataclass
 class Detection:
-    kind: str
+    kind: FaultKind
     host: int
     generation: int
     detected_at: float
@@ -153,8 +167,11 @@ class JobMemory:
         values = dict(data)
         values["state"] = JobState(data["state"])
         values["restarts"], values["failed_saves"] = Counter(data["restarts"]), Counter(data["failed_saves"])
-        values["faults"] = [FaultRecord(**record) for record in data["faults"]]
-        values["detections"] = [Detection(**detection) for detection in data["detections"]]
+        values["faults"] = [FaultRecord.from_json(record) for record in data["faults"]]
+        values["detections"] = [
+            Detection(**{**detection, "kind": FaultKind(detection["kind"])})
+            for detection in data["detections"]
+        ]
         values["job_invalid"] = set(data["job_invalid"])
         values["persistent_committed"] = set(data["persistent_committed"])
         for name in ("persisted", "persistent_owners"):

@@ -47,11 +47,13 @@ from slicekeeper import protocol
 from slicekeeper.policy.engine import PolicyEngine
 from slicekeeper.shape import JobShape
 
+CARRYING_ON = "carrying on a lost leader's journal"
+
 
 class Leader:
     def __init__(
         self,
-        host_count: int,
+        shape: JobShape,
         max_restarts: int,
         coordinator_address: Callable[[int, int], str],
         summary_path: Path | None = None,
@@ -59,9 +61,7 @@ class Leader:
         persistent: PersistentTier | None = None,
         persistent_keep: int = 2,
         *,
-        hosts_per_slice: int | None = None,
         min_slices: int = 1,
-        devices_per_host: int = 1,
         engine: PolicyEngine | None = None,
         events_path: Path | None = None,
         replacements: Replacements = spare_pool,
@@ -69,19 +69,19 @@ class Leader:
         term: int = 1,
         leading: Callable[[], bool] = lambda: True,
     ) -> None:
-        """`replacements`: where a lost host's new machine comes from (leader.capacity: the site's
-        choice, spare supervisors locally, new pods in a cluster). `term`, `leading`: this leader's term
-        and whether it still surely holds the job's lease (supervisor.leader.election)."""
-        per_slice = hosts_per_slice or host_count
+        """`shape`: the job's, as its supervisors run it. `replacements`: where a lost host's new
+        machine comes from (leader.capacity: the site's choice, spare supervisors locally, new pods in
+        a cluster). `term`, `leading`: this leader's term and whether it still surely holds the job's
+        lease (supervisor.leader.election)."""
         self.memory = JobMemory(started_at=time.time())
         """The job's memory (leader.journal): what a leader that takes over carries on."""
-        self.world = JobWorld(JobShape(host_count // per_slice, per_slice, devices_per_host), min_slices)
+        self.world = JobWorld(shape, min_slices)
         self.members = Members(log_events, term=term, leading=leading)
         self.leading = leading
         self.background = BackgroundWork(leading=leading, failed=self._background_failed)
         """The one way this leader runs work in the background (tasks, timers): fenced, and a
         failure is the job's outcome."""
-        self.status = {h: HostStatus() for h in range(host_count)}
+        self.status = {h: HostStatus() for h in range(shape.host_count)}
         self.decisions = Decisions(
             engine or PolicyEngine(None), self.world, events_path=events_path, leading=leading
         )
@@ -129,7 +129,6 @@ class Leader:
             journal=self.journal_writer,
             background=self.background,
         )
-        self.generations.holds = lambda: self._carrying_on or self.remediation.holding()
         self.registrations = Registrations(
             memory=self.memory,
             world=self.world,
@@ -146,9 +145,6 @@ class Leader:
         self._tls: JobTls | None = None
         self._takeover: Takeover | None = None
         """While taking over from a lost leader: the re-registrations gathered so far."""
-        self._carrying_on = False
-        """While the gathered registrations and messages are taken in order: no start yet (a member
-        taken in early, an idle one say, must not start the job before the others are back)."""
 
     @property
     def done(self) -> asyncio.Event:
@@ -213,11 +209,13 @@ class Leader:
     async def _take_over(self, takeover: Takeover) -> None:
         await takeover.settle()
         self._takeover = None  # from now on every message is handled as it comes
-        self._carrying_on = True
+        # While the gathered registrations and messages are taken in order: no start yet (a member
+        # taken in early, an idle one say, must not start the job before the others are back).
+        self.generations.hold(CARRYING_ON)
         try:
             await takeover.carry_on_and_recover()
         finally:
-            self._carrying_on = False
+            self.generations.release(CARRYING_ON)
         await self.generations.start_when_all_stopped()
 
     # --- the server ---------------------------------------------------------------------------

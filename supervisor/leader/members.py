@@ -95,6 +95,10 @@ class Members:
         for writer in list(self.writers.values()):
             await send(writer, stamped)
 
+    def serve(self, host: int, writer: asyncio.StreamWriter) -> None:
+        """`writer`'s connection serves `host` from now on (a registration, a spare taking it over)."""
+        self.writers[host] = writer
+
     def drop(self, host: int) -> asyncio.StreamWriter:
         return self.writers.pop(host)
 

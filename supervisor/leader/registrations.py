@@ -21,6 +21,9 @@ from slicekeeper.supervisor.leader.members import HostStatus, Members
 from slicekeeper.supervisor.leader.remediation import Remediation
 from slicekeeper.supervisor.world import JobWorld
 
+from slicekeeper.chaos import ChaosKind
+from slicekeeper.policy.events import FaultKind
+
 
 class Registrations:
     def __init__(
@@ -62,7 +65,7 @@ class Registrations:
                 await self.remediation.rejoined(report.host)
                 return
         status = self.status[report.host]
-        self.members.writers[report.host] = writer
+        self.members.serve(report.host, writer)
         status.metrics_port = report.metrics_port
         status.replica_address = report.replica_address
         status.machine = report.machine or f"host-{report.host}"
@@ -89,7 +92,7 @@ class Registrations:
         self.memory.high_water = max(self.memory.high_water, report.step or 0)
         lost = self.status[host].state == "lost"
         status = self.status[host]
-        self.members.writers[host] = writer
+        self.members.serve(host, writer)
         status.metrics_port, status.replica_address = report.metrics_port, report.replica_address
         status.machine = report.machine or f"host-{host}"
         status.state = "training" if self.memory.state is JobState.RUNNING else "stopping"
@@ -99,7 +102,9 @@ class Registrations:
             # Its slice was dropped: it waits as an idle host. Dropped while it was away, its workload
             # stops, and the policy may scale back up with it; idle already (a leader lost while the
             # job ran scaled down), no capacity came back.
-            await self.members.send(host, messages.Stop(generation=generation or 0, kind="scale_down"))
+            await self.members.send(
+                host, messages.Stop(generation=generation or 0, kind=FaultKind.SCALE_DOWN)
+            )
             await self.members.send(host, messages.Park(generation=self.memory.generation))
             status.state = "parked"
             if not report.parked:
@@ -107,13 +112,13 @@ class Registrations:
             elif self.memory.state is JobState.STOPPING:
                 await self.generations.start_when_all_stopped()
         elif self.memory.state is JobState.STOPPING:
-            kind = str((self.memory.stop_cause or {}).get("kind", "host_lost"))
+            kind = FaultKind((self.memory.stop_cause or {}).get("kind", FaultKind.HOST_LOST))
             await self.members.send(host, messages.Stop(generation=self.memory.generation, kind=kind))
         elif lost or generation != self.memory.generation:
             detail = (
                 f"host {host} rejoined in generation {generation} while the job runs {self.memory.generation}"
             )
-            await self.generations.stop(host, "host_lost", detail, time.time())
+            await self.generations.stop(host, FaultKind.HOST_LOST, detail, time.time())
 
     async def _restarted(self, report: messages.Register, writer: asyncio.StreamWriter) -> None:
         """A host's supervisor started again on its machine: its workload died with the one before.
@@ -130,7 +135,7 @@ class Registrations:
             serving.close()  # the connection of the supervisor that died, not closed yet
         status = self.status[host]
         idle = status.state == "parked"
-        self.members.writers[host] = writer
+        self.members.serve(host, writer)
         status.metrics_port, status.replica_address = report.metrics_port, report.replica_address
         status.machine = machine
         await self.members.event(f"host {host}'s supervisor restarted on {machine}", host=host)
@@ -144,7 +149,7 @@ class Registrations:
                 await self.generations.start_when_all_stopped()
         elif self.memory.state is JobState.STOPPING:
             status.state = "stopping"
-            kind = str((self.memory.stop_cause or {}).get("kind", "crash"))
+            kind = FaultKind((self.memory.stop_cause or {}).get("kind", FaultKind.CRASH))
             await self.members.send(host, messages.Stop(generation=self.memory.generation, kind=kind))
         else:
             status.state = "stopping"
@@ -158,7 +163,7 @@ class Registrations:
             machine = spare.machine or f"spare-{spare.spare}"
             self.memory.faults.append(
                 FaultRecord(
-                    "spare",
+                    ChaosKind.SPARE,
                     -1,
                     self.memory.high_water,
                     time.time(),
@@ -169,5 +174,4 @@ class Registrations:
                 )
             )
         if self.world.scaled_down:
-            self.remediation.capacity_offer = True
-            await self.remediation.offer_capacity()
+            await self.remediation.capacity_returned()

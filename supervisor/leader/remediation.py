@@ -37,6 +37,11 @@ from slicekeeper.supervisor.leader.members import Members
 from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper import policy
+from slicekeeper.chaos import ChaosKind
+from slicekeeper.policy.events import FaultKind
+
+DECIDING, WAITING = "a decision under way", "a policy's Wait"
+"""What a remedy holds the next start for (leader.generations)."""
 
 ACTIVITY_REPLY_SECONDS = 2.0
 """At a hang report, how long every member gets to say where its workload is (supervisor.culprit);
@@ -66,11 +71,7 @@ class Remediation:
         self.checkpoints = checkpoints
         self.journal = journal
         self.background = background
-        self._deciding = 0
-        """Decisions under way that the next start must wait for."""
         self._turn = asyncio.Lock()
-        self._waiting = 0
-        """`Wait` decisions taken while the job is stopped: it stays stopped until they are reconsidered."""
         self.capacity_offer = False
         """Capacity came back while the job runs scaled down: offer it to the policy once it trains."""
         self._activities: dict[int, Activity] | None = None
@@ -86,10 +87,6 @@ class Remediation:
         }
         """One applier per step a decision comes to (leader.remedies), by the step's type."""
 
-    def holding(self) -> bool:
-        """The next start must wait: a decision under way, a `Wait`, a replacement on its way."""
-        return bool(self._deciding or self._waiting or self.capacity.awaiting())
-
     # --- faults -------------------------------------------------------------------------------
     async def fault(self, report: messages.Fault) -> None:
         if report.generation != self.memory.generation or self.memory.state is not JobState.RUNNING:
@@ -98,7 +95,7 @@ class Remediation:
             # The restored state proved bad (e.g. a non-finite loss right after a restore): no host
             # may restore that step again, from any tier.
             self.memory.job_invalid.add(report.invalid_step)
-        if report.kind == "hang":
+        if report.kind is FaultKind.HANG:
             if self._activities is None:  # else: the same stall, noticed again while being named
                 # Not awaited here: the answers come over the members' connections, the reporter's
                 # included, whose reading must go on.
@@ -155,11 +152,11 @@ class Remediation:
             await self.members.event(f"idle host {host} of a dropped slice lost: {detail}", host=host)
             return
         if self.memory.state is JobState.RUNNING:
-            if not await self.generations.stop(host, "host_lost", detail, time.time()):
+            if not await self.generations.stop(host, FaultKind.HOST_LOST, detail, time.time()):
                 return
         else:
             await self.members.event(
-                f"host_lost detected on host {host}: {detail}", host=host, kind="host_lost"
+                f"host_lost detected on host {host}: {detail}", host=host, kind=FaultKind.HOST_LOST
             )
         if self.memory.state is JobState.REGISTERING:
             # Before the first start nothing trained yet: a new machine stands in, or the job cannot start.
@@ -192,7 +189,7 @@ class Remediation:
             signal="SIGKILL",
             detail=detail,
         )
-        if await self.generations.stop(host, "crash", detail, now):
+        if await self.generations.stop(host, FaultKind.CRASH, detail, now):
             await self.decide_and_act(event)
 
     async def no_replacement(self, host: int) -> None:
@@ -212,12 +209,11 @@ class Remediation:
             await self.generations.start_when_all_stopped()
         elif host not in self.world.hosts:
             # A host of a dropped slice is back (capacity returned): the policy may scale back up.
-            self.capacity_offer = True
-            await self.offer_capacity()
+            await self.capacity_returned()
         elif self.memory.state is JobState.RUNNING:
             # A new pod while the old one's connection was still open (a node lost without a word):
             await self.generations.stop(
-                host, "host_lost", f"host {host} re-registered while running", time.time()
+                host, FaultKind.HOST_LOST, f"host {host} re-registered while running", time.time()
             )
             self.generations.no_workload(host)
             await self.generations.start_when_all_stopped()
@@ -233,8 +229,12 @@ class Remediation:
                 host=finding.host,
             )
             for record in self.memory.faults:  # a `slow` fault is detected when its host is found straggling
-                if record.kind == "slow" and record.host == finding.host and record.detected_at is None:
-                    record.detected_at, record.detected_as = now, "straggler"
+                if (
+                    record.kind is ChaosKind.SLOW
+                    and record.host == finding.host
+                    and record.detected_at is None
+                ):
+                    record.detected_at, record.detected_as = now, FaultKind.STRAGGLER
             event = policy.Straggler(
                 t=now,
                 step=self.memory.high_water,
@@ -246,9 +246,19 @@ class Remediation:
         if self.capacity_offer:
             await self.offer_capacity()
 
+    async def capacity_returned(self) -> None:
+        """A machine joined while the job may run scaled down: offered to the policy now, or once
+        the job trains again."""
+        self.capacity_offer = True
+        await self.offer_capacity()
+
     async def offer_capacity(self) -> None:
         """Machines joined while the job runs scaled down: the policy may scale back up."""
-        if self.memory.state is not JobState.RUNNING or not self.generations.progressed or self._deciding:
+        if (
+            self.memory.state is not JobState.RUNNING
+            or not self.generations.progressed
+            or self.generations.held(DECIDING)
+        ):
             return  # offered once the job trains again
         self.capacity_offer = False
         event = policy.CapacityReturned(
@@ -264,7 +274,7 @@ class Remediation:
         return {h for h in self.members.live() if h not in self.world.hosts}
 
     async def decide_and_act(self, event: policy.Event) -> None:
-        self._deciding += 1  # counted while queued too: no start before every pending decision is in
+        self.generations.hold(DECIDING)  # while queued too: no start before every pending decision is in
         try:
             async with self._turn:  # one at a time: each on the world the previous one left
                 if self.generations.over:
@@ -291,7 +301,7 @@ class Remediation:
         except Exception as error:  # a decision that cannot be taken or applied: the job fails with it
             await self.background.failed(f"deciding on {event.kind}", error)
         finally:
-            self._deciding -= 1
+            self.generations.release(DECIDING)
         await self.generations.start_when_all_stopped()
 
     # --- the appliers: each returns whether the next step may follow --------------------------
@@ -300,7 +310,8 @@ class Remediation:
         return False
 
     async def _hold(self, event: policy.Event, hold: remedies.HoldFor) -> bool:
-        self._waiting += hold.holds  # the job stays stopped until reconsidered
+        if hold.holds:
+            self.generations.hold(WAITING)  # the job stays stopped until reconsidered
         self.background.later(
             hold.seconds, "reconsidering after a Wait", lambda: self._reconsider(event, hold.holds)
         )
@@ -311,7 +322,8 @@ class Remediation:
 
     async def _reconsider(self, event: policy.Event, held: bool) -> None:
         """A `Wait` is over: offer the same event again, with the facts of now."""
-        self._waiting -= held
+        if held:
+            self.generations.release(WAITING)
         if isinstance(event, policy.CapacityReturned) and not self.world.scaled_down:
             await self.generations.start_when_all_stopped()
             return

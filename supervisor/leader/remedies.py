@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from slicekeeper.supervisor.leader.journal import JobState
 
 from slicekeeper import policy
+from slicekeeper.policy.events import FaultKind
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class StopFirst:
     """Stop the running generation before the world changes (`planned`: nothing broke: a scale-up)."""
 
     host: int
-    kind: str
+    kind: FaultKind
     detail: str
     planned: bool
 
@@ -53,6 +54,8 @@ def intents(event: policy.Event, action: policy.Action, phase: JobState) -> tupl
         if phase is not JobState.RUNNING:
             return (action,)
         host = event.host if isinstance(event, policy.HostEvent) else 0
-        stop = StopFirst(host, str(event.kind), str(action.name), planned=isinstance(action, policy.ScaleUp))
+        stop = StopFirst(
+            host, FaultKind(event.kind), str(action.name), planned=isinstance(action, policy.ScaleUp)
+        )
         return (stop, action)
     return ()  # RestartInJob: the stop under way is the restart; Ignore: nothing to do

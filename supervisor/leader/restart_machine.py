@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from slicekeeper.supervisor.leader.journal import JobState
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 
+from slicekeeper.policy.events import FaultKind
+
 END_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED})
 
 
@@ -80,7 +82,7 @@ class FaultStop:
     """A fault of the running generation (or a stop the policy planned with nothing broken)."""
 
     host: int
-    kind: str
+    kind: FaultKind
     detail: str
     t: float
     """When it was detected."""
@@ -181,7 +183,7 @@ class RecordStop:
     """Write the stop into the job's memory (its cause, the detection, the faults it detects)."""
 
     host: int
-    kind: str
+    kind: FaultKind
     detail: str
     planned: bool
     refused: bool
@@ -197,7 +199,7 @@ class WriteJournal:
 @dataclass(frozen=True)
 class SendStop:
     generation: int
-    kind: str
+    kind: FaultKind
     host: int | None
     to: tuple[int, ...]
 

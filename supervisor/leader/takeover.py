@@ -24,6 +24,8 @@ from slicekeeper.supervisor.leader.journal import JobMemory, JobState, JournalWr
 from slicekeeper.supervisor.leader.members import HostStatus, Members
 from slicekeeper.supervisor.world import JobWorld
 
+from slicekeeper.policy.events import FaultKind
+
 SECONDS = 5.0
 """At most this long gathering: a member not back by then is taken for lost."""
 QUIET_SECONDS = 0.5
@@ -123,7 +125,7 @@ class Takeover:
         memory = self._memory
         if memory.state is JobState.STOPPING and memory.stop_cause is not None:
             # The restart under way when the leader was lost: every member acks (again) with its holdings.
-            stop = messages.Stop(generation=memory.generation, kind=str(memory.stop_cause["kind"]))
+            stop = messages.Stop(generation=memory.generation, kind=FaultKind(memory.stop_cause["kind"]))
             await self._members.broadcast(stop)
         for host in self._world.hosts:
             if host not in self._members and self._status[host].state != "lost":

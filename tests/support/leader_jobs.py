@@ -15,6 +15,7 @@ from typing import Any
 
 from slicekeeper.supervisor.leader import Leader
 
+from slicekeeper.shape import JobShape
 from tests.support.fake_members import Member, coordinator, eventually, join
 
 
@@ -117,7 +118,7 @@ async def leader_with_spares(
 ) -> Job:
     """A leader, a watcher of its events, `spares` registered spares and unregistered members."""
     leader = Leader(
-        host_count=hosts,
+        shape=JobShape(1, hosts),
         max_restarts=max_restarts,
         coordinator_address=coordinator,
         persistent=persistent,  # type: ignore[arg-type]
@@ -209,7 +210,7 @@ async def running_job(
 ) -> tuple[Leader, list[Member]]:
     """A leader with every member registered and the `start` of generation 0 consumed."""
     leader = Leader(
-        host_count=hosts,
+        shape=JobShape(1, hosts),
         max_restarts=max_restarts,
         coordinator_address=coordinator,
         max_restarts_without_progress=max_restarts_without_progress,

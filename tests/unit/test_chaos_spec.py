@@ -2,13 +2,13 @@
 
 import pytest
 
-from slicekeeper.chaos import Fault, FaultKind, check_hosts, parse_chaos
+from slicekeeper.chaos import ChaosKind, Fault, check_hosts, parse_chaos
 from slicekeeper.errors import UserError
 
 
 def test_the_issue_example_parses_into_two_faults():
     faults = parse_chaos("kill:host=1@step=30,hang:host=0@step=60")
-    assert faults == [Fault(FaultKind.KILL, 30, {"host": "1"}), Fault(FaultKind.HANG, 60, {"host": "0"})]
+    assert faults == [Fault(ChaosKind.KILL, 30, {"host": "1"}), Fault(ChaosKind.HANG, 60, {"host": "0"})]
     assert [f.host for f in faults] == [1, 0]
     assert str(faults[0]) == "kill:host=1@step=30"
 
@@ -20,8 +20,8 @@ def test_an_empty_spec_is_no_faults():
 
 def test_spaces_and_case_are_tolerated():
     assert parse_chaos(" KILL:host=2@step=5 , hang:host=1@step=9") == [
-        Fault(FaultKind.KILL, 5, {"host": "2"}),
-        Fault(FaultKind.HANG, 9, {"host": "1"}),
+        Fault(ChaosKind.KILL, 5, {"host": "2"}),
+        Fault(ChaosKind.HANG, 9, {"host": "1"}),
     ]
 
 
@@ -59,7 +59,7 @@ def test_a_host_that_does_not_exist_is_refused():
 
 def test_lose_and_corrupt_parse_like_the_other_kinds():
     faults = parse_chaos("lose:host=2@step=40,corrupt:host=1@step=25")
-    assert faults == [Fault(FaultKind.LOSE, 40, {"host": "2"}), Fault(FaultKind.CORRUPT, 25, {"host": "1"})]
+    assert faults == [Fault(ChaosKind.LOSE, 40, {"host": "2"}), Fault(ChaosKind.CORRUPT, 25, {"host": "1"})]
     assert [str(f) for f in faults] == ["lose:host=2@step=40", "corrupt:host=1@step=25"]
     assert [f.host for f in faults] == [2, 1]
 
@@ -74,7 +74,7 @@ def test_every_kind_round_trips_through_its_text():
 
 def test_a_supervisor_crash_aims_at_one_host_any_of_them():
     [fault] = parse_chaos("crash-supervisor:host=0@step=12")
-    assert (fault.kind, fault.host, fault.step) == (FaultKind.CRASH_SUPERVISOR, 0, 12)
+    assert (fault.kind, fault.host, fault.step) == (ChaosKind.CRASH_SUPERVISOR, 0, 12)
     check_hosts([fault], 4)
     with pytest.raises(UserError, match="missing host="):
         parse_chaos("crash-supervisor:@step=3")
@@ -111,7 +111,7 @@ def test_a_lost_host_that_does_not_exist_is_refused_as_such():
 
 def test_slow_carries_a_host_and_a_factor():
     (fault,) = parse_chaos("slow:host=2,factor=2@step=30")
-    assert fault == Fault(FaultKind.SLOW, 30, {"host": "2", "factor": "2"})
+    assert fault == Fault(ChaosKind.SLOW, 30, {"host": "2", "factor": "2"})
     assert (fault.host, fault.factor, fault.targets_host) == (2, 2.0, True)
     assert str(fault) == "slow:host=2,factor=2@step=30"
     assert parse_chaos("slow:factor=1.5,host=0@step=3")[0].factor == 1.5
@@ -119,7 +119,7 @@ def test_slow_carries_a_host_and_a_factor():
 
 def test_slow_is_followed_by_further_faults():
     faults = parse_chaos("slow:host=2,factor=1.5@step=30,kill:host=1@step=40")
-    assert [f.kind for f in faults] == [FaultKind.SLOW, FaultKind.KILL]
+    assert [f.kind for f in faults] == [ChaosKind.SLOW, ChaosKind.KILL]
     assert faults[0].args == {"host": "2", "factor": "1.5"}
 
 
@@ -145,7 +145,7 @@ def test_a_malformed_slow_fault_says_what_is_wrong(spec, message):
 
 def test_spare_adds_capacity_to_the_job_and_aims_at_no_host():
     (fault,) = parse_chaos("spare:+1@step=80")
-    assert fault == Fault(FaultKind.SPARE, 80, {"value": "+1"})
+    assert fault == Fault(ChaosKind.SPARE, 80, {"value": "+1"})
     assert (fault.count, fault.targets_host) == (1, False)
     assert str(fault) == "spare:+1@step=80"
     assert parse_chaos("spare: +3 @step=9")[0].count == 3
@@ -206,5 +206,5 @@ def test_slow_and_spare_round_trip_with_the_other_kinds():
 
 
 def test_only_faults_that_stop_the_workload_are_disruptive():
-    disruptive = {FaultKind.KILL, FaultKind.HANG, FaultKind.LOSE, FaultKind.CRASH_SUPERVISOR}
-    assert {k for k in FaultKind if k.disruptive} == disruptive
+    disruptive = {ChaosKind.KILL, ChaosKind.HANG, ChaosKind.LOSE, ChaosKind.CRASH_SUPERVISOR}
+    assert {k for k in ChaosKind if k.disruptive} == disruptive

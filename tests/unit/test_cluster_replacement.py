@@ -12,6 +12,7 @@ from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.capacity import pod_replacements
 from slicekeeper.supervisor.leader.journal import JobState
 
+from slicekeeper.shape import JobShape
 from tests.support.fake_members import Member, coordinator, eventually, join, run
 
 TIMEOUT = 0.5
@@ -19,11 +20,9 @@ TIMEOUT = 0.5
 
 async def cluster_job(replacement_timeout: float = TIMEOUT) -> tuple[Leader, list[Member], int]:
     leader = Leader(
-        host_count=4,
+        shape=JobShape(2, 2, 2),
         max_restarts=10,
         coordinator_address=coordinator,
-        hosts_per_slice=2,
-        devices_per_host=2,
         replacements=pod_replacements(replacement_timeout),
     )
     port = await leader.serve("127.0.0.1", 0)
@@ -153,7 +152,7 @@ def test_a_lost_host_whose_own_pod_comes_back_is_no_longer_awaited():
 def test_a_pod_lost_before_the_job_started_is_awaited_not_failed():
     async def scenario():
         leader = Leader(
-            host_count=2,
+            shape=JobShape(1, 2),
             max_restarts=3,
             coordinator_address=coordinator,
             replacements=pod_replacements(TIMEOUT),

@@ -53,7 +53,7 @@ def test_the_fake_tpu_nodes_take_the_example_pods_one_per_node_with_a_spare_per_
         assert node.labels[NODE_POOL_LABEL] == node.pool
         pools.setdefault(node.pool, []).append(node)
     assert len(pools) == job.spec.slices
-    assert all(len(members) == job.slice_shape.hosts + 1 for members in pools.values())
+    assert all(len(members) == job.slice_shape.host_count + 1 for members in pools.values())
 
 
 def test_workers_are_taken_in_kind_order_and_one_stays_plain_for_the_operator():

@@ -15,6 +15,7 @@ from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.journal import JobState
 
 from slicekeeper.policy.engine import PolicyEngine, load_policy
+from slicekeeper.shape import JobShape
 from tests.support.fake_members import Member, coordinator, eventually, join, run
 
 
@@ -46,12 +47,10 @@ class Job:
 
 async def two_slices(engine: PolicyEngine | None = None, min_slices: int = 1, spares: int = 0) -> Job:
     leader = Leader(
-        host_count=4,
+        shape=JobShape(2, 2, 2),
         max_restarts=10,
         coordinator_address=coordinator,
-        hosts_per_slice=2,
         min_slices=min_slices,
-        devices_per_host=2,
         engine=engine,
     )
     port = await leader.serve("127.0.0.1", 0)
@@ -261,11 +260,9 @@ def test_a_leader_taking_over_from_the_journal_carries_on_the_policys_history_bu
         await eventually(lambda: len(job.leader.summary()["decisions"]) == 2)
         written = json.loads(json.dumps(job.leader.journal()))  # what a successor would receive
         successor = Leader(
-            host_count=4,
+            shape=JobShape(2, 2, 2),
             max_restarts=10,
             coordinator_address=coordinator,
-            hosts_per_slice=2,
-            devices_per_host=2,
         )
         successor.carry_on(written)
         assert successor.journal() == written

@@ -11,6 +11,7 @@ from slicekeeper.supervisor.leader import Leader, remediation
 from slicekeeper.supervisor.leader.capacity import pod_replacements
 from slicekeeper.supervisor.leader.journal import JobState
 
+from slicekeeper.shape import JobShape
 from tests.support.fake_members import Member, coordinator, eventually, join, run
 from tests.support.leader_jobs import nothing_arrives, running_job, shut
 
@@ -110,7 +111,7 @@ def test_an_ack_deadline_that_passes_while_the_leader_is_fenced_does_nothing(mon
 
     async def scenario():
         leader = Leader(
-            host_count=2, max_restarts=3, coordinator_address=coordinator, leading=lambda: leads[0]
+            shape=JobShape(1, 2), max_restarts=3, coordinator_address=coordinator, leading=lambda: leads[0]
         )
         port = await leader.serve("127.0.0.1", 0)
         members = await join(port, 2)
@@ -138,10 +139,9 @@ def test_a_replacement_timeout_that_passes_while_the_leader_is_fenced_decides_no
 
     async def scenario():
         leader = Leader(
-            host_count=4,
+            shape=JobShape(2, 2),
             max_restarts=10,
             coordinator_address=coordinator,
-            hosts_per_slice=2,
             replacements=pod_replacements(0.3),
             events_path=events,
             leading=lambda: leads[0],

@@ -9,6 +9,7 @@ import pytest
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.journal import JobState
 
+from slicekeeper.shape import JobShape
 from tests.support.fake_members import coordinator, eventually, join, run
 from tests.support.leader_jobs import restart, running_job, shut
 
@@ -17,7 +18,7 @@ from tests.support.leader_jobs import restart, running_job, shut
 
 def test_once_every_member_registered_each_gets_start_of_generation_0_from_scratch():
     async def scenario():
-        leader = Leader(host_count=3, max_restarts=3, coordinator_address=coordinator)
+        leader = Leader(shape=JobShape(1, 3), max_restarts=3, coordinator_address=coordinator)
         port = await leader.serve("127.0.0.1", 0)
         assert port > 0
         members = await join(port, 3)
@@ -345,7 +346,7 @@ def test_when_every_host_finished_each_gets_shutdown_and_the_job_succeeded(tmp_p
     async def scenario():
         summary_path = tmp_path / "job-summary.json"
         leader = Leader(
-            host_count=2, max_restarts=3, coordinator_address=coordinator, summary_path=summary_path
+            shape=JobShape(1, 2), max_restarts=3, coordinator_address=coordinator, summary_path=summary_path
         )
         port = await leader.serve("127.0.0.1", 0)
         members = await join(port, 2)

@@ -29,6 +29,7 @@ from slicekeeper.supervisor.leader.election import (
 from slicekeeper.supervisor.leader.members import Members
 from slicekeeper.supervisor.plan import free_port
 
+from slicekeeper.shape import JobShape
 from tests.support.fake_members import coordinator, eventually
 
 FAST = Timing(duration=2, renew_deadline=1.5, retry=1)  # type: ignore[arg-type]
@@ -48,7 +49,7 @@ def leadership_on(election: Election, own: Holder, *, candidate: bool) -> Leader
         candidate=candidate,
         first=candidate,
         new_leader=lambda term, leading: Leader(
-            host_count=2, max_restarts=3, coordinator_address=coordinator
+            shape=JobShape(1, 2), max_restarts=3, coordinator_address=coordinator
         ),
         journal=lambda: None,
         bind="127.0.0.1",

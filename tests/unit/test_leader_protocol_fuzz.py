@@ -27,6 +27,7 @@ from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.journal import JobState
 
 from slicekeeper import protocol
+from slicekeeper.shape import JobShape
 from tests.support.fake_members import WAIT, coordinator, eventually
 
 pytestmark = pytest.mark.timeout(120)
@@ -124,7 +125,7 @@ class LoopErrors:
 
 @asynccontextmanager
 async def serving(hosts: int = HOSTS) -> AsyncIterator[tuple[Leader, int]]:
-    leader = Leader(host_count=hosts, max_restarts=3, coordinator_address=coordinator)
+    leader = Leader(shape=JobShape(1, hosts), max_restarts=3, coordinator_address=coordinator)
     port = await leader.serve("127.0.0.1", 0)
     try:
         yield leader, port

@@ -141,14 +141,15 @@ def test_in_a_pod_the_workload_reaches_its_peers_through_the_service_and_sees_th
         credentials=str(credentials),
     )
     supervisor = HostSupervisor(plan, f"host-{host}", host)
-    env = supervisor._workload_env(1, "tiny-lm-s0-w0.tiny-lm:8476", None)
+    served = supervisor._mode  # the host it serves (supervisor.host.served_host)
+    env = served.workload_env(1, "tiny-lm-s0-w0.tiny-lm:8476", None)
     assert env["TPU_WORKER_HOSTNAMES"] == "tiny-lm-s1-w0.tiny-lm,tiny-lm-s1-w1.tiny-lm"
     assert (env["MEGASCALE_NUM_SLICES"], env["MEGASCALE_SLICE_ID"]) == ("2", "1")
     assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "tiny-lm-s0-w0.tiny-lm"
     assert protocol.ENV_OWN_WORK_CORE not in env  # a pod has its host to itself
 
-    supervisor._world, supervisor._rank = [2, 3], 1  # slice 0 dropped by a scale-down
-    env = supervisor._workload_env(2, "tiny-lm-s1-w0.tiny-lm:8476", None)
+    served._world, served._rank = [2, 3], 1  # slice 0 dropped by a scale-down
+    env = served.workload_env(2, "tiny-lm-s1-w0.tiny-lm:8476", None)
     assert (env["MEGASCALE_NUM_SLICES"], env["MEGASCALE_SLICE_ID"]) == ("1", "0")
     assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "tiny-lm-s1-w0.tiny-lm"
     assert (env["SLICEKEEPER_NUM_HOSTS"], env["SLICEKEEPER_PROCESS_ID"]) == ("2", "1")

@@ -11,6 +11,7 @@ from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTierErr
 from slicekeeper.supervisor.leader import Leader, checkpoints
 from slicekeeper.supervisor.leader.journal import JobState
 
+from slicekeeper.shape import JobShape
 from tests.support.fake_members import coordinator, eventually, join, run
 from tests.support.leader_jobs import (
     FakePersistent,
@@ -168,7 +169,10 @@ def test_an_earlier_step_saved_by_a_scaled_down_world_gives_the_missing_hosts_th
     async def scenario():
         store = FakePersistent(earlier={30: {0, 1}})  # slice 1 (hosts 2, 3) was dropped then
         leader = Leader(
-            host_count=4, max_restarts=3, coordinator_address=coordinator, persistent=store, hosts_per_slice=2
+            shape=JobShape(2, 2),
+            max_restarts=3,
+            coordinator_address=coordinator,
+            persistent=store,
         )  # type: ignore[arg-type]
         port = await leader.serve("127.0.0.1", 0)
         members = await join(port, 4)

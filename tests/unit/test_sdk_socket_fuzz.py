@@ -41,6 +41,7 @@ from slicekeeper import protocol
 from slicekeeper.api_spec import HealthSpec
 from slicekeeper.goodput import GoodputAccountant
 from slicekeeper.protocol import Event, Phase
+from tests.support.host_contexts import host_context
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -141,17 +142,18 @@ class Supervisor:
         self.reports: list[messages.MemberReport] = []
         self.said: list[str] = []
         waiting = Standby(FakeProcess()) if standby else None  # type: ignore[arg-type]
-        self.sdk = SdkEvents(
-            detector=HangDetector(HealthSpec()),
-            activity=ActivityTracker(),
-            accountant=lambda: self.accountant,
+        context = host_context(
+            accountant=self.accountant,
             metrics=self.metrics,
-            checkpoint_saved=lambda step: None,
             report=self.report,
             log=lambda record: json.dumps(record),
             say=self.said.append,
-            generation=lambda: 0,
-            stopping=lambda: False,
+        )
+        self.sdk = SdkEvents(
+            context,
+            detector=HangDetector(HealthSpec()),
+            activity=ActivityTracker(),
+            checkpoint_saved=lambda step: None,
             standby=lambda: waiting,
             step_begun=lambda step: None,
             productive_again=lambda: None,

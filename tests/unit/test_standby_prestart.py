@@ -22,6 +22,7 @@ from slicekeeper.supervisor.metrics import SupervisorMetrics
 from slicekeeper import protocol
 from slicekeeper.api_spec import HealthSpec
 from slicekeeper.goodput import GoodputAccountant
+from tests.support.host_contexts import host_context
 
 
 class Host:
@@ -34,17 +35,18 @@ class Host:
         self.last_step = 0
         self.step = 0
         """The step in progress (begun, its end being handled)."""
-        self.sdk = SdkEvents(
-            detector=HangDetector(HealthSpec()),
-            activity=ActivityTracker(),
-            accountant=lambda: self.accountant,
+        context = host_context(
+            accountant=self.accountant,
             metrics=SupervisorMetrics(lambda: self.accountant),
-            checkpoint_saved=lambda step: None,
             report=self.reported,
             log=lambda record: json.dumps(record),
             say=lambda line: None,
-            generation=lambda: self.generation,
-            stopping=lambda: False,
+        )
+        self.sdk = SdkEvents(
+            context,
+            detector=HangDetector(HealthSpec()),
+            activity=ActivityTracker(),
+            checkpoint_saved=lambda step: None,
             standby=lambda: None,
             step_begun=self.begun,
             productive_again=lambda: self.standby_asked_after.append(self.step),

@@ -18,6 +18,7 @@ from slicekeeper.supervisor.leader.capacity import pod_replacements
 from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.journal import JobState
 
+from slicekeeper.shape import JobShape
 from tests.support.fake_members import Member, coordinator, eventually, join, run
 from tests.support.leader_jobs import all_stop, assigned, job_with_spares, lose, running_job, shut
 
@@ -120,7 +121,7 @@ def test_a_new_machine_registering_first_with_a_new_leader_is_decided_on_with_ev
         memory = {"type": "journal", "seq": 3, "journal": old.journal()}
         await shut(old, members)
         new = Leader(
-            host_count=2,
+            shape=JobShape(1, 2),
             max_restarts=3,
             coordinator_address=coordinator,
             replacements=pod_replacements(10.0),

@@ -22,7 +22,7 @@ from slicekeeper import tpu
 )
 def test_a_type_resolves_to_the_gke_shape(tpu_type, accelerator, topology, chips, per_host, hosts):
     shape = tpu.resolve(tpu_type=tpu_type)
-    assert (shape.accelerator, shape.topology, shape.chips, shape.chips_per_host, shape.hosts) == (
+    assert (shape.accelerator, shape.topology, shape.chips, shape.chips_per_host, shape.host_count) == (
         accelerator,
         topology,
         chips,
@@ -38,11 +38,11 @@ def test_v4_and_v5p_names_count_tensorcores_not_chips():
 
 def test_accelerator_and_topology_alone_resolve_the_generation():
     shape = tpu.resolve(accelerator="tpu-v6e-slice", topology="4x4")
-    assert (shape.generation, shape.hosts, shape.type_name) == (tpu.TpuGeneration.V6E, 4, "v6e-16")
+    assert (shape.generation, shape.host_count, shape.type_name) == (tpu.TpuGeneration.V6E, 4, "v6e-16")
 
 
 def test_v5e_chips_per_host_follows_the_machine_type():
-    assert tpu.resolve(tpu_type="v5e-8", chips_per_host=4).hosts == 2
+    assert tpu.resolve(tpu_type="v5e-8", chips_per_host=4).host_count == 2
 
 
 @pytest.mark.parametrize(

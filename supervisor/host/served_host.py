@@ -1,0 +1,219 @@
+"""The host a supervisor serves: its parts, built once the host is known and fixed from then on.
+
+A host's supervisor knows its host at its start; a spare learns it when the leader assigns one
+(supervisor.host.spare). Either way the parts serving the host are built then, each handed the same
+frozen context (supervisor.host.context): the workload process and its standby (host.workload), the
+SDK's events (host.sdk_events), the restart generation with its exit and hang watches
+(host.generation, host.detectors), the chaos faults aimed at the host (host.chaos). Here the leader's
+commands to a host are carried out (`obey`: messages.Start, Stop, Park, Journal, ActivityRequest),
+the host says how it joins a leader, and its account is made (host.host_report).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
+from slicekeeper.supervisor.culprit import ActivityTracker
+from slicekeeper.supervisor.hang import HangDetector
+from slicekeeper.supervisor.host.chaos import Chaos
+from slicekeeper.supervisor.host.confinement import Confinement
+from slicekeeper.supervisor.host.context import HostContext
+from slicekeeper.supervisor.host.generation import Generation
+from slicekeeper.supervisor.host.host_report import host_report
+from slicekeeper.supervisor.host.machine_record import MachineRecord
+from slicekeeper.supervisor.host.sdk_events import SdkEvents
+from slicekeeper.supervisor.host.sdk_socket import remove_sdk_socket, sdk_socket_path
+from slicekeeper.supervisor.host.workload import Standby, Workloads, workload_env
+
+from slicekeeper.goodput import GoodputAccountant
+from slicekeeper.shape import HostId
+
+
+class ServedHost:
+    """A supervisor's mode once it serves a host: the host's parts, each with the host's context."""
+
+    def __init__(
+        self,
+        context: HostContext,
+        *,
+        tiers: CheckpointTiers,
+        record: MachineRecord,
+        fired: set[str],
+        restarted: bool,
+        write_report: Callable[[str], None],
+        leading: Callable[[], bool],
+    ) -> None:
+        """`tiers`: the machine's checkpoint tiers, now holding this host's shards; `record`: the
+        machine's (supervisor.host.machine_record); `fired`: this host's chaos faults already fired
+        elsewhere (a spare taking over); `restarted`: a supervisor served this host on this machine
+        before this one; `write_report(end)`: the supervisor's account, written by a chaos fault
+        that ends it; `leading`: whether this supervisor leads the job now."""
+        self.context = context
+        self._tiers = tiers
+        self._restarted = restarted
+        self.journal: messages.Journal | None = None
+        """The newest journal the leader sent: what a leader taking over carries on."""
+        self.retired = False
+        self._world: list[int] = list(range(context.plan.shape.host_count))
+        self._rank = context.host
+        self._sdk_socket = sdk_socket_path(context.folder)
+        self._sdk_server: asyncio.Server | None = None
+        self._hang_watch: asyncio.Task[None] | None = None
+        self.detector = HangDetector(context.plan.training_job.spec.health)
+        self.activity = ActivityTracker()
+        """Where the workload is, for the leader naming a hang's culprit (supervisor.culprit)."""
+        confinement = Confinement(context.site.hidden_from_workload(), say=context.say)
+        self.workloads = Workloads(context, env=self.workload_env, confinement=confinement)
+        self.chaos = Chaos(
+            context,
+            record=record,
+            tiers=tiers,
+            fired=fired,
+            kill_workload=self.workloads.kill,
+            write_report=write_report,
+            leading=leading,
+        )
+        self.sdk = SdkEvents(
+            context,
+            detector=self.detector,
+            activity=self.activity,
+            checkpoint_saved=tiers.saved,
+            standby=self._standby,
+            step_begun=self._step_begun,
+            productive_again=self._productive_again,
+        )
+        self.generation = Generation(
+            context, workloads=self.workloads, tiers=tiers, sdk=self.sdk, detector=self.detector
+        )
+
+    @property
+    def host(self) -> int:
+        return self.context.host
+
+    @property
+    def identity(self) -> HostId:
+        return self.context.identity
+
+    @property
+    def accountant(self) -> GoodputAccountant:
+        return self.context.accountant
+
+    def _standby(self) -> Standby | None:
+        return self.workloads.standby
+
+    def _step_begun(self, step: int) -> None:
+        self.chaos.inject(step, self.workloads.current, self.generation.number)
+
+    def _productive_again(self) -> None:
+        self.context.spawn(self.workloads.prestart(self.generation.number))
+
+    def workload_env(self, generation: int, coordinator: str, restore_step: int | None) -> dict[str, str]:
+        """The workload's environment for a start of `generation` (supervisor.host.workload)."""
+        context = self.context
+        return workload_env(
+            context.plan,
+            context.plan.training_job,
+            context.plan.layout,
+            context.identity,
+            site=context.site,
+            host=context.host,
+            world=self._world,
+            rank=self._rank,
+            generation=generation,
+            coordinator=coordinator,
+            restore_step=restore_step,
+            socket_path=self._sdk_socket,
+            temp_dir=context.folder / "tmp",
+            checkpoint_dir=self._tiers.local_dir,
+            slow=self.chaos.slow_spec(),
+            environ=os.environ,
+            cores=context.site.cores(),
+        )
+
+    # --- serving ------------------------------------------------------------------------------
+    async def begin(self, *, prestart: bool) -> None:
+        """Listen to the workload's SDK and watch for hangs; `prestart`: the first generation (or,
+        after a supervisor restart, the restart it rejoins) needs a workload, whose imports are done
+        while the hosts gather and the leader decides."""
+        self._sdk_server = await self.sdk.serve(self._sdk_socket)
+        if prestart:
+            self.context.spawn(self.workloads.prestart(0))
+        self._hang_watch = self.context.spawn(self.generation.hangs.run())
+
+    async def end(self) -> None:
+        """The supervisor ends: the workload and its standby stopped, the SDK socket gone."""
+        if self._hang_watch is not None:
+            self._hang_watch.cancel()
+        self.workloads.drop_standby()
+        await self.workloads.stop()
+        if self._sdk_server is not None:
+            self._sdk_server.close()
+        remove_sdk_socket(self._sdk_socket, self.context.folder)
+
+    def interrupt(self) -> None:
+        """The supervisor stops at once: the time accounted so far, the workload SIGKILLed."""
+        self.context.accountant.interrupt(time.time())
+        self.workloads.kill()
+
+    def registration(self, hello: dict[str, Any], rejoining: bool) -> messages.Register:
+        """How this host joins a leader: at its start, or rejoining after its leader was lost (with
+        what a leader taking over needs from it)."""
+        if not rejoining:
+            return messages.Register(host=self.host, **hello, restarted=self._restarted)
+        return messages.Register(
+            host=self.host,
+            **hello,
+            journal=self.journal,
+            generation=self.generation.number,
+            step=self.context.accountant.high_water,
+            parked=self.generation.parked,
+        )
+
+    # --- the leader's commands to a host ------------------------------------------------------
+    async def obey(self, command: messages.Command) -> None:
+        match command:
+            case messages.Start() as start:
+                self._world, self._rank = list(start.world), start.rank
+                await self.generation.start(start, self._world)
+            case messages.Stop() as stop:  # the fault is this host's when the leader named it so
+                await self.generation.stop(stop, blamed=stop.host == self.host)
+            case messages.Journal() as journal:
+                self.journal = journal  # the leader's newest: what a leader taking over carries on
+            case messages.ActivityRequest():
+                snapshot = self.activity.snapshot(time.time()).to_message()
+                await self.context.report(
+                    messages.ActivityReport(generation=self.generation.number, **snapshot)
+                )
+            case messages.Park() as park:
+                self.generation.park(park)
+
+    async def retire(self) -> None:
+        """The leader replaced this machine while it was alive (e.g. a straggler): the workload ends."""
+        self.workloads.drop_standby()
+        await self.workloads.stop()
+        self.context.accountant.interrupt(time.time())
+        self.retired = True
+
+    def account(
+        self, *, machine: str, end: str | None, tiers: CheckpointTiers, exit_code: int | None, now: float
+    ) -> dict[str, Any]:
+        return host_report(
+            machine=machine,
+            end=end,
+            retired=self.retired,
+            identity=self.identity,
+            accountant=self.context.accountant,
+            generation=self.generation,
+            journal=self.journal,
+            sdk=self.sdk,
+            detector=self.detector,
+            tiers=tiers,
+            exit_code=exit_code,
+            now=now,
+        )
