@@ -18,9 +18,31 @@ import sys
 import traceback
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
+from enum import StrEnum
 from typing import Any
 
 Work = Coroutine[Any, Any, None]
+
+
+class Task(StrEnum):
+    """What the leader runs in the background: the metric's fixed label set, each counted from 0."""
+
+    DECISION = "decision"
+    """A decision on an event and its steps (leader.remediation), where it runs or is awaited."""
+    HANG_CULPRIT = "hang_culprit"
+    """Naming a hang's culprit from the members' answers (supervisor.culprit)."""
+    WAIT = "wait"
+    """Reconsidering an event once a policy's `Wait` is over."""
+    ACK_DEADLINE = "ack_deadline"
+    """The deadline for every member to acknowledge a stop."""
+    REPLACEMENT = "replacement"
+    """The time a lost host's replacement pod is awaited."""
+    TAKEOVER = "takeover"
+    """Taking over from a lost leader (leader.takeover)."""
+    STAND_DOWN = "stand_down"
+    """Saying that this leader stands down."""
+    OUTCOME = "outcome"
+    """Turning another task's failure into the job's outcome; its own failure is only logged."""
 
 
 class BackgroundWork:
@@ -32,20 +54,21 @@ class BackgroundWork:
     ) -> None:
         self._leading = leading
         self._failed = failed
-        """What a failure becomes (`task`: what failed, the exception): the leader fails the job."""
-        self.failures: Counter[str] = Counter()
-        """Failed background work, by what it was."""
+        """What a failure becomes (what failed, in words, and the exception): the leader fails the job."""
+        self.failures: Counter[Task] = Counter({task: 0 for task in Task})
+        """Failed background work, by task (every task from 0)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._timers: set[asyncio.TimerHandle] = set()
 
-    def spawn(self, task: str, work: Work) -> asyncio.Task[None]:
-        """Run `work` (`task`: what it is, for the log, the metric and the job's failure reason)."""
+    def spawn(self, task: Task, work: Work, what: str | None = None) -> asyncio.Task[None]:
+        """Run `work` (`task`: which, for the metric; `what`: it in words, for the log and the job's
+        failure reason, by default the task's own description)."""
         running = asyncio.ensure_future(work)
         self._tasks.add(running)
-        running.add_done_callback(lambda done: self._ended(task, done))
+        running.add_done_callback(lambda done: self._ended(task, what, done))
         return running
 
-    def later(self, seconds: float, task: str, work: Callable[[], Work]) -> asyncio.TimerHandle:
+    def later(self, seconds: float, task: Task, work: Callable[[], Work]) -> asyncio.TimerHandle:
         """Run `work()` in `seconds`, if this leader still leads then; cancel with the handle."""
 
         def fire() -> None:
@@ -57,28 +80,29 @@ class BackgroundWork:
         self._timers.add(handle)
         return handle
 
-    def _ended(self, task: str, done: asyncio.Task[None]) -> None:
+    def _ended(self, task: Task, what: str | None, done: asyncio.Task[None]) -> None:
         self._tasks.discard(done)
         if done.cancelled():
             return
         error = done.exception()
         if error is None:
             return
-        if task == OUTCOME:
-            self._count_and_log(task, error)  # the outcome itself failed: nothing further to turn to
+        if task is Task.OUTCOME:
+            self._count_and_log(task, what, error)  # the outcome itself failed: nothing further to do
         else:
-            self.spawn(OUTCOME, self.failed(task, error))
+            self.spawn(Task.OUTCOME, self.failed(task, error, what))
 
-    async def failed(self, task: str, error: BaseException) -> None:
+    async def failed(self, task: Task, error: BaseException, what: str | None = None) -> None:
         """`task` raised `error` (in the background or where it was awaited): log it, count it, and
         turn it into the job's outcome."""
-        self._count_and_log(task, error)
-        await self._failed(task, error)
+        await self._failed(self._count_and_log(task, what, error), error)
 
-    def _count_and_log(self, task: str, error: BaseException) -> None:
+    def _count_and_log(self, task: Task, what: str | None, error: BaseException) -> str:
         self.failures[task] += 1
+        said = what or DESCRIPTIONS[task]
         trace = "".join(traceback.format_exception(error))
-        print(f"leader: {task} failed:\n{trace}", file=sys.stderr, flush=True)
+        print(f"leader: {said} failed:\n{trace}", file=sys.stderr, flush=True)
+        return said
 
     def cancel(self) -> None:
         """The leader closes: nothing of its own runs on."""
@@ -89,5 +113,14 @@ class BackgroundWork:
             running.cancel()
 
 
-OUTCOME = "failure outcome"
-"""The task that turns another task's failure into the job's outcome; its own failure is only logged."""
+DESCRIPTIONS = {
+    Task.DECISION: "a decision",
+    Task.HANG_CULPRIT: "naming a hang's culprit",
+    Task.WAIT: "reconsidering after a Wait",
+    Task.ACK_DEADLINE: "the stop acknowledgement deadline",
+    Task.REPLACEMENT: "awaiting a replacement pod",
+    Task.TAKEOVER: "taking over from a lost leader",
+    Task.STAND_DOWN: "standing down",
+    Task.OUTCOME: "failing the job",
+}
+"""Each task in words, for the log and the job's failure reason."""

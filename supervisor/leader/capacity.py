@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.leader.background import BackgroundWork
+from slicekeeper.supervisor.leader.background import BackgroundWork, Task
 from slicekeeper.supervisor.leader.journal import JobMemory
 from slicekeeper.supervisor.leader.members import HostStatus, Members
 
@@ -287,7 +287,7 @@ class PodReplacements(_Crew):
         if host in self._awaited:
             return None
         self._awaited[host] = self._background.later(
-            self.timeout, "awaiting a replacement pod", lambda: self._no_replacement(host)
+            self.timeout, Task.REPLACEMENT, lambda: self._no_replacement(host)
         )
         await self.members.event(
             f"awaiting a replacement pod for host {host} (up to {self.timeout:g} s)", host=host

@@ -22,7 +22,7 @@ from typing import Any
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader import restart_machine as machine
-from slicekeeper.supervisor.leader.background import BackgroundWork
+from slicekeeper.supervisor.leader.background import BackgroundWork, Task
 from slicekeeper.supervisor.leader.capacity import Replacement
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
 from slicekeeper.supervisor.leader.decisions import Decisions
@@ -138,7 +138,7 @@ class Generations:
             case machine.ArmAckDeadline(generation=generation):
                 self._cancel_ack_deadline()
                 self._ack_deadline = self.background.later(
-                    STOP_ACK_SECONDS, "stop acknowledgement deadline", lambda: self._acks_overdue(generation)
+                    STOP_ACK_SECONDS, Task.ACK_DEADLINE, lambda: self._acks_overdue(generation)
                 )
             case machine.CancelAckDeadline():
                 self._cancel_ack_deadline()

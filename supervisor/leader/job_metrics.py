@@ -17,6 +17,7 @@ from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.journal import JobMemory, JobState
 from slicekeeper.supervisor.world import JobWorld
@@ -36,7 +37,7 @@ class JobView(Protocol):
     decisions: Decisions
 
     @property
-    def task_failures(self) -> Counter[str]:
+    def task_failures(self) -> Counter[Task]:
         """Background work of this leader that failed, by what it was (leader.background)."""
 
 
@@ -57,14 +58,14 @@ class JobCollector(Collector):
         yield _task_failures(leader.task_failures)
 
 
-def _task_failures(failures: Counter[str]) -> Metric:
+def _task_failures(failures: Counter[Task]) -> Metric:
     family = CounterMetricFamily(
         "slicekeeper_leader_task_failures",
         "The leader's background work that failed (each fails the job with the reason), by what it was.",
         labels=["task"],
     )
-    for task, count in sorted(failures.items()):
-        family.add_metric([task], count)
+    for task in Task:  # every task from 0: a rule sees the first failure
+        family.add_metric([task.value], failures[task])
     return family
 
 

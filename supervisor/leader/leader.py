@@ -28,7 +28,7 @@ from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
 from slicekeeper.supervisor.checkpoints.restore_plan import RestorePlan
 from slicekeeper.supervisor.leader import status as views
-from slicekeeper.supervisor.leader.background import BackgroundWork
+from slicekeeper.supervisor.leader.background import BackgroundWork, Task
 from slicekeeper.supervisor.leader.capacity import Replacement, Replacements, spare_pool
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
 from slicekeeper.supervisor.leader.decisions import Decisions
@@ -157,15 +157,15 @@ class Leader:
             self.status[host].state = "stopped"
         self.decisions.new_world()  # the old machine's timings are not the new one's
 
-    async def _background_failed(self, task: str, error: BaseException) -> None:
+    async def _background_failed(self, what: str, error: BaseException) -> None:
         """Background work failed: the job fails with the reason rather than wait for it for ever. A
         leader that no longer leads does nothing (its successor carries on)."""
         if self._standing_down or not self.leading():
             return
-        await self.generations.fail(f"the leader's background work failed ({task}): {error!r}")
+        await self.generations.fail(f"the leader's background work failed ({what}): {error!r}")
 
     @property
-    def task_failures(self) -> Counter[str]:
+    def task_failures(self) -> Counter[Task]:
         """Failed background work, by what it was (slicekeeper_leader_task_failures_total)."""
         return self.background.failures
 
@@ -204,7 +204,7 @@ class Leader:
             handle=self._handle,
             host_lost=self.remediation.host_lost,
         )
-        self.background.spawn("taking over from the lost leader", self._take_over(self._takeover))
+        self.background.spawn(Task.TAKEOVER, self._take_over(self._takeover))
 
     async def _take_over(self, takeover: Takeover) -> None:
         await takeover.settle()
@@ -241,7 +241,7 @@ class Leader:
         is taken on them; the job's memory stays as it was (a leader taking over carries it on)."""
         if not self._standing_down:
             self._standing_down = True
-            self.background.spawn("standing down", self.members.event(f"leader standing down: {reason}"))
+            self.background.spawn(Task.STAND_DOWN, self.members.event(f"leader standing down: {reason}"))
 
     async def close(self) -> None:
         self.background.cancel()

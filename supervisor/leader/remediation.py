@@ -27,7 +27,7 @@ from typing import Any
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.culprit import Activity, name_culprit
 from slicekeeper.supervisor.leader import remedies
-from slicekeeper.supervisor.leader.background import BackgroundWork
+from slicekeeper.supervisor.leader.background import BackgroundWork, Task
 from slicekeeper.supervisor.leader.capacity import Replacement
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
 from slicekeeper.supervisor.leader.decisions import Decisions
@@ -100,7 +100,7 @@ class Remediation:
                 # Not awaited here: the answers come over the members' connections, the reporter's
                 # included, whose reading must go on.
                 self._activities = {}
-                self.background.spawn("naming a hang's culprit", self._hang(report))
+                self.background.spawn(Task.HANG_CULPRIT, self._hang(report))
             return
         await self._fault_of(report.host, report)
 
@@ -242,7 +242,7 @@ class Remediation:
                 host=finding.host,
                 score=finding.score,
             )
-            self.background.spawn("deciding on a straggler", self.decide_and_act(event))
+            self.background.spawn(Task.DECISION, self.decide_and_act(event))
         if self.capacity_offer:
             await self.offer_capacity()
 
@@ -299,7 +299,7 @@ class Remediation:
                     if not await self._appliers[type(step)](event, step):
                         break
         except Exception as error:  # a decision that cannot be taken or applied: the job fails with it
-            await self.background.failed(f"deciding on {event.kind}", error)
+            await self.background.failed(Task.DECISION, error, f"deciding on {event.summary}")
         finally:
             self.generations.release(DECIDING)
         await self.generations.start_when_all_stopped()
@@ -312,9 +312,7 @@ class Remediation:
     async def _hold(self, event: policy.Event, hold: remedies.HoldFor) -> bool:
         if hold.holds:
             self.generations.hold(WAITING)  # the job stays stopped until reconsidered
-        self.background.later(
-            hold.seconds, "reconsidering after a Wait", lambda: self._reconsider(event, hold.holds)
-        )
+        self.background.later(hold.seconds, Task.WAIT, lambda: self._reconsider(event, hold.holds))
         return True
 
     async def _stop_first(self, event: policy.Event, stop: remedies.StopFirst) -> bool:

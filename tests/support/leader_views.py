@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.journal import JobMemory
 from slicekeeper.supervisor.straggler import StragglerDetector
@@ -19,7 +20,7 @@ class LeaderView:
     memory: JobMemory
     world: JobWorld
     decisions: Decisions
-    task_failures: Counter[str] = field(default_factory=Counter)
+    task_failures: Counter[Task] = field(default_factory=Counter)
 
 
 def leader_view(

@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 
 from slicekeeper.supervisor.leader import Leader, remediation
+from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.capacity import pod_replacements
 from slicekeeper.supervisor.leader.journal import JobState
 
@@ -44,10 +45,10 @@ def test_a_decision_that_raises_fails_the_job_with_the_reason(monkeypatch):
         for member in members:
             message = await member.receive()
             assert message["type"] == "fail"
-            assert "deciding on crash" in message["reason"]
+            assert "deciding on crash on host 1" in message["reason"]
             assert "RuntimeError('the decision path broke')" in message["reason"]
         assert leader.memory.state is JobState.FAILED
-        assert leader.task_failures == {"deciding on crash": 1}
+        assert +leader.task_failures == {Task.DECISION: 1}
         await shut(leader, members)
 
     run(scenario)
@@ -74,7 +75,7 @@ def test_a_decision_on_a_hang_that_raises_fails_the_job_instead_of_leaving_it_st
             assert message["type"] == "fail"
             assert "deciding on hang" in message["reason"]
         assert leader.memory.state is JobState.FAILED
-        assert leader.task_failures == {"deciding on hang": 1}
+        assert +leader.task_failures == {Task.DECISION: 1}
         await shut(leader, members)
 
     run(scenario)
@@ -97,7 +98,7 @@ def test_a_background_task_that_raises_fails_the_job_with_the_reason(monkeypatch
                 message = await member.receive()
             assert message["type"] == "fail"
             assert "naming a hang's culprit" in message["reason"]
-        assert leader.task_failures["naming a hang's culprit"] == 1
+        assert +leader.task_failures == {Task.HANG_CULPRIT: 1}
         await shut(leader, members)
 
     run(scenario)
