@@ -261,7 +261,7 @@ class LeaderDuties:
             min_slices=spec.min_slices,
             engine=PolicyEngine.from_spec(spec.policy),
             events_path=Path(plan.run_dir) / "policy-events.jsonl",
-            replacements=self._site.replacements,
+            replacements=self._site.replacements(),
             log_events=self._site.log_events,
             term=term,
             leading=leading,

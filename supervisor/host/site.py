@@ -23,18 +23,15 @@ import os
 import socket
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor import leader_connection
 from slicekeeper.supervisor.host.confinement import SERVICE_ACCOUNT_DIR
 from slicekeeper.supervisor.host.workload import GO_VARIABLES, own_cores
-from slicekeeper.supervisor.leader.background import BackgroundWork
-from slicekeeper.supervisor.leader.capacity import PodReplacements, Replacement, SparePool
+from slicekeeper.supervisor.leader.capacity import Replacements, pod_replacements, spare_pool
 from slicekeeper.supervisor.leader.election import Election, Holder, cluster_election, local_election
-from slicekeeper.supervisor.leader.journal import JobMemory
-from slicekeeper.supervisor.leader.members import HostStatus, Members
 from slicekeeper.supervisor.own_pod import OwnPod
 from slicekeeper.supervisor.plan import JobPlan, free_port
 
@@ -119,21 +116,9 @@ class Site(ABC):
         (supervisor.leader.capacity)."""
 
     @abstractmethod
-    def replacements(
-        self,
-        members: Members,
-        status: dict[int, HostStatus],
-        memory: JobMemory,
-        newcomer: Callable[[int], None],
-        *,
-        write_journal: Callable[[], Awaitable[None]],
-        overdue: Callable[[int], Awaitable[None]],
-        background: BackgroundWork,
-    ) -> Replacement:
-        """The leader's part that brings a lost host's successor (supervisor.leader.capacity), built
-        by the leader from its own parts: `write_journal` writes the job's memory down before a spare
-        is told its host; `overdue` is called for a host whose new pod did not come in time, on the
-        leader's `background` work."""
+    def replacements(self) -> Replacements:
+        """Where the leader gets a lost host's successor (supervisor.leader.capacity): spare
+        supervisors locally, new pods in a cluster."""
 
     @abstractmethod
     def reachable(self, layout: JobLayout, hostnames: list[str]) -> list[str]:
@@ -250,19 +235,9 @@ class LocalSite(Site):
     def replacement_timeout(self) -> float | None:
         return None
 
-    def replacements(
-        self,
-        members: Members,
-        status: dict[int, HostStatus],
-        memory: JobMemory,
-        newcomer: Callable[[int], None],
-        *,
-        write_journal: Callable[[], Awaitable[None]],
-        overdue: Callable[[int], Awaitable[None]],
-        background: BackgroundWork,
-    ) -> Replacement:
+    def replacements(self) -> Replacements:
         """Idle spare supervisors take over lost hosts."""
-        return SparePool(members, status, memory, newcomer, write_journal)
+        return spare_pool
 
     def reachable(self, layout: JobLayout, hostnames: list[str]) -> list[str]:
         return hostnames  # no Service to resolve them through: names only
@@ -350,27 +325,9 @@ class PodSite(Site):
         timeout = self.plan.replacement_timeout
         return timeout or self.plan.training_job.spec.health.replacement_timeout_seconds
 
-    def replacements(
-        self,
-        members: Members,
-        status: dict[int, HostStatus],
-        memory: JobMemory,
-        newcomer: Callable[[int], None],
-        *,
-        write_journal: Callable[[], Awaitable[None]],
-        overdue: Callable[[int], Awaitable[None]],
-        background: BackgroundWork,
-    ) -> Replacement:
-        """The operator replaces a lost host's pod; `overdue` once it is `replacement_timeout` late."""
-        return PodReplacements(
-            members,
-            status,
-            memory,
-            newcomer,
-            timeout=self.replacement_timeout,
-            overdue=overdue,
-            background=background,
-        )
+    def replacements(self) -> Replacements:
+        """The operator replaces a lost host's pod, awaited up to `replacement_timeout`."""
+        return pod_replacements(self.replacement_timeout)
 
     def reachable(self, layout: JobLayout, hostnames: list[str]) -> list[str]:
         """Through the job's headless Service."""

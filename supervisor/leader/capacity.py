@@ -57,52 +57,44 @@ class Replacement(Protocol):
         """The job ended: idle spares end too."""
 
 
-class Replacements(Protocol):
-    """Builds the leader's `Replacement` from the leader's own parts: the site's choice (a spare pool
-    locally, new pods in a cluster: supervisor.host.site), made once."""
+@dataclass(frozen=True)
+class LeaderParts:
+    """What of the leader a `Replacement` is built from."""
 
-    def __call__(
-        self,
-        members: Members,
-        status: dict[int, HostStatus],
-        memory: JobMemory,
-        newcomer: Callable[[int], None],
-        *,
-        write_journal: Callable[[], Awaitable[None]],
-        overdue: Callable[[int], Awaitable[None]],
-        background: BackgroundWork,
-    ) -> Replacement: ...
+    members: Members
+    status: dict[int, HostStatus]
+    memory: JobMemory
+    newcomer: Callable[[int], None]
+    """Tell the leader a new machine serves a host (it has no workload to stop; timings reset)."""
+    write_journal: Callable[[], Awaitable[None]]
+    """Write the job's memory down (before a spare is told its host)."""
+    overdue: Callable[[int], Awaitable[None]]
+    """No new pod came for a host in time: the policy decides again."""
+    background: BackgroundWork
 
 
-def spare_pool(
-    members: Members,
-    status: dict[int, HostStatus],
-    memory: JobMemory,
-    newcomer: Callable[[int], None],
-    *,
-    write_journal: Callable[[], Awaitable[None]],
-    overdue: Callable[[int], Awaitable[None]],
-    background: BackgroundWork,
-) -> Replacement:
+Replacements = Callable[[LeaderParts], "Replacement"]
+"""Builds the leader's `Replacement` from its parts: the site's choice (a spare pool locally, new
+pods in a cluster: supervisor.host.site), made once."""
+
+
+def spare_pool(parts: LeaderParts) -> Replacement:
     """Idle spare supervisors take over lost hosts (`slicekeeper run`)."""
-    return SparePool(members, status, memory, newcomer, write_journal)
+    return SparePool(parts.members, parts.status, parts.memory, parts.newcomer, parts.write_journal)
 
 
 def pod_replacements(timeout: float) -> Replacements:
     """The operator replaces a lost host's pod, awaited up to `timeout` seconds (a cluster)."""
 
-    def build(
-        members: Members,
-        status: dict[int, HostStatus],
-        memory: JobMemory,
-        newcomer: Callable[[int], None],
-        *,
-        write_journal: Callable[[], Awaitable[None]],
-        overdue: Callable[[int], Awaitable[None]],
-        background: BackgroundWork,
-    ) -> Replacement:
+    def build(parts: LeaderParts) -> Replacement:
         return PodReplacements(
-            members, status, memory, newcomer, timeout=timeout, overdue=overdue, background=background
+            parts.members,
+            parts.status,
+            parts.memory,
+            parts.newcomer,
+            timeout=timeout,
+            overdue=parts.overdue,
+            background=parts.background,
         )
 
     return build

@@ -29,7 +29,7 @@ from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
 from slicekeeper.supervisor.checkpoints.restore_plan import RestorePlan
 from slicekeeper.supervisor.leader import status as views
 from slicekeeper.supervisor.leader.background import BackgroundWork, Task
-from slicekeeper.supervisor.leader.capacity import Replacement, Replacements, spare_pool
+from slicekeeper.supervisor.leader.capacity import LeaderParts, Replacement, Replacements, spare_pool
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.election import Holder
@@ -96,13 +96,15 @@ class Leader:
             self.journal_writer.write,
         )
         self.capacity: Replacement = replacements(
-            self.members,
-            self.status,
-            self.memory,
-            self._newcomer,
-            write_journal=self.journal_writer.write,
-            overdue=lambda host: self.remediation.no_replacement(host),
-            background=self.background,
+            LeaderParts(
+                self.members,
+                self.status,
+                self.memory,
+                self._newcomer,
+                write_journal=self.journal_writer.write,
+                overdue=lambda host: self.remediation.no_replacement(host),
+                background=self.background,
+            )
         )
         self.generations = Generations(
             memory=self.memory,
