@@ -279,14 +279,9 @@ def transition(state: RestartState, event: Event, rule: RestartRule) -> Outcome:
                 return state, []  # a second call while the first start reads the persistent tier
             return dataclasses.replace(state, starting=True), [StartGeneration()]
         case Progressed():
-            return (
-                (dataclasses.replace(state, progressed=True), [])
-                if state.phase is JobState.RUNNING
-                else (
-                    state,
-                    [],
-                )
-            )
+            if state.phase is not JobState.RUNNING:
+                return state, []
+            return dataclasses.replace(state, progressed=True), []
         case HostFinished(host=host, generation=generation, world=world):
             if state.phase is not JobState.RUNNING or generation != state.generation:
                 return state, []
