@@ -20,8 +20,10 @@ replace it) and a lost host costs its slice:
   host 2 had when flagged, and the highest score any *other* host reached (they wait for host 2 in
   the collectives: their scores must stay low).
 - `healthy`: no chaos, long enough for 5 minutes of training (steps = 1.15 x 300 s / the median step
-  time measured in the slow runs before their slowdown, or `--healthy-steps`). Target: no straggler
-  flagged. The training time (first to last completed step) is checked against the 5 minutes.
+  time measured in the slow runs before their slowdown, or `--healthy-steps`). Targets: no straggler
+  flagged and no restart (no false alarm: a hang report the leader does not confirm is counted, not
+  a restart). The training time (first to last completed step) is checked against the 5 minutes.
+  `--healthy-only --hosts 16 --devices-per-host 1` runs it alone on a wider world.
 - `scale-down`: `lose:host=3@step=40`. With no spare the default policy drops slice 1 (hosts 2 and
   3) and hosts 0 and 1 continue from the newest checkpoint. Figures from the `lose` fault: lost ->
   detected, detected -> first step after the restart (resumed), detected -> first step beyond the
@@ -41,6 +43,7 @@ table shows the median, min and max over runs; a target is met when every run me
 detected or recovered from; a missed target is a figure, not a failure.
 
     .venv/bin/python benchmarks/policy.py [--runs 3] [--quick] [--skip-healthy] [--json out.json]
+    .venv/bin/python benchmarks/policy.py --healthy-only --hosts 16 --devices-per-host 1 --healthy-minutes 2
 
 Runs, event logs and the table are read and written with benchmarks/harness.py (imported from this
 directory, as the other benchmarks do); the scenarios are in policy_scenarios.py, the figures of a run
@@ -98,6 +101,10 @@ def run_scenario(
     name = f"{scenario.key}-{run}"
     report_path, log_path = work / f"{name}.report.json", work / f"{name}.log"
     command = [*slicekeeper_command(), "run", str(args.job), "--steps", str(steps), "--spares", "0"]
+    if args.hosts is not None:
+        command += ["--hosts", str(args.hosts)]
+    if args.devices_per_host is not None:
+        command += ["--devices-per-host", str(args.devices_per_host)]
     if scenario.chaos:
         command += ["--chaos", scenario.chaos]
     command += ["--report", str(report_path)]
@@ -108,6 +115,7 @@ def run_scenario(
     try:
         report = read_run_report(report_path, status, timed_out, args.timeout)
         figures = analyse(scenario, run, report, load)
+        figures.unconfirmed_hangs = log_path.read_text(errors="replace").count(" not confirmed: ")
         if status != 0:
             raise RunFailed(f"slicekeeper exited with {status}")
     except (RunFailed, json.JSONDecodeError, KeyError, ValueError, TypeError) as error:
@@ -147,6 +155,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--skip-healthy", action="store_true", help="leave out the healthy run")
     parser.add_argument(
+        "--healthy-only", action="store_true", help="only the healthy run (the no-false-alarm run)"
+    )
+    parser.add_argument(
+        "--hosts",
+        type=int,
+        help="local host processes of every run (default: the job's; other than 4 with --healthy-only "
+        "only: the slow and scale-down scenarios are written for the example's 2 x 2 hosts)",
+    )
+    parser.add_argument("--devices-per-host", type=int, help="CPU devices per host of every run")
+    parser.add_argument(
         "--healthy-minutes",
         type=float,
         help=f"training time of the healthy run (default {HEALTHY_MINUTES:g}; --quick: 2)",
@@ -175,8 +193,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.runs < 1
         or args.healthy_minutes <= 0
         or (args.healthy_steps is not None and args.healthy_steps < 1)
+        or (args.hosts is not None and args.hosts < 1)
+        or (args.devices_per_host is not None and args.devices_per_host < 1)
     ):
-        parser.error("--runs, --healthy-minutes and --healthy-steps must be positive")
+        parser.error(
+            "--runs, --healthy-minutes, --healthy-steps, --hosts and --devices-per-host must be positive"
+        )
+    if args.healthy_only and args.skip_healthy:
+        parser.error("--healthy-only and --skip-healthy leave nothing to run")
+    if args.hosts not in (None, 4) and not args.healthy_only:
+        parser.error("--hosts other than 4 needs --healthy-only: the other scenarios are written for 4 hosts")
     return args
 
 
@@ -186,18 +212,22 @@ def main(argv: list[str] | None = None) -> int:
     started_at = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     started = time.monotonic()
     machine = f"{platform.node()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
-    say(
-        f"policy benchmark: {args.runs} run(s) of slow 1.5x / 2x ({args.slow_steps} steps, host {SLOW_HOST} "
-        f"from step {SLOW_STEP}) and scale-down ({args.scale_down_steps} steps, lose host {LOST_HOST} at "
-        f"step {LOSE_STEP}), "
-        + ("no healthy run" if args.skip_healthy else f"one healthy run of {args.healthy_minutes:g} min")
-    )
+    world = "" if args.hosts is None else f" on {args.hosts} hosts"
+    healthy = "no healthy run" if args.skip_healthy else f"one healthy run of {args.healthy_minutes:g} min"
+    if args.healthy_only:
+        say(f"policy benchmark: {healthy}{world}")
+    else:
+        say(
+            f"policy benchmark: {args.runs} run(s) of slow 1.5x / 2x ({args.slow_steps} steps, host "
+            f"{SLOW_HOST} from step {SLOW_STEP}) and scale-down ({args.scale_down_steps} steps, lose host "
+            f"{LOST_HOST} at step {LOSE_STEP}), {healthy}{world}"
+        )
     say(f"  started {started_at} on {machine}; load average {os.getloadavg()[0]:.2f}; work dir {work}")
 
     runs: dict[str, list[RunFigures]] = {}
     failures: list[str] = []
     plan = [(s, args.slow_steps) for s in SLOW_SCENARIOS] + [(SCALE_DOWN, args.scale_down_steps)]
-    for run in range(1, args.runs + 1):
+    for run in range(1, 0 if args.healthy_only else args.runs + 1):
         for scenario, steps in plan:
             try:
                 figures = run_scenario(scenario, run, args.runs, steps, args, work)
@@ -222,13 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - started
     if rows:
         say("")
-        say(
-            f"{args.runs} run(s) per slow / scale-down scenario, --spares 0; median/min/max over runs; "
-            f"benchmark took {elapsed / 60:.1f} min"
+        runs_said = (
+            "the healthy run only"
+            if args.healthy_only
+            else f"{args.runs} run(s) per slow / scale-down scenario"
         )
+        say(f"{runs_said}, --spares 0; median/min/max over runs; benchmark took {elapsed / 60:.1f} min")
         say(format_rows(rows))
     notes = [f"{f.scenario} run {f.run}: {note}" for fs in runs.values() for f in fs for note in f.notes]
-    decisions = [f"{f.scenario} run {f.run}: {'; '.join(f.decisions)}" for fs in runs.values() for f in fs]
+    decisions = [
+        f"{f.scenario} run {f.run}: {'; '.join(f.decisions)}"
+        for fs in runs.values()
+        for f in fs
+        if f.decisions
+    ]
     loads = [f.load_average for fs in runs.values() for f in fs]
     if loads:
         say("")
@@ -255,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
                     "runs_requested": args.runs,
                     "quick": args.quick,
                     "job": str(args.job),
+                    "hosts": args.hosts,
+                    "devices_per_host": args.devices_per_host,
                     "failures": failures,
                     "summary": [row.summary() for row in rows],
                     "runs": {key: [asdict(f) for f in fs] for key, fs in runs.items()},

@@ -58,6 +58,10 @@ class RunFigures:
     stragglers: list[dict[str, Any]]
     decisions: list[str]
     replay: ScoreReplay
+    restarts: int = 0
+    """In-job restarts, of any kind (in the healthy run, every one a false alarm)."""
+    unconfirmed_hangs: int = 0
+    """Hang reports the leader found to be a slow job when it asked again (no restart)."""
     flag_steps: float | None = None
     """Slow runs: steps from the slowdown to host 2's flag (inf: never flagged)."""
     flag_seconds: float | None = None
@@ -171,6 +175,7 @@ def analyse(scenario: Scenario, run: int, report: dict[str, Any], load: float) -
         stragglers=list(report.get("stragglers") or []),
         decisions=[describe_decision(d) for d in report.get("decisions") or []],
         replay=replay_scores(reports, fault_step),
+        restarts=sum(int(n) for n in (report.get("restarts") or {}).values()),
         run_dir=str(run_dir),
     )
     replayed = [(host, step) for host, step, _ in figures.replay.findings]
@@ -256,6 +261,9 @@ def progress_line(figures: RunFigures) -> str:
         )
     if figures.scenario == HEALTHY.key:
         parts.append(f"{figures.training_seconds:.0f} s of training")
+        parts.append(
+            f"{figures.restarts} restart(s), {figures.unconfirmed_hangs} hang report(s) not confirmed"
+        )
     max_score = max(figures.replay.max_score.values(), default=float("nan"))
     parts.append(f"{len(figures.stragglers)} flagged; max replayed score {max_score:.2f}")
     return "; ".join(parts)

@@ -116,6 +116,20 @@ def build_rows(runs: dict[str, list[RunFigures]], healthy_seconds: float) -> lis
         lambda v: v == 0,
     )
     add(
+        "healthy: restarts (each a false alarm)",
+        HEALTHY.key,
+        lambda f: f.restarts,
+        "count",
+        "0",
+        lambda v: v == 0,
+    )
+    add(
+        "healthy: hang reports not confirmed (a slow job, no restart)",
+        HEALTHY.key,
+        lambda f: f.unconfirmed_hangs,
+        "count",
+    )
+    add(
         "healthy: max score of any host (replayed; flag: >= 1.3 for 6 steps)",
         HEALTHY.key,
         lambda f: max(f.replay.max_score.values(), default=None),

@@ -224,7 +224,14 @@ class HealthSpec(Model):
         default=2.0, description="The hang timeout never goes below this many seconds."
     )
     hang_timeout_factor: PositiveFloat = Field(
-        default=3.0, description="Hang timeout = max(floor, factor x typical step time)."
+        default=3.0,
+        description="Hang timeout = max(floor, factor x the 95th percentile of the last 32 step times).",
+    )
+    warmup_timeout_per_host_seconds: PositiveFloat = Field(
+        default=0.25,
+        description="For the 3 steps after the first of every (re)start, the hang timeout is at least "
+        "this x the hosts of the world (at most startupTimeoutSeconds): a wider world's first steps "
+        "take longer.",
     )
     startup_timeout_seconds: PositiveFloat = Field(
         default=120.0, description="Allowance from process start to the first completed step."

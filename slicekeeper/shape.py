@@ -80,3 +80,30 @@ class JobLayout:
 
     def slice_hostnames(self, slice_index: int) -> list[str]:
         return [self.hostname(self.host(h)) for h in self.shape.hosts_of(slice_index)]
+
+
+def host_ranges(hosts: Iterable[int]) -> str:
+    """`hosts` in their order as runs of consecutive numbers: "0-7,16-23,8" (what a list of thousands
+    of hosts costs on the wire: a world of 25,000 hosts in rank order is "0-24999")."""
+    runs: list[list[int]] = []
+    for host in hosts:
+        if runs and host == runs[-1][1] + 1:
+            runs[-1][1] = host
+        else:
+            runs.append([host, host])
+    return ",".join(f"{first}-{last}" if last > first else str(first) for first, last in runs)
+
+
+def parse_host_ranges(text: str) -> list[int]:
+    """The hosts `host_ranges` wrote, in order; ValueError naming the part that is not a run."""
+    hosts: list[int] = []
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        try:
+            start, end = int(first), int(last or first)
+        except ValueError:
+            raise ValueError(f"{part!r} in {text[:80]!r} is not a host or a run of hosts (A-B)") from None
+        if end < start or start < 0:
+            raise ValueError(f"{part!r} in {text[:80]!r} is not a run of hosts (A-B, A <= B)")
+        hosts.extend(range(start, end + 1))
+    return hosts

@@ -11,8 +11,10 @@ The host that stopped inside its own work of step S is at (S, begun) while the o
 own work and wait at (S, work done); a host that stopped between steps (a checkpoint save after S) is
 at (S, ended) while the others began S+1. A host whose supervisor does not answer at all (its whole
 machine hung) is further behind than any. Among hosts equally far behind, the one silent longest is
-named. When every host is at the same stage there is no evidence (a collective hung as a whole, or a
-loop that never calls `work_done()`): the reporter is named and the reason says so.
+named. When every host is at the same stage there is no evidence (a collective hung as a whole, a
+loop that never calls `work_done()`, or a job only slower than its hang allowance): the reporter is
+named and the reason says so, and the leader asks again one allowance later; only if no host moved in
+between (`moved`) is the job restarted.
 
 Silence is measured by each supervisor on its own clock (seconds since the workload's last event), so
 hosts' clocks need not agree.
@@ -150,3 +152,21 @@ def name_culprit(activities: Mapping[int, Activity | None], reporter: int) -> Cu
         f"host {host} is {answered[host].describe()}; the others are {' or '.join(others)}",
         certain=True,
     )
+
+
+def moved(
+    before: Mapping[int, Activity | None], after: Mapping[int, Activity | None], elapsed: float
+) -> list[int]:
+    """The hosts whose workload went on between two askings `elapsed` seconds apart: it got to a later
+    step or stage, or it said anything since (its silence grew by less than half the time between).
+    A host that did not answer either time is not known to have moved."""
+    went_on = []
+    for host, then in before.items():
+        now = after.get(host)
+        if then is None or now is None:
+            continue
+        if (now.step, now.stage) > (then.step, then.stage) or (
+            now.silent_seconds < then.silent_seconds + elapsed / 2
+        ):
+            went_on.append(host)
+    return sorted(went_on)

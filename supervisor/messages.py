@@ -22,12 +22,30 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    model_validator,
+)
 from slicekeeper.supervisor.checkpoints.restore_plan import RestoreSource
 
 from slicekeeper import protocol
 from slicekeeper.chaos import ChaosKind
 from slicekeeper.policy.events import FaultKind
+from slicekeeper.shape import host_ranges, parse_host_ranges
+
+
+def _as_runs(value: Any) -> Any:
+    return host_ranges(value) if isinstance(value, (list, tuple)) else value
+
+
+HostRuns = Annotated[str, BeforeValidator(_as_runs)]
+"""Hosts in order, as runs of consecutive numbers ("0-24999", slicekeeper.shape.host_ranges): a list
+of hosts given is written so. A start tells every host the world: made once, not once per host."""
+
 
 UNSTAMPED = -1
 """The host of a report not sent yet: its supervisor stamps the host it serves (a spare has none)."""
@@ -79,13 +97,16 @@ class StateReport(Report):
 
 
 class Progress(Report):
-    """A step ended on the host; `work`: the seconds of its own work in it (straggler detection)."""
+    """A step ended on the host; `work`: the seconds of its own work in it (straggler detection).
+    `earlier`: the steps the host completed since its previous report, before this one, each as
+    (step, when it ended, work): a host of a large job reports every `Start.progress_every` steps."""
 
     type: Literal["progress"] = "progress"
     generation: int
     step: int
     loss: float | None = None
     work: float | None = None
+    earlier: list[tuple[int, float, float | None]] = []
 
 
 class Committed(Report):
@@ -214,11 +235,22 @@ class Order(Message):
 
 class Journal(Order):
     """The job's memory, written down on a member before the command it leads to; a member keeps the
-    one with the highest `seq`."""
+    one with the highest `seq`. Written whole (`journal`), or as the `change` from journal `base`
+    (supervisor.leader.journal_delta), which the member holds."""
 
     type: Literal["journal"] = "journal"
     seq: int
-    journal: dict[str, Any]
+    journal: dict[str, Any] = {}
+    base: int | None = None
+    change: list[list[Any]] | None = None
+
+    @model_validator(mode="after")
+    def _whole_or_change(self) -> Journal:
+        if (self.change is None) != (self.base is None):
+            raise ValueError("a journal change names the journal it changes (base), and only then")
+        if self.change is not None and self.journal:
+            raise ValueError("a journal is written whole or as a change, not both")
+        return self
 
 
 class Stop(Order):
@@ -240,8 +272,18 @@ class Start(Order):
     restore_step: int | None
     sources: list[RestoreSource] = []
     replica_addresses: dict[int, str] = {}
-    world: list[int]
+    """The addresses of the hosts that keep this host's replicas (supervisor.checkpoints.peer_tier)."""
+    world: HostRuns
+    """The hosts taking part, in rank order (`hosts`)."""
     rank: int
+    progress_every: int = 1
+    """Report progress every this many steps (the first step of the generation always; the host's
+    rank spreads the others over the steps): what the leader takes in stays the same at any size."""
+
+    @property
+    def hosts(self) -> list[int]:
+        """The world, as a list of hosts in rank order."""
+        return parse_host_ranges(self.world)
 
 
 class Park(Order):

@@ -133,6 +133,12 @@ class StragglerDetector:
             "flagged": sorted(self._flagged),
         }
 
+    def carry_on_flagged(self, hosts: Iterable[int], flagged: Iterable[int]) -> None:
+        """Start afresh on `hosts`, with `flagged` found straggling already (not found again): what a
+        leader taking over carries on when the windows were not written down."""
+        self.reset(hosts)
+        self._flagged = set(flagged) & self._hosts
+
     def carry_on(self, state: dict[str, Any]) -> None:
         """Continue from `state()` of another detector with the same settings."""
         self.reset(state["hosts"])

@@ -26,6 +26,10 @@ class JobWorld:
     """Slices taking part, in order."""
     history: list[dict[str, Any]] = field(default_factory=list)
     """World size over time: {t, step, generation, slices, hosts}."""
+    _cache: tuple[list[int], int, tuple[int, ...], frozenset[int]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    """`active` as last seen (the list and its length), its hosts in rank order and as a set."""
 
     def __post_init__(self) -> None:
         if not self.active:
@@ -38,8 +42,20 @@ class JobWorld:
 
     @property
     def hosts(self) -> tuple[int, ...]:
-        """Hosts taking part, in rank order."""
-        return self.shape.hosts_in(self.active)
+        """Hosts taking part, in rank order (made once per change of the slices taking part: at
+        25,000 hosts the leader asks for them at every member's message of a restart)."""
+        return self._taking_part()[0]
+
+    def takes_part(self, host: int) -> bool:
+        """Whether `host` is one of `hosts` (without a look at each)."""
+        return host in self._taking_part()[1]
+
+    def _taking_part(self) -> tuple[tuple[int, ...], frozenset[int]]:
+        active, cached = self.active, self._cache
+        if cached is None or cached[0] is not active or cached[1] != len(active):
+            hosts = self.shape.hosts_in(active)
+            cached = self._cache = (active, len(active), hosts, frozenset(hosts))
+        return cached[2], cached[3]
 
     @property
     def dropped(self) -> list[int]:

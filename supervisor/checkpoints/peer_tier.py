@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -54,11 +55,22 @@ def replica_holders(
         raise ValueError(
             f"no replica placement for host {owner} of {host_count} ({hosts_per_slice} per slice)"
         )
-    slices = host_count // hosts_per_slice
-    same_worker = [(owner + k * hosts_per_slice) % host_count for k in range(1, slices)]
-    ring = [(owner + k) % host_count for k in range(1, host_count)]
-    order = same_worker + [h for h in ring if h not in same_worker]
-    return [h for h in order if active is None or h in active][:replicas]
+    if replicas == 0:
+        return []
+    chosen: list[int] = []
+    allowed = active if active is None or isinstance(active, (set, frozenset)) else set(active)
+    worker = owner % hosts_per_slice
+    # Found in order and no further than needed: a job of 25,000 hosts asks this at every save.
+    same_worker = (
+        (owner + k * hosts_per_slice) % host_count for k in range(1, host_count // hosts_per_slice)
+    )
+    ring = ((owner + k) % host_count for k in range(1, host_count))
+    for host in itertools.chain(same_worker, (h for h in ring if h % hosts_per_slice != worker)):
+        if allowed is None or host in allowed:
+            chosen.append(host)
+            if len(chosen) == replicas:
+                break
+    return chosen
 
 
 class ReplicationError(Exception):

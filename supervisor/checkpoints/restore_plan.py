@@ -14,6 +14,7 @@ sources. Twins are offered only for such hosts: for every other host, its own sh
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -93,6 +94,19 @@ class Holdings:
     persistent_owners: dict[int, set[int]] = field(default_factory=dict)
     """Persistent step -> hosts whose shard it holds (absent: every host; a smaller world uploads fewer)."""
 
+    @functools.cached_property
+    def _holders(self) -> dict[int, list[int]]:
+        holders: dict[int, list[int]] = {}
+        for holder in sorted(self.replicas):
+            for owner in self.replicas[holder]:
+                holders.setdefault(owner, []).append(holder)
+        return holders
+
+    def holders_of(self, owner: int) -> list[int]:
+        """The hosts that keep replicas of `owner`'s shard, in order (found once for every owner: a
+        look at every holder for each host would cost the square of the job's size)."""
+        return self._holders.get(owner, [])
+
 
 def _own_sources(holdings: Holdings, owner: int, step: int, live: set[int], host: int) -> list[Source]:
     """Where `owner`'s shard of `step` is held, cheapest first, as seen by `host` (who restores it)."""
@@ -105,7 +119,7 @@ def _own_sources(holdings: Holdings, owner: int, step: int, live: set[int], host
             found.append(Source(Tier.LOCAL))
         elif owner in live:
             found.append(Source(Tier.PEER, owner, tagged))  # the twin serves its own local copy
-    for holder in sorted(holdings.replicas):
+    for holder in holdings.holders_of(owner):
         if (
             holder not in (host, owner)
             and holder in live

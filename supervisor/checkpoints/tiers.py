@@ -246,7 +246,11 @@ class CheckpointTiers:
                 await self._source_failed(step, tier, holder, f"corrupt: {error}")
                 if tier is Tier.LOCAL:
                     shard_folder.quarantine(shard_folder.step_dir(self.local_dir, step))
-                    await self._report(messages.CheckpointInvalid(step=step, tier="local", reason="corrupt"))
+                    await self._report(
+                        messages.CheckpointInvalid(
+                            step=step, tier="local", reason="corrupt", detail=str(error)
+                        )
+                    )
                 continue
             except (ReplicationError, PersistentTierError, OSError) as error:
                 await self._source_failed(step, tier, holder, str(error))

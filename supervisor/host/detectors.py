@@ -3,7 +3,8 @@
 An exit is classified (finished after the SDK's `done`, or a crash, with its exit code or signal)
 once the workload's last SDK lines are read. Silence is judged by the hang detector
 (supervisor/hang.py), whose allowance follows what the workload is doing; a hang is reported once
-per generation, and the leader then names the host that stopped (supervisor/culprit.py).
+per silence, and the leader then names the host that stopped (supervisor/culprit.py), or, when no
+host stands out, looks again before it restarts the job.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ class ExitWatch:
 
 
 class HangWatch:
-    """Checks the hang detector every WATCH_INTERVAL and reports a hang once per generation."""
+    """Checks the hang detector every WATCH_INTERVAL and reports a hang once per silence: again only
+    once the workload spoke after the report (the leader found the job only slow, and it went on)."""
 
     def __init__(
         self,
@@ -105,28 +107,33 @@ class HangWatch:
         self._metrics = metrics
         self._report = report
         self._watched = watched
-        self._reported = False
+        self._reported: float | None = None
+        """The start of the silence reported last (the workload's last event then), if any."""
 
     def rearm(self) -> None:
         """A new generation starts: its hang is yet to be reported."""
-        self._reported = False
+        self._reported = None
 
     async def run(self) -> None:
         while True:
             await asyncio.sleep(WATCH_INTERVAL)
             now = time.time()
-            self._metrics.hang_timeout.set(self._detector.limit())
+            allowance = self._detector.allowance()
+            self._metrics.hang_timeout.set(allowance.seconds)
             generation = self._watched()
-            if generation is None or self._reported:
+            if self._reported is not None and self._detector.last_activity > self._reported:
+                self._reported = None  # that silence ended: a new one is a new hang
+            if generation is None or self._reported is not None:
                 continue
-            if self._detector.hung(now):
-                self._reported = True
-                silent = self._detector.silent_for(now)
+            silent = self._detector.silent_for(now)
+            if silent > allowance.seconds:
+                self._reported = self._detector.last_activity
                 await self._report(
                     messages.Fault(
                         generation=generation,
                         kind=FaultKind.HANG,
                         silent_seconds=round(silent, 3),
-                        detail=f"no progress for {silent:.1f} s (limit {self._detector.limit():.1f} s)",
+                        detail=f"no progress for {silent:.1f} s (limit {allowance.seconds:.1f} s, "
+                        f"{allowance.basis})",
                     )
                 )

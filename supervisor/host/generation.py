@@ -85,10 +85,15 @@ class Generation:
         self.parked = False
         addresses = dict(message.replica_addresses)
         self._tiers.start_generation(generation, addresses, world)
-        await self._start(generation, message.coordinator, restore_step, message.sources)
+        await self._start(generation, message.coordinator, restore_step, message.sources, len(world))
 
     async def _start(
-        self, generation: int, coordinator: str, restore_step: int | None, sources: Sequence[RestoreSource]
+        self,
+        generation: int,
+        coordinator: str,
+        restore_step: int | None,
+        sources: Sequence[RestoreSource],
+        host_count: int,
     ) -> None:
         now = time.time()
         self._sdk.drop_checkpoints_after(restore_step)  # before the generation moves
@@ -99,7 +104,7 @@ class Generation:
         self._context.accountant.switch(
             Category.PROGRAM_STARTUP if generation == 0 else Category.INFRASTRUCTURE_RECOVERY, now
         )
-        self._sdk.begin(generation, restore_step, now)
+        self._sdk.begin(generation, restore_step, now, host_count=host_count)
         self._context.log(
             {"source": "leader", "type": "start", "generation": generation, "restore_step": restore_step}
         )
@@ -127,7 +132,9 @@ class Generation:
             tried = ", ".join(describe(source) for source in sources)
             host = self._context.host
             detail = f"no valid copy of host {host}'s shard of step {step} (tried: {tried or 'nothing'})"
-            await self._context.report(messages.CheckpointInvalid(step=step, tier="any", reason=detail))
+            await self._context.report(
+                messages.CheckpointInvalid(step=step, tier="any", reason="restore failed", detail=detail)
+            )
             await self._context.report(
                 messages.Fault(generation=generation, kind=FaultKind.RESTORE_FAILED, detail=detail)
             )

@@ -165,6 +165,13 @@ class Leadership:
             held = False
         if held and self.leader is None:
             await self._lead(self.election.taken_from)
+            self.election.keep_renewing()
+        elif self.leader is not None and self.leader.standing_down and self.election.leading():
+            # It found itself fenced for a moment (its renewals late) and acts no more, for good:
+            # give the lease up, so that another candidate takes the job over now, in a new term,
+            # rather than a leader that acts on nothing keep it.
+            await self._stand_down()
+            await self.election.release()
         elif self.leader is not None and not self.election.leading():
             await self._stand_down()
         self._seen(self.election.observed())
@@ -218,6 +225,7 @@ class Leadership:
             await self.election.release()
 
     async def _stand_down(self) -> None:
+        self.election.stop_renewing()
         leader, self.leader = self.leader, None
         assert leader is not None
         self._say("lost the job's lease: standing down as leader")
@@ -265,6 +273,7 @@ class LeaderDuties:
             log_events=self._site.log_events,
             term=term,
             leading=leading,
+            peer_replicas=spec.checkpoint.peer.replicas,
         )
 
     def begin(self, leader: Leader) -> None:

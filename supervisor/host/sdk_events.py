@@ -160,11 +160,12 @@ class SdkEvents:
             self.last_checkpoint = restore_step
             self._context.metrics.last_checkpoint_step.set(restore_step or 0)
 
-    def begin(self, generation: int, restore_step: int | None, now: float) -> None:
-        """A generation starts: its workload's word counts; a new process (the startup allowance
-        applies again), nothing done yet, its first step to come, no sanity check (yet)."""
+    def begin(self, generation: int, restore_step: int | None, now: float, *, host_count: int) -> None:
+        """A generation of `host_count` hosts starts: its workload's word counts; a new process (the
+        startup allowance applies again, then the first steps' allowance for its world), nothing done
+        yet, its first step to come, no sanity check (yet)."""
         self._generation, self._stopping = generation, False
-        self._detector.restart(now)
+        self._detector.restart(now, host_count=host_count)
         self._activity.restart(now, restore_step)
         self.done = None
         self._first_step_pending = True

@@ -30,6 +30,7 @@ from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
 from slicekeeper.supervisor.host.sdk_socket import remove_sdk_socket, sdk_socket_path
 from slicekeeper.supervisor.host.workload import Standby, Workloads, workload_env
+from slicekeeper.supervisor.leader.journal import received
 
 from slicekeeper.goodput import GoodputAccountant
 from slicekeeper.shape import HostId
@@ -179,12 +180,13 @@ class ServedHost:
     async def obey(self, command: messages.Command) -> None:
         match command:
             case messages.Start() as start:
-                self._world, self._rank = list(start.world), start.rank
+                self._world, self._rank = start.hosts, start.rank
                 await self.generation.start(start, self._world)
             case messages.Stop() as stop:  # the fault is this host's when the leader named it so
                 await self.generation.stop(stop, blamed=stop.host == self.host)
             case messages.Journal() as journal:
-                self.journal = journal  # the leader's newest: what a leader taking over carries on
+                # the leader's newest: what a leader taking over carries on
+                self.journal = received(self.journal, journal)
             case messages.ActivityRequest():
                 snapshot = self.activity.snapshot(time.time()).to_message()
                 await self.context.report(

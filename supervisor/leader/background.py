@@ -33,6 +33,8 @@ class Task(StrEnum):
     """Naming a hang's culprit from the members' answers (supervisor.culprit)."""
     WAIT = "wait"
     """Reconsidering an event once a policy's `Wait` is over."""
+    STOP_ACKS = "stop_acks"
+    """Taking in the members' stop acknowledgements, a batch at a time (leader.generations)."""
     ACK_DEADLINE = "ack_deadline"
     """The deadline for every member to acknowledge a stop."""
     REPLACEMENT = "replacement"

@@ -28,6 +28,11 @@ PERSISTENT_LISTING_BACKOFF = 2.0
 seconds apart times the attempt, before the job fails."""
 
 
+def invalid_reason(report: messages.CheckpointInvalid) -> str:
+    """Why a copy is invalid, in words: its reason and what the host found, as far as it said."""
+    return ": ".join(part for part in (report.reason, report.detail) if part) or "no reason given"
+
+
 class Checkpoints:
     def __init__(
         self,
@@ -46,6 +51,9 @@ class Checkpoints:
         self.persistent = persistent
         self.keep = keep
         self._write_journal = write_journal
+        self._staged: dict[tuple[int, int], dict[str, Any]] = {}
+        """(host, generation) -> its restore record, until its workload says what it loaded (found
+        without a look at every record: a restart of 25,000 hosts records 25,000)."""
         self.joined: set[int] = set()
         """Hosts entering the world at the next start (their slice comes back): they may use twins."""
 
@@ -66,7 +74,7 @@ class Checkpoints:
         if report.reason in ("save failed", "upload failed", "replication failed"):
             self.memory.failed_saves[tier] += 1
         await self.members.event(
-            f"checkpoint of step {step} on host {host} invalid ({tier}): {report.detail}", host=host
+            f"checkpoint of step {step} on host {host} invalid ({tier}): {invalid_reason(report)}", host=host
         )
 
     def stopped(self, report: messages.Stopped) -> None:
@@ -82,7 +90,8 @@ class Checkpoints:
         uploaded = self.memory.persisted.setdefault(step, set())
         uploaded.add(host)
         if (
-            not set(self.world.hosts) <= uploaded
+            len(uploaded) < self.world.shape.hosts_per_slice * len(self.world.active)  # cheap, first
+            or not set(self.world.hosts) <= uploaded
             or self.persistent is None
             or step in self.memory.persistent_committed
         ):
@@ -106,25 +115,33 @@ class Checkpoints:
 
     def restored(self, report: messages.Restored) -> None:
         """A supervisor staged its host's shard of the agreed step into its local tier."""
-        self.memory.restores.append(
-            {
-                "host": report.host,
-                "step": report.step,
-                "tier": report.tier,
-                "holder": report.holder,
-                "generation": self.memory.generation,
-                "seconds": report.seconds,
-                "bytes": report.bytes,
-                "loaded_step": None,
-            }
-        )
+        restore = self._staged[report.host, self.memory.generation] = {
+            "host": report.host,
+            "step": report.step,
+            "tier": report.tier,
+            "holder": report.holder,
+            "generation": self.memory.generation,
+            "seconds": report.seconds,
+            "bytes": report.bytes,
+            "loaded_step": None,
+        }
+        self.memory.restores.append(restore)
 
     def loaded(self, report: messages.Loaded) -> None:
         """A workload says which step it restored: checked against the step its supervisor staged."""
-        for restore in reversed(self.memory.restores):
-            if restore["host"] == report.host and restore["generation"] == report.generation:
-                restore["loaded_step"] = report.step
-                return
+        staged = self._staged.pop((report.host, report.generation), None)
+        if staged is None:  # staged under another leader (it took over meanwhile): found the long way
+            staged = next(
+                (
+                    restore
+                    for restore in reversed(self.memory.restores)
+                    if restore["host"] == report.host and restore["generation"] == report.generation
+                ),
+                None,
+            )
+        if staged is not None:
+            staged["loaded_step"] = report.step
+            return
         # A workload that restored a step nobody staged for it (a loop restoring on its own).
         self.memory.restores.append(
             {

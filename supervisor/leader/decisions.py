@@ -33,7 +33,10 @@ class Decisions:
         detector: StragglerDetector | None = None,
         events_path: Path | None = None,
         leading: Callable[[], bool] = lambda: True,
+        machine_of: Callable[[int], str] = lambda host: "",
     ) -> None:
+        """`machine_of(host)`: the machine serving a host now (a straggler's record names it)."""
+        self.machine_of = machine_of
         self.engine = engine
         self.world = world
         self.detector = detector or StragglerDetector()
@@ -47,10 +50,15 @@ class Decisions:
 
     # --- as data ------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        """Everything this decision-maker remembers, as JSON (see `carry_on`)."""
+        """Everything this decision-maker remembers, as JSON (see `carry_on`), but the straggler
+        detector's windows: they change at every step of every host (in the journal, every command
+        would cost a line per host), and a leader taking over needs none: every hand-over restarts
+        the job (the old leader's host is lost, or its supervisor restarted with its workload), and a
+        restart starts the windows afresh (`new_world`). The hosts found straggling are written: a leader
+        taking over without a restart does not decide on them again."""
         return {
             "engine": self.engine.state(),
-            "detector": self.detector.state(),
+            "stragglers_flagged": sorted(self.detector.flagged),
             "decisions": [dict(d) for d in self.records],
             "stragglers": [dict(s) for s in self.stragglers],
             "scale_events": [dict(e) for e in self.scale_events],
@@ -58,9 +66,9 @@ class Decisions:
 
     def carry_on(self, state: dict[str, Any]) -> None:
         """Continue where another leader's Remediation left off: the policy's history and budgets,
-        the straggler windows, the records the report lists."""
+        the records the report lists, the hosts found straggling."""
         self.engine.carry_on(state["engine"])
-        self.detector.carry_on(state["detector"])
+        self.detector.carry_on_flagged(self.world.hosts, state.get("stragglers_flagged", ()))
         self.records = [dict(d) for d in state["decisions"]]
         self.stragglers = [dict(s) for s in state["stragglers"]]
         self.scale_events = [dict(e) for e in state["scale_events"]]
@@ -132,9 +140,9 @@ class Decisions:
         return decision
 
     # --- stragglers ----------------------------------------------------------------------------
-    def observe(self, host: int, step: int, work: float | None, machines: dict[int, str]) -> list[Finding]:
-        """A host's own work in a step; returns the hosts newly found straggling (`machines`: which
-        machine serves each host, for the report)."""
+    def observe(self, host: int, step: int, work: float | None) -> list[Finding]:
+        """A host's own work in a step; returns the hosts newly found straggling (with the machine
+        serving each, for the report)."""
         findings = self.detector.observe(host, step, work)  # each host once per reset
         for finding in findings:
             self.stragglers.append(
@@ -143,7 +151,7 @@ class Decisions:
                     "score": round(finding.score, 3),
                     "step": finding.step,
                     "t": time.time(),
-                    "machine": machines.get(finding.host, ""),
+                    "machine": self.machine_of(finding.host),
                 }
             )
         return findings

@@ -253,10 +253,42 @@ class Election:
         """One lease operation at a time (they run in threads and share the lock's last read)."""
         self._withdrawn = False
         """This candidate released the lease (its process is ending): it never takes it again."""
+        self._renewer: threading.Thread | None = None
+        self._renewing = threading.Event()
+        """Set while `keep_renewing` keeps the lease for this candidate's leader."""
 
     @property
     def identity(self) -> str:
         return str(self.lock.identity)
+
+    def keep_renewing(self) -> None:
+        """While this candidate holds the lease, renew it every `timing.retry` seconds from a thread
+        of its own, whatever the event loop is busy with: a leader of thousands of members may run
+        late by a second at a burst of their reports, and renewals waiting on the loop would let
+        the lease lapse under a leader that is working (fenced, the job handed over, for nothing).
+        It ends when no renewal succeeded within the renew deadline (then `leading()` is False, and
+        only a campaign may take the lease again), or when its leader stands down."""
+        self._renewing.set()
+        if self._renewer is None or not self._renewer.is_alive():
+            self._renewer = threading.Thread(target=self._renew_while_held, name="lease-renewal", daemon=True)
+            self._renewer.start()
+
+    def stop_renewing(self) -> None:
+        """Its leader stands down: the lease is no longer renewed for it (it lapses, or is released)."""
+        self._renewing.clear()
+
+    def _renew_while_held(self) -> None:
+        while not self._withdrawn and self._renewing.is_set():
+            time.sleep(self.timing.retry)
+            if not self._renewing.is_set() or not self.leading():
+                return  # stood down, or the deadline passed: only a campaign takes the lease now
+            started = time.monotonic()
+            try:
+                held = self._take_or_renew()
+            except Exception:  # the API server unreachable for a moment: tried again until the deadline
+                held = False
+            if held:
+                self.renewed_at, self.term = started, self.lock.transitions + 1
 
     async def step(self) -> bool:
         """True: this candidate holds the lease now (taken or renewed)."""

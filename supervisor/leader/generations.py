@@ -29,6 +29,7 @@ from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.journal import Detection, JobMemory, JobState, JournalWriter
 from slicekeeper.supervisor.leader.members import HostStatus, Members
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
+from slicekeeper.supervisor.leader.starts import StartMessages
 from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper.policy.events import FaultKind
@@ -53,7 +54,10 @@ class Generations:
         background: BackgroundWork,
         coordinator_address: Callable[[int, int], str],
         ended: Callable[[], None],
+        peer_replicas: int | None = None,
     ) -> None:
+        """`peer_replicas`: hosts that keep each host's replicas (a start tells each host the addresses
+        of its own; None: every host's)."""
         self.memory = memory
         self.world = world
         self.members = members
@@ -64,7 +68,7 @@ class Generations:
         self.rule = rule
         self.decisions = decisions
         self.background = background
-        self._coordinator_address = coordinator_address
+        self._starts = StartMessages(world.shape, coordinator_address, peer_replicas)
         self._ended = ended
         """The job succeeded or failed: write the summary."""
         self.done = asyncio.Event()
@@ -75,6 +79,8 @@ class Generations:
         self._progressed = False
         self._starting = False
         self._ack_deadline: asyncio.TimerHandle | None = None
+        self._acks: dict[int, set[int]] = {}
+        """generation -> the hosts whose stop acknowledgement is not yet taken in (`_take_acks`)."""
 
     # --- the machine's state, read from and written back to the job's memory -----------------
     def state(self) -> machine.RestartState:
@@ -177,7 +183,18 @@ class Generations:
             return
         self.checkpoints.stopped(report)
         self.status[report.host].state = "stopped"
-        await self._feed(machine.StopAcked(report.host, report.generation, self._readiness()))
+        acks = self._acks.setdefault(report.generation, set())
+        acks.add(report.host)
+        if len(acks) == 1:  # the first of a batch
+            self.background.spawn(Task.STOP_ACKS, self._take_acks(report.generation))
+
+    async def _take_acks(self, generation: int) -> None:
+        """The stop acknowledgements read so far, to the machine at once: thousands of members ack
+        within moments, and what the start condition costs to check grows with the job's size (per
+        ack, that would be the square of it)."""
+        await asyncio.sleep(0)  # the acks read in the same turn of the event loop join the batch
+        hosts = frozenset(self._acks.pop(generation, ()))
+        await self._feed(machine.StopAcked(hosts, generation, self._readiness()))
 
     def no_workload(self, host: int) -> None:
         """`host` has no workload to stop (a new machine serves it, or its slice comes back)."""
@@ -230,8 +247,7 @@ class Generations:
         for record in self.memory.faults if not stop.planned else []:
             if record.detected_at is None and record.generation == stop.generation and record.disruptive:
                 record.detected_at, record.detected_as = now, stop.kind
-                record.high_water_at_detection = self.memory.high_water
-                record.detected_in_generation = stop.generation
+                self.memory.detected(record, stop.generation)
         if stop.planned:
             await self.members.event(f"stopping every host: {stop.detail} ({stop.kind})", kind=stop.kind)
         else:
@@ -278,24 +294,15 @@ class Generations:
         self.world.record(self.memory.high_water, self.memory.generation)
         self.decisions.new_world()
         await self.journal.write()
-        world = self.world.hosts
-        address = self._coordinator_address(generation, world[0])
         addresses = {h: s.replica_address for h, s in self.status.items() if s.replica_address}
+        starts = self._starts.for_world(generation, self.world.hosts, restore_step, plan, addresses)
         for host in sorted(self.members.live()):
-            if host not in world:
+            start = starts.get(host)
+            if start is None:
                 self.status[host].state = "parked"
                 await self.members.send(host, messages.Park(generation=generation, restore_step=restore_step))
                 continue
             self.status[host].state = "starting"
-            start = messages.Start(
-                generation=generation,
-                coordinator=address,
-                restore_step=restore_step,
-                sources=[src.to_message(addresses) for src in plan.sources.get(host, ())],
-                replica_addresses=addresses,
-                world=world,
-                rank=world.index(host),
-            )
             await self.members.send(host, start)
         await self.members.event(
             f"generation {generation} starting {_where(first, restore_step)}{self._size()}",

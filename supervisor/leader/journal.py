@@ -10,12 +10,14 @@ to JSON and back (`to_json`, `from_json`): a value that can be written down, sen
 
 The policy's own memory (decisions, budgets used), the job's world (active slices, its history) and
 the straggler scores are kept by their own modules; the leader writes them down next to this one, as
-the journal (`JournalWriter`): before every command, on every member (write-ahead).
+the journal (`JournalWriter`): before every command, on a few members (write-ahead), as the change
+from the journal before it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader import journal_delta
 
 from slicekeeper.chaos import ChaosKind
 from slicekeeper.policy.events import FaultKind
@@ -124,6 +127,17 @@ class JobMemory:
     """Each hand-over: when, the term, from which host and machine to which, how long the job had no
     leader (supervisor.leader.election)."""
 
+    def __post_init__(self) -> None:
+        self._resume_pending = True
+        """A fault may await the job's resumption: False once `progressed` found none, so that a
+        step's report does not scan the job's whole history of faults (`detected` sets it again)."""
+
+    def detected(self, record: FaultRecord, generation: int) -> None:
+        """`record`'s fault was detected in `generation`, the job at its high-water mark."""
+        record.high_water_at_detection = self.high_water
+        record.detected_in_generation = generation
+        self._resume_pending = True
+
     def awaiting_resume(self) -> list[FaultRecord]:
         return [record for record in self.faults if record.awaiting_resume]
 
@@ -131,7 +145,9 @@ class JobMemory:
         """A step of the running generation completed: faults detected earlier note when the job
         trained again and when it went beyond where it stood. True when one became productive."""
         productive = False
-        for record in self.awaiting_resume():
+        awaiting = self.awaiting_resume() if self._resume_pending else []
+        self._resume_pending = bool(awaiting)
+        for record in awaiting:
             if self.generation <= record.detected_in_generation:
                 continue  # a step of the generation being torn down
             if record.resumed_at is None:
@@ -146,6 +162,7 @@ class JobMemory:
         """Become `other` in place (a leader taking over): every part holding this memory sees it."""
         for item in dataclasses.fields(self):
             setattr(self, item.name, getattr(other, item.name))
+        self._resume_pending = True
 
     # --- as data ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -179,22 +196,94 @@ class JobMemory:
         return cls(**values)
 
 
-class Broadcaster(Protocol):
-    async def broadcast(self, message: messages.Message) -> None: ...
+JOURNAL_REPLICAS = 5
+"""Members the journal is written on: the leader's successor, whoever it is, finds it on one of them
+(they are spread over the job's slices, so losing a slice, the leader's included, leaves others)."""
+
+
+class JournalMembers(Protocol):
+    """What the journal writer needs of the leader's members (supervisor.leader.members.Members)."""
+
+    writers: dict[int, Any]
+    leading: Callable[[], bool]
+
+    def live(self) -> set[int]: ...
+
+    async def send(self, host: int, message: messages.Message) -> None: ...
 
 
 class JournalWriter:
-    """Writes the journal down on every member, before the command it leads to (write-ahead): a member
-    that received a command also holds the journal that ordered it, so a leader taking over from any
-    member carries on from there, never from before a decision already acted on."""
+    """Writes the journal down on its replicas, before the command it leads to (write-ahead), so a
+    leader taking over carries on from there, never from before a decision already acted on.
 
-    def __init__(self, members: Broadcaster, snapshot: Callable[[], dict[str, Any]]) -> None:
+    The replicas are `JOURNAL_REPLICAS` live members spread over the slices (every member of a job
+    that small), kept for as long as they live. Each is sent the journal whole once, then only the
+    change from the journal before it (supervisor.leader.journal_delta): what a command costs does
+    not grow with the job's history or its size. A member that is no replica holds no journal."""
+
+    def __init__(
+        self,
+        members: JournalMembers,
+        snapshot: Callable[[], dict[str, Any]],
+        slice_of: Callable[[int], int] = lambda host: host,
+    ) -> None:
         self._members = members
         self._snapshot = snapshot
+        self._slice_of = slice_of
         self.seq = 0
         """Journals written so far by this job's leaders (a leader taking over goes on counting): a
         member keeps the one with the highest number."""
+        self.replicas: list[int] = []
+        self._written: dict[str, Any] | None = None
+        """The journal as last written (what a change is made against)."""
+        self._holding: dict[int, tuple[object, int]] = {}
+        """replica -> its connection, and the seq of the journal written on it there."""
 
     async def write(self) -> None:
+        if not self._members.leading():
+            return  # fenced: nothing is written, so nothing is held that a change could build on
+        journal = json.loads(json.dumps(self._snapshot()))  # as a replica reads it (keys are strings)
+        previous, self._written = self._written, journal
         self.seq += 1
-        await self._members.broadcast(messages.Journal(seq=self.seq, journal=self._snapshot()))
+        whole = messages.Journal(seq=self.seq, journal=journal)
+        change = None if previous is None else journal_delta.diff(previous, journal)
+        self.replicas = self._choose(self._members.live())
+        for host in self.replicas:
+            connection = self._members.writers.get(host)
+            if change is not None and self._holding.get(host) == (connection, self.seq - 1):
+                message = messages.Journal(seq=self.seq, base=self.seq - 1, change=change)
+            else:
+                message = whole
+            self._holding[host] = (connection, self.seq)
+            await self._members.send(host, message)
+
+    def _choose(self, live: set[int]) -> list[int]:
+        """The replicas kept while they live, and others from slices no replica is on."""
+        kept = [host for host in self.replicas if host in live]
+        wanted = min(JOURNAL_REPLICAS, len(live))
+        if len(kept) >= wanted:
+            return kept[:wanted]
+        taken = {self._slice_of(host) for host in kept}
+        firsts: dict[int, int] = {}
+        for host in sorted(live):
+            firsts.setdefault(self._slice_of(host), host)
+        spread = [host for slice_index, host in sorted(firsts.items()) if slice_index not in taken]
+        needed = wanted - len(kept)
+        if spread:
+            stride = max(1, len(spread) // needed)
+            kept += spread[::stride][:needed]
+        others = [host for host in sorted(live) if host not in kept]
+        return kept + others[: wanted - len(kept)]
+
+
+def received(held: messages.Journal | None, journal: messages.Journal) -> messages.Journal | None:
+    """What a member holds once `journal` is written on it: that journal, or the one it held with the
+    change applied (to the journal held, in place: a journal of a long job is large, and the member
+    keeps one); a change made against another journal than the one held leaves it as it was."""
+    if journal.change is None:
+        return journal
+    if held is None or held.seq != journal.base:
+        return held
+    return messages.Journal(
+        seq=journal.seq, term=journal.term, journal=journal_delta.apply(held.journal, journal.change)
+    )

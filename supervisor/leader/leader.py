@@ -68,11 +68,13 @@ class Leader:
         log_events: bool = False,
         term: int = 1,
         leading: Callable[[], bool] = lambda: True,
+        peer_replicas: int | None = None,
     ) -> None:
         """`shape`: the job's, as its supervisors run it. `replacements`: where a lost host's new
         machine comes from (leader.capacity: the site's choice, spare supervisors locally, new pods in
         a cluster). `term`, `leading`: this leader's term and whether it still surely holds the job's
-        lease (supervisor.leader.election)."""
+        lease (supervisor.leader.election). `peer_replicas`: the job's spec.checkpoint.peer.replicas
+        (None: every host is told every host's replica address)."""
         self.memory = JobMemory(started_at=time.time())
         """The job's memory (leader.journal): what a leader that takes over carries on."""
         self.world = JobWorld(shape, min_slices)
@@ -83,9 +85,13 @@ class Leader:
         failure is the job's outcome."""
         self.status = {h: HostStatus() for h in range(shape.host_count)}
         self.decisions = Decisions(
-            engine or PolicyEngine(None), self.world, events_path=events_path, leading=leading
+            engine or PolicyEngine(None),
+            self.world,
+            events_path=events_path,
+            leading=leading,
+            machine_of=lambda host: self.status[host].machine,
         )
-        self.journal_writer = JournalWriter(self.members, self.journal)
+        self.journal_writer = JournalWriter(self.members, self.journal, shape.slice_of)
         self.checkpoints = Checkpoints(
             self.memory,
             self.status,
@@ -119,6 +125,7 @@ class Leader:
             background=self.background,
             coordinator_address=coordinator_address,
             ended=self.write_summary,
+            peer_replicas=peer_replicas,
         )
         self.remediation = Remediation(
             memory=self.memory,
@@ -147,6 +154,11 @@ class Leader:
         self._tls: JobTls | None = None
         self._takeover: Takeover | None = None
         """While taking over from a lost leader: the re-registrations gathered so far."""
+
+    @property
+    def standing_down(self) -> bool:
+        """It acts no more (`stand_down`): its process is ending, or it found itself fenced."""
+        return self._standing_down
 
     @property
     def done(self) -> asyncio.Event:
@@ -342,10 +354,13 @@ class Leader:
         status.step, status.loss, status.state = report.step, report.loss, "training"
         status.steps_seen.append((report.t, report.step))
         del status.steps_seen[:-50]
-        self.generations.progress()
-        machines = {h: s.machine for h, s in self.status.items()}
-        await self.remediation.straggler_check(report.host, report.step, report.work, machines, report.t)
-        if self.memory.progressed(report.step, report.t):
+        if not self.generations.progressed:
+            self.generations.progress()
+        productive = False
+        for step, t, work in (*report.earlier, (report.step, report.t, report.work)):
+            await self.remediation.straggler_check(report.host, step, work, t)
+            productive = self.memory.progressed(step, t) or productive
+        if productive:
             await self.journal_writer.write()
 
     async def _chaos(self, fired: messages.ChaosFired) -> None:
@@ -396,7 +411,8 @@ class Leader:
 
     async def publish_status(self, interval: float = 0.5) -> None:
         while not self.done.is_set():
-            self.members.notify(self.status_message())
+            if self.members.watchers:  # a line per host: not made for nobody
+                self.members.notify(self.status_message())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.done.wait(), interval)
         self.members.notify(self.status_message())

@@ -7,6 +7,13 @@ one table next to it.
 
 It is also where the leader is fenced (supervisor.leader.election): every command leaves stamped with
 the leader's term, and none leaves once the leader cannot be sure it still holds the job's lease.
+
+No connection holds up another: a command is written to its connection and nobody waits for it to
+leave, so a broadcast reaches every member as fast as each one reads. A connection that stops taking
+its commands (a member whose supervisor stopped reading, a network that stopped carrying) is dropped
+once a command has waited `DRAIN_DEADLINE_SECONDS` to leave, or once it holds more than
+`MEMBER_BUFFER_LIMIT` bytes: it is aborted, and the leader handles its end as it handles any member's
+connection ending, as a lost host.
 """
 
 from __future__ import annotations
@@ -15,14 +22,31 @@ import asyncio
 import contextlib
 import sys
 import time
+import weakref
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from slicekeeper.supervisor import messages
 
+from slicekeeper import protocol
+
 WATCHER_BUFFER_LIMIT = 1 << 20
 """Bytes of status lines a watcher may fall behind by before it is dropped."""
+
+DRAIN_DEADLINE_SECONDS = 5.0
+"""Seconds a command written to a connection may wait to leave the leader before the connection is
+dropped. A member that reads takes even the largest line (a journal, up to
+protocol.CONTROL_LINE_LIMIT) in well under a second on a datacenter network, so only one that
+stopped reading waits this long; and it is well within the time a member has to acknowledge a stop
+(generations.STOP_ACK_SECONDS), so a member that stopped reading is handled as a lost host (replaced,
+the job goes on) before its missing acknowledgement would fail the job."""
+
+MEMBER_BUFFER_LIMIT = 4 * protocol.CONTROL_LINE_LIMIT
+"""Bytes of commands a connection may hold unsent before it is dropped, whatever the deadline: four of
+the largest lines, more than a member that reads ever holds, so it bounds what the leader keeps for
+one that stopped reading while a burst of journals is written to it."""
 
 
 @dataclass
@@ -50,11 +74,36 @@ async def send(writer: asyncio.StreamWriter, message: messages.Message) -> None:
         await writer.drain()
 
 
+@dataclass
+class _Outbox:
+    """What the leader wrote to one connection, and what of it has not been seen leave yet."""
+
+    written: int = 0
+    """Bytes written to the connection."""
+    gone: int = 0
+    """Of those, the bytes seen gone from its buffer at the last look."""
+    waiting: deque[tuple[float, int]] = field(default_factory=deque)
+    """(when, `written` after it) of each write not yet seen gone, oldest first."""
+    look: asyncio.TimerHandle | None = None
+    """The next look at the connection, due when the oldest waiting write's deadline passes."""
+    dropped: bool = False
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
+
+
 class Members:
     """The members' connections by host, and the watchers'."""
 
     def __init__(
-        self, log_events: bool = False, *, term: int = 0, leading: Callable[[], bool] = lambda: True
+        self,
+        log_events: bool = False,
+        *,
+        term: int = 0,
+        leading: Callable[[], bool] = lambda: True,
+        drain_deadline: float = DRAIN_DEADLINE_SECONDS,
+        buffer_limit: int = MEMBER_BUFFER_LIMIT,
     ) -> None:
         self.writers: dict[int, asyncio.StreamWriter] = {}
         self.watchers: list[asyncio.StreamWriter] = []
@@ -65,6 +114,14 @@ class Members:
         """The leader's term, stamped on every command."""
         self.leading = leading
         """Whether the leader still surely holds the lease; False: nothing is sent (it is fenced)."""
+        self.drain_deadline = drain_deadline
+        """Seconds a command may wait to leave before its connection is dropped."""
+        self.buffer_limit = buffer_limit
+        """Bytes a connection may hold unsent before it is dropped."""
+        self._served: weakref.WeakKeyDictionary[asyncio.StreamWriter, set[int]] = weakref.WeakKeyDictionary()
+        """connection -> the hosts it was made to serve (`host_of` without a look at every host)."""
+        self._outboxes: weakref.WeakKeyDictionary[asyncio.StreamWriter, _Outbox] = weakref.WeakKeyDictionary()
+        """Each connection written to, while it is open: a connection's entry goes with it."""
 
     def _stamped(self, message: messages.Message) -> messages.Message:
         if isinstance(message, messages.Order):
@@ -78,26 +135,92 @@ class Members:
         return set(self.writers)
 
     def host_of(self, writer: asyncio.StreamWriter) -> list[int]:
-        return [host for host, member in self.writers.items() if member is writer]
+        """The hosts `writer`'s connection serves (one, but for a moment while a spare takes over)."""
+        served = self._served.get(writer)
+        if served is None:  # a connection that never served a host (a spare's, a watcher's), or one
+            return [host for host, member in self.writers.items() if member is writer]  # set by hand
+        return [host for host in served if self.writers.get(host) is writer]
 
     async def send(self, host: int, message: messages.Message) -> None:
         await self.send_to(self.writers[host], message)
 
     async def send_to(self, writer: asyncio.StreamWriter, message: messages.Message) -> None:
-        """Any command to any connection (a member's, a spare's) goes through here: stamped, fenced."""
+        """Any command to any connection (a member's, a spare's) goes through here: stamped, fenced,
+        and written without waiting for it to leave."""
         if self.leading():
-            await send(writer, self._stamped(message))
+            self._write(writer, self._stamped(message).encode())
 
     async def broadcast(self, message: messages.Message) -> None:
+        """`message` to every member, encoded once and written to each in turn without waiting for
+        any: a member that reads slowly, or not at all, holds up no other."""
         if not self.leading():
             return
-        stamped = self._stamped(message)
+        line = self._stamped(message).encode()
         for writer in list(self.writers.values()):
-            await send(writer, stamped)
+            self._write(writer, line)
+
+    def _write(self, writer: asyncio.StreamWriter, line: bytes) -> None:
+        """Write `line` to `writer`'s connection, and have it dropped if the line does not leave in
+        time. Writes to one connection leave in the order they were made."""
+        outbox = self._outboxes.setdefault(writer, _Outbox())
+        if outbox.dropped:
+            return  # it is closing: the leader is about to handle its end
+        writer.write(line)
+        outbox.written += len(line)
+        outbox.waiting.append((asyncio.get_running_loop().time(), outbox.written))
+        if outbox.written - outbox.gone > self.buffer_limit:
+            self._look(writer, outbox)  # it may hold more than the limit: see now
+        elif outbox.look is None:
+            outbox.look = asyncio.get_running_loop().call_later(
+                self.drain_deadline, self._look, writer, outbox
+            )
+
+    def _look(self, writer: asyncio.StreamWriter, outbox: _Outbox) -> None:
+        """See what left `writer`'s connection: drop it if it holds too much or if a write waited
+        past the deadline; otherwise look again when the oldest write still waiting is due."""
+        if outbox.look is not None:
+            outbox.look.cancel()
+            outbox.look = None
+        # Over TLS this is what the TLS layer holds: what it passed on to the TCP transport below
+        # counts as gone, so a stalled connection is seen at its next write, never one too early.
+        held = writer.transport.get_write_buffer_size()
+        outbox.gone = outbox.written - held
+        while outbox.waiting and outbox.waiting[0][1] <= outbox.gone:
+            outbox.waiting.popleft()
+        if not outbox.waiting:
+            return
+        now = asyncio.get_running_loop().time()
+        if held > self.buffer_limit:
+            self._drop_connection(
+                writer,
+                outbox,
+                f"its connection holds {_mib(held)} of commands, over {_mib(self.buffer_limit)}",
+            )
+        elif outbox.waiting[0][0] + self.drain_deadline <= now:
+            self._drop_connection(
+                writer,
+                outbox,
+                f"its connection did not drain {_mib(held)} of commands within {self.drain_deadline:g} s",
+            )
+        else:
+            outbox.look = asyncio.get_running_loop().call_at(
+                outbox.waiting[0][0] + self.drain_deadline, self._look, writer, outbox
+            )
+
+    def _drop_connection(self, writer: asyncio.StreamWriter, outbox: _Outbox, reason: str) -> None:
+        """Abort the connection, unsent bytes and all (closing would wait for them): the leader's
+        reader of it ends, and handles it as every connection that ends (a member's: a lost host)."""
+        outbox.dropped = True
+        outbox.waiting.clear()
+        hosts = self.host_of(writer)
+        who = f"host {hosts[0]}" if hosts else "a connection that serves no host"
+        self._record(f"{who} dropped: {reason}", host=hosts[0] if hosts else None)
+        writer.transport.abort()
 
     def serve(self, host: int, writer: asyncio.StreamWriter) -> None:
         """`writer`'s connection serves `host` from now on (a registration, a spare taking it over)."""
         self.writers[host] = writer
+        self._served.setdefault(writer, set()).add(host)
 
     def drop(self, host: int) -> asyncio.StreamWriter:
         return self.writers.pop(host)
@@ -113,6 +236,9 @@ class Members:
 
     async def event(self, text: str, **fields: Any) -> None:
         """Something the job went through: to the watchers (and, in a pod, the leader's log)."""
+        self._record(text, **fields)
+
+    def _record(self, text: str, **fields: Any) -> None:
         now = time.time()
         if self.log_events:
             stamp = time.strftime("%H:%M:%S", time.gmtime(now))
@@ -120,5 +246,8 @@ class Members:
         self.notify(messages.EventNote(t=now, text=text, **fields))
 
     def close(self) -> None:
+        for outbox in self._outboxes.values():
+            if outbox.look is not None:
+                outbox.look.cancel()
         for writer in [*self.writers.values(), *self.watchers]:
             writer.close()

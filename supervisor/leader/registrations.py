@@ -73,7 +73,7 @@ class Registrations:
         await self.members.event(
             f"host {report.host} registered", host=report.host, metrics_port=status.metrics_port
         )
-        if len(self.members.live()) == self.world.full_hosts and self.memory.state is JobState.REGISTERING:
+        if len(self.members.writers) == self.world.full_hosts and self.memory.state is JobState.REGISTERING:
             await self.generations.start()
         elif self.memory.state is not JobState.REGISTERING:
             await self.remediation.rejoined(report.host)  # its supervisor restarted: no workload runs
@@ -98,7 +98,7 @@ class Registrations:
         status.state = "training" if self.memory.state is JobState.RUNNING else "stopping"
         await self.members.event(f"host {host} rejoined from {status.machine}", host=host)
         await self.capacity.returned(host)
-        if host not in self.world.hosts:
+        if not self.world.takes_part(host):
             # Its slice was dropped: it waits as an idle host. Dropped while it was away, its workload
             # stops, and the policy may scale back up with it; idle already (a leader lost while the
             # job ran scaled down), no capacity came back.
@@ -140,7 +140,7 @@ class Registrations:
         status.machine = machine
         await self.members.event(f"host {host}'s supervisor restarted on {machine}", host=host)
         await self.capacity.returned(host)
-        if host not in self.world.hosts:
+        if not self.world.takes_part(host):
             await self.members.send(host, messages.Park(generation=self.memory.generation))
             status.state = "parked"
             if not idle:  # else it idled before its supervisor died: no capacity came back

@@ -13,6 +13,8 @@ work counts it), never leaving it stopped with nothing to start it again.
 
 A hang is put down to the host that stopped, not to the first host whose timer fired: the leader
 asks every member where its workload is and names the one furthest behind (supervisor.culprit).
+When no host stands out, it asks again one allowance later and restarts the job only if no host
+moved meanwhile: a job only slower than its hang allowance is not restarted.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.culprit import Activity, name_culprit
+from slicekeeper.supervisor.culprit import Activity, moved, name_culprit
 from slicekeeper.supervisor.leader import remedies
 from slicekeeper.supervisor.leader.background import BackgroundWork, Task
 from slicekeeper.supervisor.leader.capacity import Replacement
@@ -46,6 +48,11 @@ DECIDING, WAITING = "a decision under way", "a policy's Wait"
 ACTIVITY_REPLY_SECONDS = 2.0
 """At a hang report, how long every member gets to say where its workload is (supervisor.culprit);
 one that does not answer in time is taken for the host that stopped."""
+
+HANG_CONFIRM_MAX_SECONDS = 30.0
+"""When no host stands out at a hang report, every member is asked again one allowance later (the
+reporter's silence, at least ACTIVITY_REPLY_SECONDS, at most this many seconds) and the job restarts
+only if no host moved in between: a job only slower than its allowance has moved on by then."""
 
 
 class Remediation:
@@ -77,6 +84,8 @@ class Remediation:
         self._activities: dict[int, Activity] | None = None
         """While a hang's culprit is being named: the members' answers so far (else None)."""
         self._activities_in = asyncio.Event()
+        self._unanswered: set[int] = set()
+        """Hosts asked where they are that have not answered (nor been lost) yet."""
         self._appliers: dict[type, Callable[[policy.Event, Any], Awaitable[bool]]] = {
             remedies.StopFirst: self._stop_first,
             remedies.HoldFor: self._hold,
@@ -112,42 +121,76 @@ class Remediation:
 
     async def _hang(self, report: messages.Fault) -> None:
         generation = self.memory.generation
-        host, report = await self._hang_culprit(report)
-        if (
-            generation == self.memory.generation and self.memory.state is JobState.RUNNING
-        ):  # not stopped meanwhile
-            await self._fault_of(host, report)
+        named = await self._hang_culprit(report)
+        if named is not None and self._running(generation):  # not stopped meanwhile
+            await self._fault_of(*named)
 
-    async def _hang_culprit(self, report: messages.Fault) -> tuple[int, messages.Fault]:
+    def _running(self, generation: int) -> bool:
+        return generation == self.memory.generation and self.memory.state is JobState.RUNNING
+
+    async def _hang_culprit(self, report: messages.Fault) -> tuple[int, messages.Fault] | None:
         """Ask every member where its workload is and name the host that stopped (supervisor.culprit);
-        returns it with the report's detail saying who noticed and why that host."""
-        self._activities, self._activities_in = {}, asyncio.Event()
+        returns it with the report's detail saying who noticed and why that host. When no host stands
+        out, ask again one allowance later: None when a host moved meanwhile (the job was only slow)."""
+        generation = self.memory.generation
         try:
-            asked = [h for h in self.world.hosts if h in self.members]
-            for member in asked:
-                await self.members.send(member, messages.ActivityRequest(generation=self.memory.generation))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._activities_in.wait(), ACTIVITY_REPLY_SECONDS)
-            answers: dict[int, Activity | None] = {h: self._activities.get(h) for h in asked}
+            asked_at = time.monotonic()
+            answers = await self._where_they_are()
+            culprit = name_culprit(answers, report.host)
+            confirmed = ""
+            if not culprit.certain and answers:
+                wait = max(ACTIVITY_REPLY_SECONDS, report.silent_seconds or 0.0)
+                await asyncio.sleep(min(wait, HANG_CONFIRM_MAX_SECONDS))
+                if not self._running(generation):
+                    return None
+                elapsed = time.monotonic() - asked_at
+                again = await self._where_they_are()
+                if went_on := moved(answers, again, elapsed):
+                    hosts = ", ".join(str(h) for h in went_on)
+                    await self.members.event(
+                        f"hang reported by host {report.host} not confirmed: host(s) {hosts} went on "
+                        f"within {elapsed:.1f} s ({report.detail}; {culprit.reason}); no restart",
+                        host=report.host,
+                    )
+                    return None
+                culprit = name_culprit(again, report.host)
+                confirmed = f"; no host went on in {elapsed:.1f} s"
         finally:
             self._activities = None
-        culprit = name_culprit(answers, report.host)
         noticed = f"noticed by host {report.host}" if culprit.host != report.host else "noticed by itself"
-        detail = f"{report.detail} ({noticed}; {culprit.reason})"
+        detail = f"{report.detail} ({noticed}; {culprit.reason}{confirmed})"
         return culprit.host, report.model_copy(update={"detail": detail})
+
+    async def _where_they_are(self) -> dict[int, Activity | None]:
+        """Every member's answer to where its workload is (None: no answer within the reply time)."""
+        self._activities, self._activities_in = {}, asyncio.Event()
+        asked = [h for h in self.world.hosts if h in self.members]
+        self._unanswered = set(asked)
+        for member in asked:
+            await self.members.send(member, messages.ActivityRequest(generation=self.memory.generation))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._activities_in.wait(), ACTIVITY_REPLY_SECONDS)
+        return {h: self._activities.get(h) for h in asked}
 
     def activity(self, report: messages.ActivityReport) -> None:
         """A member's answer to the question where its workload is."""
         if self._activities is None or report.generation != self.memory.generation:
             return
         self._activities[report.host] = Activity.from_message(report.model_dump())
-        if set(self.world.hosts) & self.members.live() <= self._activities.keys():
+        self._answered(report.host)
+
+    def _answered(self, host: int) -> None:
+        """`host` answered where it is, or was lost meanwhile: the question is over once none is left
+        (kept as a set of those left: a check of every host at each answer costs the square of them)."""
+        self._unanswered.discard(host)
+        if not self._unanswered:
             self._activities_in.set()
 
     async def host_lost(self, host: int, machine: str) -> None:
         """A member's connection dropped: its machine is gone, with its local tier and replicas."""
         detail = f"lost contact with the supervisor of host {host} ({machine or 'unknown machine'})"
-        if host not in self.world.hosts:
+        self._answered(host)  # no answer comes from it
+        if not self.world.takes_part(host):
             # An idle host of a dropped slice: nothing stops; a scale-up will need a spare for it.
             await self.members.event(f"idle host {host} of a dropped slice lost: {detail}", host=host)
             return
@@ -207,7 +250,7 @@ class Remediation:
         """A new machine registered as `host` after the job started (a cluster's replacement pod)."""
         if self.memory.state is JobState.STOPPING:
             await self.generations.start_when_all_stopped()
-        elif host not in self.world.hosts:
+        elif not self.world.takes_part(host):
             # A host of a dropped slice is back (capacity returned): the policy may scale back up.
             await self.capacity_returned()
         elif self.memory.state is JobState.RUNNING:
@@ -219,11 +262,9 @@ class Remediation:
             await self.generations.start_when_all_stopped()
 
     # --- signals while training ---------------------------------------------------------------
-    async def straggler_check(
-        self, host: int, step: int, work: float | None, machines: dict[int, str], now: float
-    ) -> None:
+    async def straggler_check(self, host: int, step: int, work: float | None, now: float) -> None:
         """A host's own work in a step (`now`: when it ended): find stragglers and decide on them."""
-        for finding in self.decisions.observe(host, step, work, machines):
+        for finding in self.decisions.observe(host, step, work):
             await self.members.event(
                 f"straggler: host {finding.host} score {finding.score:.2f} at step {finding.step}",
                 host=finding.host,
@@ -271,7 +312,8 @@ class Remediation:
 
     # --- decide, then act ---------------------------------------------------------------------
     def _idle_hosts(self) -> set[int]:
-        return {h for h in self.members.live() if h not in self.world.hosts}
+        world = set(self.world.hosts)  # once: a tuple made per host would cost the square of the size
+        return {h for h in self.members.live() if h not in world}
 
     async def decide_and_act(self, event: policy.Event) -> None:
         self.generations.hold(DECIDING)  # while queued too: no start before every pending decision is in

@@ -98,7 +98,9 @@ class AllRegistered:
 
 @dataclass(frozen=True)
 class StopAcked:
-    host: int
+    """`hosts` acknowledged the stop of `generation` (read together: one event for many)."""
+
+    hosts: frozenset[int]
     generation: int
     readiness: Readiness
 
@@ -243,10 +245,10 @@ def transition(state: RestartState, event: Event, rule: RestartRule) -> Outcome:
     match event:
         case FaultStop():
             return _stop(state, event, rule)
-        case StopAcked(host=host, generation=generation, readiness=readiness):
+        case StopAcked(hosts=hosts, generation=generation, readiness=readiness):
             if state.phase is not JobState.STOPPING or generation != state.generation:
                 return state, []
-            return _start_if_ready(dataclasses.replace(state, stopped=state.stopped | {host}), readiness)
+            return _start_if_ready(dataclasses.replace(state, stopped=state.stopped | hosts), readiness)
         case NoWorkload(host=host):
             if state.phase is not JobState.STOPPING:
                 return state, []
@@ -286,7 +288,7 @@ def transition(state: RestartState, event: Event, rule: RestartRule) -> Outcome:
             if state.phase is not JobState.RUNNING or generation != state.generation:
                 return state, []
             finished = state.finished | {host}
-            if set(world) <= finished:
+            if len(finished) >= len(world) and set(world) <= finished:
                 return _end(dataclasses.replace(state, finished=finished), succeeded=True)
             return dataclasses.replace(state, finished=finished), []
         case JobFails(reason=reason):

@@ -151,6 +151,7 @@ class TestSchema:
                 "maxRestartsWithoutProgress": 3,
                 "hangTimeoutFloorSeconds": 2.0,
                 "hangTimeoutFactor": 3.0,
+                "warmupTimeoutPerHostSeconds": 0.25,
                 "startupTimeoutSeconds": 120.0,
                 "phaseTimeoutSeconds": 60.0,
                 "replacementTimeoutSeconds": 300.0,

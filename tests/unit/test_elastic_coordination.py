@@ -88,7 +88,7 @@ def test_a_host_lost_with_no_spare_drops_its_slice_and_the_others_start_on_the_s
         starts = [await m.receive() for m in job.members[:2]]
         for rank, start in enumerate(starts):
             assert (start["type"], start["generation"], start["restore_step"]) == ("start", 1, 10)
-            assert (start["world"], start["rank"]) == ([0, 1], rank)
+            assert (start["world"], start["rank"]) == ("0-1", rank)
         assert await job.members[2].receive() == {"type": "park", "generation": 1, "restore_step": 10}
         summary = job.leader.summary()
         [decision] = summary["decisions"]
@@ -155,7 +155,7 @@ def test_a_spare_joining_a_scaled_down_job_brings_the_slice_back_with_twins_as_s
         starts = [await m.receive() for m in (*job.members[:3], spare)]
         for rank, start in enumerate(starts):
             assert (start["type"], start["generation"], start["restore_step"]) == ("start", 2, 20)
-            assert (start["world"], start["rank"]) == ([0, 1, 2, 3], rank)
+            assert (start["world"], start["rank"]) == ("0-3", rank)
         # host 2 and the spare (now host 3) never saw step 20: each takes its twin's copy in slice 0
         assert starts[2]["sources"] == [{"tier": "peer", "holder": 0, "address": "h0:1", "owner": 0}]
         assert starts[3]["sources"] == [{"tier": "peer", "holder": 1, "address": "h1:1", "owner": 1}]
@@ -249,7 +249,7 @@ def test_a_healthy_job_with_even_hosts_reports_no_straggler():
 # --- a leader taking over -------------------------------------------------------------------------
 
 
-def test_a_leader_taking_over_from_the_journal_carries_on_the_policys_history_budgets_and_scores():
+def test_a_leader_taking_over_from_the_journal_carries_on_the_policys_history_budgets_and_stragglers():
     async def scenario():
         job = await two_slices()
         await host_3_lost_and_slice_1_dropped(job)
@@ -273,8 +273,9 @@ def test_a_leader_taking_over_from_the_journal_carries_on_the_policys_history_bu
         ]
         now = time.time()
         assert engine.ledger.budgets(now) == before.ledger.budgets(now)
-        assert successor.decisions.detector.scores() == job.leader.decisions.detector.scores()
-        assert successor.decisions.detector.flagged == {1}
+        # The windows are not written down (every command would cost a line per host): the hosts
+        # found straggling are, and are not found again; the scores start afresh.
+        assert successor.decisions.detector.flagged == {1} and successor.decisions.detector.scores() == {}
         assert successor.world.active == [0]
         for key in ("state", "generations", "restarts", "faults", "detections", "recoveries", "world"):
             assert successor.summary()[key] == job.leader.summary()[key], key

@@ -6,10 +6,12 @@ Every test drives a real Leader over TCP on 127.0.0.1 with fake members speaking
 """
 
 import asyncio
+import copy
 import json
 
 import pytest
-from slicekeeper.supervisor.leader.journal import JobState
+from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader.journal import JobState, received
 from slicekeeper.supervisor.leader_connection import open_control_connection
 
 from slicekeeper import protocol
@@ -163,26 +165,36 @@ def test_a_member_that_never_acks_a_stop_fails_the_job(monkeypatch):
 # --- the journal, written down on every member ----------------------------------------------------
 
 
-def test_before_each_command_the_leader_writes_its_journal_down_on_every_member():
+def holding(member) -> dict:
+    """The journal `member` holds: each journal line taken as a member takes it (whole, or a change)."""
+    held = None
+    for line in copy.deepcopy(member.journals):  # a change is made to the journal held, in place
+        held = received(held, messages.Journal.model_validate(line))
+    assert held is not None
+    return held.journal
+
+
+def test_before_each_command_the_leader_writes_its_journal_down_on_every_replica():
     async def scenario():
-        leader, members = await running_job(hosts=2)
+        leader, members = await running_job(hosts=2)  # a job this small: every member is a replica
         await members[1].fault(0, kind="crash")
         for member in members:
             assert (await member.receive())["type"] == "stop"
-            memory = member.journals[-1]["journal"]["memory"]  # what the member held when told to stop
+            memory = holding(member)["memory"]  # what the member held when told to stop
             assert (memory["state"], memory["restarts"]) == ("stopping", {"crash": 1})
             assert [(d["kind"], d["host"]) for d in memory["detections"]] == [("crash", 1)]
         for member in members:
             await member.send("stopped", generation=0)
         for member in members:
             assert (await member.receive())["type"] == "start"
-            newest = member.journals[-1]
-            assert newest["journal"]["memory"]["generation"] == 1
-            decisions = newest["journal"]["remediation"]["decisions"]
+            newest = holding(member)
+            assert newest["memory"]["generation"] == 1
+            decisions = newest["remediation"]["decisions"]
             assert [(d["event"]["kind"], d["action"]["name"]) for d in decisions] == [("crash", "restart")]
-            assert newest["journal"] == json.loads(json.dumps(leader.journal()))
+            assert newest == json.loads(json.dumps(leader.journal()))
             numbers = [journal["seq"] for journal in member.journals]
             assert numbers == sorted(set(numbers))  # each newer than the last
+            assert any(journal.get("change") is not None for journal in member.journals)  # as changes
         await shut(leader, members)
 
     run(scenario)

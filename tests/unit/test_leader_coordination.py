@@ -35,8 +35,9 @@ def test_once_every_member_registered_each_gets_start_of_generation_0_from_scrat
                 "restore_step": None,
                 "sources": [],
                 "replica_addresses": {},
-                "world": [0, 1, 2],
+                "world": "0-2",  # hosts as runs on the wire (messages.Hosts)
                 "rank": member.host,
+                "progress_every": 1,
             }
         assert leader.memory.state is JobState.RUNNING
         assert leader.summary()["metrics_ports"] == {0: 9100, 1: 9101, 2: 9102}
@@ -147,8 +148,9 @@ def test_after_every_stop_is_acked_the_job_starts_again_from_the_newest_common_c
                 "restore_step": 10,
                 "sources": [{"tier": "local"}],
                 "replica_addresses": {},
-                "world": [0, 1],
+                "world": "0-1",
                 "rank": member.host,
+                "progress_every": 1,
             }
         assert leader.memory.generation == 1
         assert leader.memory.detections[-1].restore_step == 10

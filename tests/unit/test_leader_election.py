@@ -256,6 +256,7 @@ def test_a_leader_whose_renewals_lagged_renews_before_its_last_word_and_a_replac
         campaign = asyncio.create_task(leadership.run())
         await eventually(lambda: leadership.leader is not None)
         campaign.cancel()  # no renewal since: they lag
+        election.stop_renewing()
         await asyncio.sleep(FAST.renew_deadline + 0.1)
         assert not election.leading()  # time alone says: not sure (the last word would be lost)
         assert await leadership.sure() and election.term == 1

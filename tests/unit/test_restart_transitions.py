@@ -50,21 +50,21 @@ def kinds(commands: list[m.Command]) -> list[str]:
         # the last ack with nothing holding the start: the next generation starts
         (
             dataclasses.replace(STOPPING, stopped=frozenset({0, 1})),
-            m.StopAcked(2, 4, ready()),
+            m.StopAcked(frozenset({2}), 4, ready()),
             JobState.STOPPING,
             ["CancelAckDeadline", "StartGeneration"],
         ),
         # the last ack while a decision holds the start: it waits
         (
             dataclasses.replace(STOPPING, stopped=frozenset({0, 1})),
-            m.StopAcked(2, 4, ready(holding=True)),
+            m.StopAcked(frozenset({2}), 4, ready(holding=True)),
             JobState.STOPPING,
             [],
         ),
         # an ack for another generation does not count
         (
             dataclasses.replace(STOPPING, stopped=frozenset({0, 1})),
-            m.StopAcked(2, 3, ready()),
+            m.StopAcked(frozenset({2}), 3, ready()),
             JobState.STOPPING,
             [],
         ),
@@ -179,7 +179,7 @@ def test_a_lost_member_no_longer_counts_as_stopped_and_a_newcomer_has_nothing_to
     state, _ = m.transition(state, m.MemberLost(1), RULE)
     assert state.stopped == {0}
     state, _ = m.transition(state, m.NoWorkload(1), RULE)
-    _, commands = m.transition(state, m.StopAcked(2, 4, ready()), RULE)
+    _, commands = m.transition(state, m.StopAcked(frozenset({2}), 4, ready()), RULE)
     assert kinds(commands) == ["CancelAckDeadline", "StartGeneration"]
 
 
@@ -198,7 +198,12 @@ GENERATIONS = st.sampled_from([CURRENT, CURRENT, CURRENT, 0, 1])
 READINESS = st.builds(
     m.Readiness, live=st.frozensets(HOSTS).map(lambda s: s | {0}), world=st.just(WORLD), holding=st.booleans()
 )
-ACKS = st.builds(m.StopAcked, host=HOSTS, generation=GENERATIONS, readiness=READINESS)
+ACKS = st.builds(
+    m.StopAcked,
+    hosts=st.frozensets(HOSTS, min_size=1, max_size=3),
+    generation=GENERATIONS,
+    readiness=READINESS,
+)
 DEADLINES = st.builds(m.AckDeadlinePassed, generation=GENERATIONS, readiness=READINESS, seconds=st.just(30.0))
 EVENTS = st.one_of(  # weighted towards what a restart is made of: faults, acks, deadlines
     st.builds(m.AllRegistered),
@@ -273,9 +278,9 @@ def test_the_property_catches_a_machine_that_drops_its_deadline_while_waiting(mo
     driver.state = dataclasses.replace(RUNNING)
     for event in (
         fault(),
-        m.StopAcked(0, 4, ready(holding=True)),
-        m.StopAcked(1, 4, ready(holding=True)),
-        m.StopAcked(2, 4, ready(holding=True)),
+        m.StopAcked(frozenset({0}), 4, ready(holding=True)),
+        m.StopAcked(frozenset({1}), 4, ready(holding=True)),
+        m.StopAcked(frozenset({2}), 4, ready(holding=True)),
         m.AckDeadlinePassed(4, ready(holding=True), 30.0),
     ):
         driver.feed(event, start_works=True)

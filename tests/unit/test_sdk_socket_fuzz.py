@@ -158,7 +158,7 @@ class Supervisor:
             step_begun=lambda step: None,
             productive_again=lambda: None,
         )
-        self.sdk.begin(0, None, time.time())
+        self.sdk.begin(0, None, time.time(), host_count=1)
 
     async def report(self, message: messages.MemberReport) -> None:
         self.reports.append(message)

@@ -61,7 +61,7 @@ class Host:
 
     async def generation_runs(self, socket: Path, generation: int, restore: int, steps: range) -> None:
         self.generation = generation
-        self.sdk.begin(generation, restore, time.time())
+        self.sdk.begin(generation, restore, time.time(), host_count=1)
         _, writer = await asyncio.open_unix_connection(str(socket))
         for step in steps:
             for event in (

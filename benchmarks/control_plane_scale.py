@@ -1,0 +1,512 @@
+"""Benchmark of the in-job control plane at 1,000 to 25,000 hosts: the production leader, simulated hosts.
+
+Per size N, per run: two leader candidates (control_plane_leader.py: the real election over the
+local lease file, the real `Leader`, TLS on) and N simulated hosts in a few processes
+(control_plane_members.py: register, progress every `--step-seconds`, checkpoints, faults, stop
+acknowledgements, activity answers, journals kept, re-registration after a hand-over). Then:
+
+- steady state: the leader's CPU time (from /proc) over `--window` seconds of training, per host-step
+  and as a share of one core (`leader_cpu_share`);
+- the hang culprit (`culprit_s`): a host reports a hang, another says it is a step behind: from the
+  report to the last host's stop (the leader asked every host where it is, named the culprit, the
+  policy decided, every host was told to stop);
+- restart rounds (`restart_round_s`, `--rounds` per run): a host reports a crash -> every host told
+  to stop -> every stop acknowledged -> every host told to start: from the report to the last host's
+  start; each host must be stopped and started exactly once per round;
+- the journal (`journal_bytes_per_command`): bytes of journal received by all hosts together per
+  journal written during the rounds (the first leader starts with `--history` faults behind it);
+- hand-over (`handover_s`): the first leader's process killed (SIGKILL) with its host -> the second
+  elected, every host reconnected and registered, every host given its first command of the new
+  term: from the kill to the last host's first command (the lease's 3 s duration included);
+- the leader's peak resident memory (`peak_rss_mib`, VmHWM before it is killed).
+
+It prints a table (medians over `--runs` runs, each round counted) and one JSON line per N.
+
+    .venv/bin/python benchmarks/control_plane_scale.py [--hosts N ...] [--runs 3] [--rounds 3]
+        [--step-seconds 1] [--window 10] [--history 500]
+
+A size this machine cannot hold (a process may open at most `ulimit -Hn` files; the leader needs one
+per host) is reported as not run, with the reason, and the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slicekeeper import credentials
+
+HERE = Path(__file__).resolve().parent
+SIZES = (1000, 5000, 10000, 25000)
+HOSTS_PER_PROCESS = 5000
+"""Simulated hosts per member process (at most; at least two processes)."""
+FD_MARGIN = 64
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM for process {pid}")
+
+
+class BenchmarkFailed(Exception):
+    """A run whose figures cannot be trusted (a host not stopped or started, a timeout)."""
+
+
+class MemberGroup:
+    """One member process: its hosts and its pipes (its output read by a thread, so reads time out)."""
+
+    def __init__(self, first: int, count: int, process: subprocess.Popen[str]) -> None:
+        self.first, self.count, self.process = first, count, process
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read_all, daemon=True).start()
+
+    def _read_all(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.put(line)
+        self._lines.put("")
+
+    def holds(self, host: int) -> bool:
+        return self.first <= host < self.first + self.count
+
+    def order(self, **order: Any) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(order) + "\n")
+        self.process.stdin.flush()
+
+    def read(self, key: str, timeout: float) -> Any:
+        """The next line of the process that carries `key`."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if not line:
+                raise BenchmarkFailed(f"member process {self.first}.. ended (exit {self.process.poll()})")
+            message = json.loads(line)
+            if key in message:
+                return message[key]
+        raise BenchmarkFailed(f"member process {self.first}..: no {key!r} within {timeout:g} s")
+
+
+@dataclass
+class Merged:
+    """The member processes' stats together."""
+
+    stop_last: dict[int, float] = field(default_factory=dict)
+    stop_count: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    ack_last: dict[int, float] = field(default_factory=dict)
+    start_last: dict[int, float] = field(default_factory=dict)
+    start_count: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    journal_bytes: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    first_command: dict[int, float] = field(default_factory=dict)
+    registered: dict[int, float] = field(default_factory=dict)
+    registrations: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    sent: dict[str, float] = field(default_factory=dict)
+    progress_lines: int = 0
+    progress_steps: int = 0
+    unexpected: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, groups: list[MemberGroup]) -> Merged:
+        for group in groups:
+            group.order(do="stats")
+        merged = cls()
+        for group in groups:
+            stats = group.read("stats", 120)
+            for name in ("stop_last", "ack_last", "start_last", "first_command", "registered"):
+                target = getattr(merged, name)
+                for key, value in stats[name].items():
+                    target[int(key)] = max(target.get(int(key), 0.0), value)
+            for name in ("stop_count", "start_count", "journal_bytes", "registrations"):
+                for key, value in stats[name].items():
+                    getattr(merged, name)[int(key)] += value
+            merged.sent.update(stats["sent"])
+            merged.progress_lines += stats["progress_lines"]
+            merged.progress_steps += stats["progress_steps"]
+            merged.unexpected += stats["unexpected"]
+        return merged
+
+
+@dataclass
+class RunFigures:
+    hosts: int
+    leader_cpu_share: float
+    cpu_per_host_step_us: float
+    culprit_s: float
+    restart_rounds_s: list[float]
+    stop_s: list[float]
+    acks_s: list[float]
+    journal_bytes_per_command: list[int]
+    handover_s: float
+    handover_registered_s: float
+    peak_rss_mib: float
+
+
+class Run:
+    """One run at one size: the processes, and the measurements in order."""
+
+    def __init__(self, args: argparse.Namespace, hosts: int, work: Path) -> None:
+        self.args, self.hosts, self.work = args, hosts, work
+        credentials.generate("control-plane-bench").write(work / "credentials")
+        python = sys.executable
+        self.leaders = [
+            subprocess.Popen(
+                [
+                    python,
+                    str(HERE / "control_plane_leader.py"),
+                    "--run-dir",
+                    str(work),
+                    "--hosts",
+                    str(hosts),
+                    "--host",
+                    str(host),
+                    "--port",
+                    str(free_port()),
+                    *(["--first"] if host == 0 else []),
+                    "--history",
+                    str(args.history if host == 0 else 0),
+                ],
+                stderr=(work / f"leader-{host}.log").open("w"),
+            )
+            for host in (0, 1)
+        ]
+        processes = max(2, -(-hosts // HOSTS_PER_PROCESS))
+        per = -(-hosts // processes)
+        self.groups = []
+        for first in range(0, hosts, per):
+            count = min(per, hosts - first)
+            process = subprocess.Popen(
+                [
+                    python,
+                    str(HERE / "control_plane_members.py"),
+                    "--run-dir",
+                    str(work),
+                    "--first",
+                    str(first),
+                    "--count",
+                    str(count),
+                    "--step-seconds",
+                    str(args.step_seconds),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            self.groups.append(MemberGroup(first, count, process))
+
+    def group_of(self, host: int) -> MemberGroup:
+        return next(group for group in self.groups if group.holds(host))
+
+    def close(self) -> None:
+        for group in self.groups:
+            if group.process.poll() is None:
+                group.order(do="quit")
+        for process in [*self.leaders, *(group.process for group in self.groups)]:
+            if process.poll() is None:
+                process.terminate()
+        for process in [*self.leaders, *(group.process for group in self.groups)]:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+    def wait_started(self, generation: int, timeout: float) -> Merged:
+        deadline = time.monotonic() + timeout
+        while True:
+            merged = Merged.of(self.groups)
+            if merged.start_count.get(generation, 0) >= self.hosts:
+                return merged
+            if time.monotonic() > deadline:
+                raise BenchmarkFailed(
+                    f"generation {generation}: {merged.start_count.get(generation, 0)} of {self.hosts} hosts "
+                    f"started within {timeout:g} s (hosts stopped by generation: {dict(merged.stop_count)}, "
+                    f"started: {dict(merged.start_count)}); unexpected: {merged.unexpected[:5]}"
+                )
+            time.sleep(1)
+
+    def measure(self) -> RunFigures:
+        hosts, args = self.hosts, self.args
+        timeout = 60 + hosts / 100
+        say(f"  {hosts} hosts: connecting and starting (up to {timeout:.0f} s)")
+        deadline = time.monotonic() + timeout
+        while True:
+            merged = Merged.of(self.groups)
+            started = max(merged.start_count.values(), default=0)
+            if started >= hosts:
+                break
+            if time.monotonic() > deadline:
+                raise BenchmarkFailed(
+                    f"{sum(merged.registrations.values())} registrations and {started} starts of {hosts} "
+                    f"hosts within {timeout:g} s; unexpected: {merged.unexpected[:5]}"
+                )
+            say(f"    {sum(merged.registrations.values())} registered, {started} started")
+            time.sleep(2)
+        generation = max(merged.start_count)  # the history's generations come first
+        leader = self.leaders[0].pid
+
+        say(f"  steady state: {args.window:g} s of {args.step_seconds:g} s steps")
+        time.sleep(2 * args.step_seconds)
+        cpu0, lines0, t0 = cpu_seconds(leader), Merged.of(self.groups).progress_steps, time.monotonic()
+        time.sleep(args.window)
+        cpu1, lines1, t1 = cpu_seconds(leader), Merged.of(self.groups).progress_steps, time.monotonic()
+        share = (cpu1 - cpu0) / (t1 - t0)
+        per_step = (cpu1 - cpu0) / max(1, lines1 - lines0) * 1e6
+
+        say("  the hang culprit")
+        behind, reporter = hosts // 2, hosts - 1
+        self.group_of(behind).order(do="behind", host=behind)
+        self.group_of(reporter).order(do="fault", host=reporter, kind="hang")
+        merged = self.wait_started(generation + 1, timeout)
+        culprit = merged.stop_last[generation] - merged.sent[f"fault:{reporter}"]
+        self.check_round(merged, generation)
+        generation += 1
+
+        rounds, stops, acks, journal = [], [], [], []
+        for index in range(args.rounds):
+            say(f"  restart round {index + 1} of {args.rounds}")
+            time.sleep(2 * args.step_seconds)
+            seqs_before = set(Merged.of(self.groups).journal_bytes)
+            crashed = 2 + index
+            self.group_of(crashed).order(do="fault", host=crashed, kind="crash")
+            merged = self.wait_started(generation + 1, timeout)
+            sent = merged.sent[f"fault:{crashed}"]
+            rounds.append(merged.start_last[generation + 1] - sent)
+            stops.append(merged.stop_last[generation] - sent)
+            acks.append(merged.ack_last[generation] - sent)
+            journal += [size for seq, size in merged.journal_bytes.items() if seq not in seqs_before]
+            self.check_round(merged, generation)
+            generation += 1
+
+        rss = peak_rss_mib(leader)
+        say("  hand-over: the first leader's process killed, with its host")
+        time.sleep(2 * args.step_seconds)
+        terms_before = set(Merged.of(self.groups).first_command)
+        killed = time.time()
+        self.leaders[0].send_signal(signal.SIGKILL)
+        self.group_of(0).order(do="lose", host=0)
+        deadline = time.monotonic() + timeout
+        while True:
+            time.sleep(1)
+            merged = Merged.of(self.groups)
+            new_terms = sorted(set(merged.first_command) - terms_before)
+            if new_terms and self.everyone_commanded(new_terms[-1]):
+                term = new_terms[-1]
+                break
+            if time.monotonic() > deadline:
+                raise BenchmarkFailed(f"no new leader reached every host within {timeout:g} s")
+        carried = self.journal_carried(term)
+        if carried is not None:
+            raise BenchmarkFailed(
+                f"the leader of term {term} did not carry on its predecessor's journal: {carried}"
+            )
+        handover = merged.first_command[term] - killed
+        registered = merged.registered.get(term, float("nan")) - killed
+        return RunFigures(
+            hosts, share, per_step, culprit, rounds, stops, acks, journal, handover, registered, rss
+        )
+
+    def journal_carried(self, term: int) -> str | None:
+        """None when the first journal the leader of `term` wrote continues the last one its
+        predecessor wrote; else what differs."""
+        first: tuple[int, dict[str, Any]] | None = None
+        last: tuple[int, dict[str, Any]] | None = None
+        for index, group in enumerate(self.groups):
+            path = self.work / f"journals-{index}.json"
+            group.order(do="journals", path=str(path))
+            group.read("journals", 120)
+            for held_term, entry in json.loads(path.read_text()).items():
+                if int(held_term) == term and (first is None or entry["first_seq"] < first[0]):
+                    first = entry["first_seq"], entry["first"]
+                if int(held_term) < term and (last is None or entry["last_seq"] > last[0]):
+                    last = entry["last_seq"], entry["last"]
+        if first is None or last is None:
+            return "no replica holds " + ("the new leader's journal" if first is None else "the old one's")
+        return continues(last[1], first[1])
+
+    def everyone_commanded(self, term: int) -> bool:
+        """Every host but the lost one got a command of `term` (counted by the processes' hosts)."""
+        for group in self.groups:
+            group.order(do="stats")
+        counted = 0
+        for group in self.groups:
+            stats = group.read("stats", 120)
+            counted += stats.get("commanded", {}).get(str(term), 0)
+        return counted >= self.hosts - 1
+
+    def check_round(self, merged: Merged, generation: int) -> None:
+        stopped, started = merged.stop_count.get(generation, 0), merged.start_count.get(generation + 1, 0)
+        if stopped != self.hosts or started != self.hosts or merged.unexpected:
+            raise BenchmarkFailed(
+                f"generation {generation}: {stopped} hosts stopped and {started} started of {self.hosts} "
+                f"(each exactly once); unexpected: {merged.unexpected[:5]}"
+            )
+
+
+CARRIED = ("faults", "detections", "recoveries", "restores", "hot_swaps", "leader_changes")
+"""The job memory's records, which a new leader carries on and only adds to."""
+
+
+def continues(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """None when journal `new` carries on journal `old` (its records and budgets, the policy's
+    decisions, the world), adding to them only; else what it lost."""
+    for name in CARRIED:
+        before, after = old["memory"][name], new["memory"][name]
+        if after[: len(before)] != before:
+            return f"memory.{name}: {len(before)} records before, {len(after)} after, not a continuation"
+    for kind, count in old["memory"]["restarts"].items():
+        if new["memory"]["restarts"].get(kind, 0) < count:
+            return f"memory.restarts[{kind}]: {count} before, {new['memory']['restarts'].get(kind, 0)} after"
+    if new["memory"]["generation"] < old["memory"]["generation"]:
+        return "memory.generation went back"
+    decisions_before, decisions_after = old["remediation"]["decisions"], new["remediation"]["decisions"]
+    if decisions_after[: len(decisions_before)] != decisions_before:
+        return "remediation.decisions: not a continuation"
+    if new["world"]["history"][: len(old["world"]["history"])] != old["world"]["history"]:
+        return "world.history: not a continuation"
+    return None
+
+
+def summarize(runs: list[RunFigures]) -> dict[str, Any]:
+    """One JSON line for a size: medians over runs (and over every round of every run)."""
+
+    def median(values: list[float]) -> float:
+        return round(statistics.median(values), 4)
+
+    every = lambda name: [value for run in runs for value in getattr(run, name)]  # noqa: E731
+    journal = every("journal_bytes_per_command")
+    return {
+        "hosts": runs[0].hosts,
+        "runs": len(runs),
+        "restart_round_s": median(every("restart_rounds_s")),
+        "restart_round_max_s": round(max(every("restart_rounds_s")), 4),
+        "stop_s": median(every("stop_s")),
+        "acks_s": median(every("acks_s")),
+        "handover_s": median([run.handover_s for run in runs]),
+        "handover_registered_s": median([run.handover_registered_s for run in runs]),
+        "leader_cpu_share": median([run.leader_cpu_share for run in runs]),
+        "leader_cpu_per_host_step_us": median([run.cpu_per_host_step_us for run in runs]),
+        "journal_bytes_per_command": int(statistics.median(journal)) if journal else 0,
+        "journal_bytes_per_command_max": max(journal) if journal else 0,
+        "culprit_s": median([run.culprit_s for run in runs]),
+        "peak_rss_mib": median([run.peak_rss_mib for run in runs]),
+    }
+
+
+TARGETS = {
+    "restart_round_s": ("restart round (s)", 2.0),
+    "handover_s": ("hand-over (s)", 10.0),
+    "leader_cpu_share": ("leader share of a core", 0.5),
+    "leader_cpu_per_host_step_us": ("leader CPU per host-step (us)", None),
+    "journal_bytes_per_command": ("journal bytes per command", 1 << 20),
+    "culprit_s": ("culprit named (s)", 3.0),
+    "peak_rss_mib": ("leader peak memory (MiB)", 2048),
+}
+
+
+def table(lines: list[dict[str, Any]]) -> str:
+    header = f"{'':34}" + "".join(f"{line['hosts']:>12,}" for line in lines) + f"{'target':>12}"
+    rows = [header]
+    for key, (label, target) in TARGETS.items():
+        cells = "".join(
+            f"{line[key]:>12,.3f}" if isinstance(line[key], float) else f"{line[key]:>12,}" for line in lines
+        )
+        rows.append(f"{label:34}{cells}{'' if target is None else f'{target:>12,}'}")
+    return "\n".join(rows)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--hosts", type=int, action="append", help=f"a size to run (repeatable; default {SIZES})"
+    )
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="restart rounds per run")
+    parser.add_argument("--step-seconds", type=float, default=1.0)
+    parser.add_argument("--window", type=float, default=10.0, help="seconds of steady state measured")
+    parser.add_argument("--history", type=int, default=500, help="faults behind the first leader")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = parser.parse_args(argv)
+    for hosts in args.hosts or ():
+        if hosts < 16 or hosts % 8:
+            parser.error(f"--hosts {hosts}: a multiple of 8 hosts (slices of 8), at least 16")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    lines, failures = [], []
+    for hosts in args.hosts or SIZES:
+        if hosts + FD_MARGIN > hard:
+            failures.append(
+                f"{hosts} hosts: not run: the leader keeps one connection per host and this machine lets a "
+                f"process open at most {hard} files (ulimit -Hn; raising it needs CAP_SYS_RESOURCE)"
+            )
+            say(failures[-1])
+            continue
+        runs = []
+        for index in range(args.runs):
+            say(f"{hosts} hosts, run {index + 1} of {args.runs}")
+            work = Path(tempfile.mkdtemp(prefix=f"control-plane-{hosts}-"))
+            run = Run(args, hosts, work)
+            try:
+                runs.append(run.measure())
+            except BenchmarkFailed as error:
+                failures.append(f"{hosts} hosts, run {index + 1}: {error}")
+                say(failures[-1])
+                for log in sorted(work.glob("leader-*.log")):
+                    say(
+                        f"--- the last lines of {log.name}:\n" + "\n".join(log.read_text().splitlines()[-15:])
+                    )
+            finally:
+                run.close()
+                if not args.keep:
+                    shutil.rmtree(work, ignore_errors=True)
+        if runs:
+            line = summarize(runs)
+            lines.append(line)
+            print(json.dumps(line), flush=True)
+    if lines:
+        print(table(lines), flush=True)
+    for failure in failures:
+        print(f"FAILED: {failure}", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The control-plane benchmark at 200 hosts, for correctness, not time.
+
+`benchmarks/control_plane_scale.py` runs the production leader (TLS, the file lease's election, the
+journal) against simulated hosts speaking the real protocol, and fails a run when any round stops or
+starts a host other than exactly once, a host is lost or told anything unexpected (a park, a
+retirement, the job's end), or the leader elected after the first is killed does not carry on its
+journal (its records, budgets, decisions and world). Here it runs once, small and short; its own
+checks are the test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.support.cli_runs import ROOT
+
+FIELDS = {
+    "hosts",
+    "restart_round_s",
+    "handover_s",
+    "leader_cpu_share",
+    "journal_bytes_per_command",
+    "culprit_s",
+}
+
+
+def test_200_simulated_hosts_are_each_stopped_and_started_once_per_round_and_the_journal_is_carried_on():
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "control_plane_scale.py"),
+            *("--hosts", "200", "--runs", "1", "--rounds", "2", "--window", "2", "--history", "20"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    line = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("{")))
+    assert line.keys() >= FIELDS and line["hosts"] == 200 and line["peak_rss_mib"] > 0
+    assert line["journal_bytes_per_command"] > 0  # the journal did reach its replicas

@@ -1,0 +1,92 @@
+"""The control-plane benchmark's own checks (benchmarks/control_plane_scale.py): its simulated hosts
+speak the real protocol, and its check that a new leader carried on its predecessor's journal fails
+on a journal that lost something. The benchmark itself runs at 200 hosts in
+tests/integration/test_control_plane_scale.py."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+from slicekeeper.supervisor import messages
+
+from benchmarks.control_plane_members import MemberProcess, SimulatedHost
+from benchmarks.control_plane_scale import continues
+from slicekeeper import credentials
+
+
+class Wire:
+    """A connection's writing end that keeps the lines."""
+
+    def __init__(self) -> None:
+        self.lines: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.lines.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def journal(faults: int) -> dict[str, Any]:
+    return {
+        "memory": {
+            "generation": faults,
+            "restarts": {"crash": faults},
+            **{name: [{"n": i} for i in range(faults)] for name in ("faults", "detections", "recoveries")},
+            **{name: [] for name in ("restores", "hot_swaps", "leader_changes")},
+        },
+        "remediation": {"decisions": [{"n": i} for i in range(faults)]},
+        "world": {"active": [0], "history": [{"slices": [0]}]},
+    }
+
+
+def test_every_line_a_simulated_host_says_is_one_the_leader_reads(tmp_path: Path) -> None:
+    credentials.generate("bench").write(tmp_path / "credentials")
+    process = MemberProcess(range(7, 8), tmp_path, step_seconds=1.0)
+    host = SimulatedHost(7, process)
+    wire = Wire()
+    host.writer = wire  # type: ignore[assignment]
+    host._register(term=1)
+    host.generation, host.training, host.rank, host.progress_every = 3, True, 7, 4
+    for _ in range(10):
+        host.tick()
+    host.joined, host.journal_seq = True, None
+    host._register(term=2)
+    kinds = [type(messages.to_leader(line)).__name__ for line in wire.lines]
+    assert kinds.count("Register") == 2 and "Committed" in kinds
+    progress = [messages.to_leader(line) for line in wire.lines if b'"progress"' in line]
+    reported = [p.step for p in progress] + [step for p in progress for step, _, _ in p.earlier]
+    assert sorted(reported) == list(range(1, 11))  # every step, once, whether alone or held back
+    assert len(progress) < 10
+
+
+class TestJournalCarriedOn:
+    def test_a_journal_that_adds_to_every_record_carries_on(self) -> None:
+        before = journal(5)
+        after = copy.deepcopy(before)
+        after["memory"]["faults"].append({"n": 5})
+        after["memory"]["restarts"]["host_lost"] = 1
+        after["memory"]["leader_changes"].append({"term": 2})
+        assert continues(before, after) is None
+
+    @pytest.mark.parametrize(
+        ("what", "lose"),
+        [
+            ("memory.faults", lambda j: j["memory"]["faults"].pop()),
+            ("memory.restarts", lambda j: j["memory"]["restarts"].update(crash=0)),
+            ("remediation.decisions", lambda j: j["remediation"]["decisions"].clear()),
+            ("memory.generation", lambda j: j["memory"].update(generation=0)),
+        ],
+    )
+    def test_negative_control_a_journal_that_lost_something_does_not(self, what: str, lose: Any) -> None:
+        before = journal(5)
+        after = copy.deepcopy(before)
+        lose(after)
+        reason = continues(before, after)
+        assert reason is not None and what in reason
+
+    def test_negative_control_a_leader_starting_afresh_does_not(self) -> None:
+        assert continues(journal(5), journal(0)) is not None

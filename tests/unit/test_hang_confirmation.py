@@ -1,0 +1,119 @@
+"""A hang where no host stands out is confirmed before every host is restarted (supervisor/culprit.py,
+supervisor/leader/remediation.py).
+
+Every host waiting in the same step is what a collective hung as a whole looks like, and also what a
+job only slower than its hang allowance looks like (the first steps of a wide world, measured at 16
+hosts: every host waiting for the others in step 2). The leader asks every member again one allowance
+later, and restarts the job only if none went on. A real Leader over TCP with fake members.
+"""
+
+from __future__ import annotations
+
+import pytest
+from slicekeeper.supervisor import culprit
+from slicekeeper.supervisor.culprit import Activity, Stage
+from slicekeeper.supervisor.leader import remediation
+from slicekeeper.supervisor.leader.journal import JobState
+
+from tests.support.fake_members import Member, eventually, join, run
+from tests.support.leader_jobs import nothing_arrives, running_job, shut
+
+
+def at(step: int, stage: Stage, silent: float) -> Activity:
+    return Activity(step, stage, "idle", silent)
+
+
+@pytest.mark.parametrize(
+    ("after", "went_on"),
+    [
+        (at(2, Stage.WORK_DONE, 4.1), False),  # the same silence, 2 s longer
+        (at(2, Stage.WORK_DONE, 1.5), True),  # silent for less than it would be: it said something
+        (at(2, Stage.ENDED, 0.1), True),
+        (at(3, Stage.BEGUN, 0.3), True),
+        (None, False),  # no answer: not known to have moved
+    ],
+    ids=["still", "an-event", "ended", "next-step", "no-answer"],
+)
+def test_a_host_went_on_when_it_got_further_or_said_anything(after, went_on):
+    before = {0: at(2, Stage.WORK_DONE, 2.1), 1: at(2, Stage.WORK_DONE, 2.0)}
+    assert culprit.moved(before, {0: after, 1: at(2, Stage.WORK_DONE, 4.0)}, elapsed=2.0) == (
+        [0] if went_on else []
+    )
+
+
+async def _answer(members: list[Member], step: int, stage: str, silent: float) -> None:
+    for member in members:
+        assert await member.receive() == {"type": "activity_request", "generation": 0}
+        await member.send(
+            "activity", generation=0, step=step, stage=stage, phase="idle", silent_seconds=silent
+        )
+
+
+async def _hang_where_every_host_waits(members: list[Member]) -> None:
+    """Host 1's timer fires in step 2, where every host waits for the others (0.3 s: the test's
+    allowance); the leader asks where each workload is."""
+    await members[1].send(
+        "fault", generation=0, kind="hang", detail="no progress", silent_seconds=0.3, t=100.0
+    )
+    await _answer(members, step=2, stage="work_done", silent=0.3)
+
+
+def test_a_hang_where_no_host_stands_out_is_no_restart_when_the_hosts_went_on(monkeypatch):
+    monkeypatch.setattr(remediation, "ACTIVITY_REPLY_SECONDS", 0.2)
+
+    async def scenario():
+        leader, members = await running_job(hosts=3)
+        [watcher] = await join(members[0].writer.get_extra_info("peername")[1], 1)
+        await watcher.send("watch")
+        await _hang_where_every_host_waits(members)
+        await _answer(members, step=3, stage="begun", silent=0.05)  # asked again: they went on
+        for member in members:
+            assert await nothing_arrives(member, 0.3)  # no stop
+        assert leader.memory.state is JobState.RUNNING
+        assert leader.memory.restarts == {} and leader.memory.detections == []
+        events = []
+        while not any("not confirmed" in text for text in events):
+            message = await watcher.receive()
+            if message["type"] == "event":
+                events.append(message["text"])
+        assert "hang reported by host 1 not confirmed: host(s) 0, 1, 2 went on" in events[-1]
+        assert "every host is waiting for the other hosts in step 2" in events[-1]
+        await shut(leader, [*members, watcher])
+
+    run(scenario)
+
+
+def test_a_hang_where_no_host_stands_out_restarts_the_job_once_no_host_went_on(monkeypatch):
+    monkeypatch.setattr(remediation, "ACTIVITY_REPLY_SECONDS", 0.2)
+
+    async def scenario():
+        leader, members = await running_job(hosts=3)
+        await _hang_where_every_host_waits(members)
+        await _answer(members, step=2, stage="work_done", silent=5.0)  # asked again: still there
+        for member in members:
+            assert await member.receive() == {"type": "stop", "generation": 0, "kind": "hang", "host": 1}
+        [detection] = leader.memory.detections
+        assert "no host stands out" in detection.detail and "no host went on in" in detection.detail
+        await shut(leader, members)
+
+    run(scenario)
+
+
+def test_a_hang_where_a_host_stands_out_restarts_the_job_at_once(monkeypatch):
+    monkeypatch.setattr(remediation, "HANG_CONFIRM_MAX_SECONDS", 60.0)  # a wait would show
+
+    async def scenario():
+        leader, members = await running_job(hosts=3)
+        await members[1].send(
+            "fault", generation=0, kind="hang", detail="no progress", silent_seconds=2, t=100.0
+        )
+        for member in members:
+            assert await member.receive() == {"type": "activity_request", "generation": 0}
+            stage = "begun" if member.host == 2 else "work_done"
+            await member.send("activity", generation=0, step=7, stage=stage, phase="idle", silent_seconds=2.0)
+        for member in members:
+            assert await member.receive() == {"type": "stop", "generation": 0, "kind": "hang", "host": 2}
+        await eventually(lambda: len(leader.memory.detections) == 1)
+        await shut(leader, members)
+
+    run(scenario)
