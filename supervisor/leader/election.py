@@ -262,7 +262,7 @@ class Election:
         return str(self.lock.identity)
 
     def keep_renewing(self) -> None:
-        """While this candidate holds the lease, renew it every `timing.retry` seconds from a thread
+        """While this candidate holds the lease, renew it twice per `timing.retry` from a thread
         of its own, whatever the event loop is busy with: a leader of thousands of members may run
         late by a second at a burst of their reports, and renewals waiting on the loop would let
         the lease lapse under a leader that is working (fenced, the job handed over, for nothing).
@@ -273,13 +273,21 @@ class Election:
             self._renewer = threading.Thread(target=self._renew_while_held, name="lease-renewal", daemon=True)
             self._renewer.start()
 
+    def _renewed(self, started: float) -> None:
+        """A take or renewal begun at `started` (monotonic) succeeded. Two may overlap (a campaign's,
+        its result taken in late by a busy event loop, and the renewal thread's): the later stands."""
+        self.renewed_at = max(self.renewed_at or started, started)
+        self.term = self.lock.transitions + 1
+
     def stop_renewing(self) -> None:
         """Its leader stands down: the lease is no longer renewed for it (it lapses, or is released)."""
         self._renewing.clear()
 
     def _renew_while_held(self) -> None:
         while not self._withdrawn and self._renewing.is_set():
-            time.sleep(self.timing.retry)
+            time.sleep(
+                self.timing.retry / 2
+            )  # twice per retry: a renewal slowed by a busy process still lands in time
             if not self._renewing.is_set() or not self.leading():
                 return  # stood down, or the deadline passed: only a campaign takes the lease now
             started = time.monotonic()
@@ -288,14 +296,14 @@ class Election:
             except Exception:  # the API server unreachable for a moment: tried again until the deadline
                 held = False
             if held:
-                self.renewed_at, self.term = started, self.lock.transitions + 1
+                self._renewed(started)
 
     async def step(self) -> bool:
         """True: this candidate holds the lease now (taken or renewed)."""
         started = time.monotonic()
         held = await asyncio.to_thread(self._take_or_renew)
         if held:
-            self.renewed_at, self.term = started, self.lock.transitions + 1
+            self._renewed(started)
         return bool(held)
 
     def _take_or_renew(self) -> bool:
