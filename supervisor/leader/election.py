@@ -254,8 +254,8 @@ class Election:
         self._withdrawn = False
         """This candidate released the lease (its process is ending): it never takes it again."""
         self._renewer: threading.Thread | None = None
-        self._renewing = threading.Event()
-        """Set while `keep_renewing` keeps the lease for this candidate's leader."""
+        self._stop_renewing = threading.Event()
+        """Set to end the renewal thread (`keep_renewing`)."""
 
     @property
     def identity(self) -> str:
@@ -267,11 +267,17 @@ class Election:
         late by a second at a burst of their reports, and renewals waiting on the loop would let
         the lease lapse under a leader that is working (fenced, the job handed over, for nothing).
         It ends when no renewal succeeded within the renew deadline (then `leading()` is False, and
-        only a campaign may take the lease again), or when its leader stands down."""
-        self._renewing.set()
-        if self._renewer is None or not self._renewer.is_alive():
-            self._renewer = threading.Thread(target=self._renew_while_held, name="lease-renewal", daemon=True)
-            self._renewer.start()
+        only a campaign may take the lease again), when its leader stands down (`stop_renewing`),
+        or when the event loop that started it is closed (its process, or a test, is over)."""
+        self._stop_renewing.set()  # a thread still running from an earlier term ends
+        if self._renewer is not None:
+            self._renewer.join()
+        self._stop_renewing = threading.Event()
+        loop = asyncio.get_running_loop()
+        self._renewer = threading.Thread(
+            target=self._renew_while_held, args=(self._stop_renewing, loop), name="lease-renewal", daemon=True
+        )
+        self._renewer.start()
 
     def _renewed(self, started: float) -> None:
         """A take or renewal begun at `started` (monotonic) succeeded. Two may overlap (a campaign's,
@@ -281,15 +287,13 @@ class Election:
 
     def stop_renewing(self) -> None:
         """Its leader stands down: the lease is no longer renewed for it (it lapses, or is released)."""
-        self._renewing.clear()
+        self._stop_renewing.set()
 
-    def _renew_while_held(self) -> None:
-        while not self._withdrawn and self._renewing.is_set():
-            time.sleep(
-                self.timing.retry / 2
-            )  # twice per retry: a renewal slowed by a busy process still lands in time
-            if not self._renewing.is_set() or not self.leading():
-                return  # stood down, or the deadline passed: only a campaign takes the lease now
+    def _renew_while_held(self, stop: threading.Event, loop: asyncio.AbstractEventLoop) -> None:
+        # Twice per retry: a renewal slowed by a busy process still lands within the deadline.
+        while not stop.wait(self.timing.retry / 2):
+            if self._withdrawn or loop.is_closed() or not self.leading():
+                return  # given up, or over, or the deadline passed: only a campaign takes it now
             started = time.monotonic()
             try:
                 held = self._take_or_renew()
