@@ -432,7 +432,8 @@ TARGETS = {
     "handover_s": ("hand-over (s)", 10.0),
     "leader_cpu_share": ("leader share of a core", 0.5),
     "leader_cpu_per_host_step_us": ("leader CPU per host-step (us)", None),
-    "journal_bytes_per_command": ("journal bytes per command", 1 << 20),
+    "journal_bytes_per_command": ("journal bytes per command, median", None),
+    "journal_bytes_per_command_max": ("journal bytes per command, most", 1 << 20),
     "culprit_s": ("culprit named (s)", 3.0),
     "peak_rss_mib": ("leader peak memory (MiB)", 2048),
 }

@@ -145,7 +145,7 @@ def build_report(
         "started_at": round(started_at, 3),
         "generations": summary.get("generations", 1),
         "restores": [
-            {k: r.get(k) for k in ("host", "step", "tier", "holder", "generation", "seconds", "loaded_step")}
+            r if "hosts" in r else {k: r.get(k) for k in _RESTORE_FIELDS}  # summed up, or per host
             for r in restores
         ],
         "recoveries": [
@@ -193,12 +193,21 @@ def build_report(
     }
 
 
+_RESTORE_FIELDS = ("host", "step", "tier", "holder", "generation", "seconds", "loaded_step")
+"""A restore's fields in the report, where the job kept its restores per host."""
+
+
 def _recovery_line(recovery: dict[str, Any], restores: list[dict[str, Any]]) -> str:
     """`generation 2: hang on host 0 -> step 75 (host 2 peer, others local), 4 steps again`."""
-    tiers = {r["host"]: r.get("tier") for r in restores if r["generation"] == recovery["generation"]}
+    mine = [r for r in restores if r["generation"] == recovery["generation"]]
+    summed_up = [r for r in mine if "hosts" in r]  # a large world's (supervisor.leader.restart_records)
+    tiers = {r["host"]: r.get("tier") for r in mine if "host" in r}
     counts = Counter(tiers.values())
     common = counts.most_common(1)[0][0] if counts else None
-    if len(counts) == 1:
+    if summed_up:
+        counts = Counter(summed_up[-1]["tiers"])
+        sources = ", ".join(f"{tier} {shards}" for tier, shards in counts.most_common())
+    elif len(counts) == 1:
         sources = f"all {common}"
     elif counts[common] > 1:
         odd = ", ".join(f"host {h} {t}" for h, t in sorted(tiers.items()) if t != common)
@@ -261,7 +270,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(_recovery_line(recovery, report.get("restores", [])))
     if report.get("restores"):
         lines.append(
-            f"  restores          {len(report['restores'])} shard(s), "
+            f"  restores          {sum(r.get('hosts', 1) for r in report['restores'])} shard(s), "
             f"{report['persistent_reads']} read from the persistent tier"
         )
     for straggler in report.get("stragglers", []):

@@ -18,6 +18,7 @@ from typing import Any
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.checkpoints.restore_plan import Holdings, RestorePlan, Tier, plan_restore
+from slicekeeper.supervisor.leader import restart_records
 from slicekeeper.supervisor.leader.journal import JobMemory
 from slicekeeper.supervisor.leader.members import HostStatus, Members
 from slicekeeper.supervisor.world import JobWorld
@@ -125,11 +126,13 @@ class Checkpoints:
             "bytes": report.bytes,
             "loaded_step": None,
         }
-        self.memory.restores.append(restore)
+        restart_records.staged(self.memory.restores, restore, len(self.world.hosts))
 
     def loaded(self, report: messages.Loaded) -> None:
         """A workload says which step it restored: checked against the step its supervisor staged."""
         staged = self._staged.pop((report.host, report.generation), None)
+        if restart_records.loaded(self.memory.restores, report.host, report.generation, report.step):
+            return  # a large world's restores, summed up
         if staged is None:  # staged under another leader (it took over meanwhile): found the long way
             staged = next(
                 (

@@ -22,6 +22,7 @@ from typing import Any
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader import restart_machine as machine
+from slicekeeper.supervisor.leader import restart_records
 from slicekeeper.supervisor.leader.background import BackgroundWork, Task
 from slicekeeper.supervisor.leader.capacity import Replacement
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
@@ -329,8 +330,8 @@ class Generations:
                 "high_water": high_water,
                 "restore_step": restore_step,
                 "steps_replayed": max(0, high_water - restored),
-                "world": list(self.world.hosts),
-                "held": held,
+                "world": restart_records.world(list(self.world.hosts)),
+                "held": restart_records.held(held, len(self.world.hosts)),
             }
         )
 
