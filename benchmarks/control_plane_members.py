@@ -93,6 +93,26 @@ class Stats:
     def to_json(self) -> dict[str, Any]:
         return {name: dict(value) if isinstance(value, dict) else value for name, value in vars(self).items()}
 
+    @classmethod
+    def merged(cls, reports: list[dict[str, Any]]) -> Stats:
+        """Several processes' stats (`to_json`) as one: of each time the latest, counts summed."""
+        merged = cls()
+        for report in reports:
+            for name, value in report.items():
+                mine = getattr(merged, name)
+                if isinstance(mine, defaultdict):  # counts
+                    for key, count in value.items():
+                        mine[int(key)] += count
+                elif isinstance(mine, dict):  # times (`sent` by what was said, the others by number)
+                    for key, at in value.items():
+                        key = key if name == "sent" else int(key)
+                        mine[key] = max(mine.get(key, 0.0), at)
+                elif isinstance(mine, list):
+                    mine += value
+                else:
+                    setattr(merged, name, mine + value)
+        return merged
+
 
 class LeaseWatch:
     """The job's lease as the process's hosts see it: read every LEASE_POLL_SECONDS."""

@@ -22,7 +22,7 @@ acknowledgements, activity answers, journals kept, re-registration after a hand-
 
 It prints a table (medians over `--runs` runs, each round counted) and one JSON line per N.
 
-    .venv/bin/python benchmarks/control_plane_scale.py [--hosts N ...] [--runs 3] [--rounds 3]
+    .venv/bin/python -m benchmarks.control_plane_scale [--hosts N ...] [--runs 3] [--rounds 3]
         [--step-seconds 1] [--window 10] [--history 500]
 
 A size this machine cannot hold (a process may open at most `ulimit -Hn` files; the leader needs one
@@ -45,11 +45,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.control_plane_members import Stats
 from slicekeeper import credentials
 
 HERE = Path(__file__).resolve().parent
@@ -123,43 +123,11 @@ class MemberGroup:
         raise BenchmarkFailed(f"member process {self.first}..: no {key!r} within {timeout:g} s")
 
 
-@dataclass
-class Merged:
+def merged_stats(groups: list[MemberGroup]) -> Stats:
     """The member processes' stats together."""
-
-    stop_last: dict[int, float] = field(default_factory=dict)
-    stop_count: dict[int, int] = field(default_factory=lambda: defaultdict(int))
-    ack_last: dict[int, float] = field(default_factory=dict)
-    start_last: dict[int, float] = field(default_factory=dict)
-    start_count: dict[int, int] = field(default_factory=lambda: defaultdict(int))
-    journal_bytes: dict[int, int] = field(default_factory=lambda: defaultdict(int))
-    first_command: dict[int, float] = field(default_factory=dict)
-    registered: dict[int, float] = field(default_factory=dict)
-    registrations: dict[int, int] = field(default_factory=lambda: defaultdict(int))
-    sent: dict[str, float] = field(default_factory=dict)
-    progress_lines: int = 0
-    progress_steps: int = 0
-    unexpected: list[str] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, groups: list[MemberGroup]) -> Merged:
-        for group in groups:
-            group.order(do="stats")
-        merged = cls()
-        for group in groups:
-            stats = group.read("stats", 120)
-            for name in ("stop_last", "ack_last", "start_last", "first_command", "registered"):
-                target = getattr(merged, name)
-                for key, value in stats[name].items():
-                    target[int(key)] = max(target.get(int(key), 0.0), value)
-            for name in ("stop_count", "start_count", "journal_bytes", "registrations"):
-                for key, value in stats[name].items():
-                    getattr(merged, name)[int(key)] += value
-            merged.sent.update(stats["sent"])
-            merged.progress_lines += stats["progress_lines"]
-            merged.progress_steps += stats["progress_steps"]
-            merged.unexpected += stats["unexpected"]
-        return merged
+    for group in groups:
+        group.order(do="stats")
+    return Stats.merged([group.read("stats", 120) for group in groups])
 
 
 @dataclass
@@ -245,10 +213,10 @@ class Run:
             except subprocess.TimeoutExpired:
                 process.kill()
 
-    def wait_started(self, generation: int, timeout: float) -> Merged:
+    def wait_started(self, generation: int, timeout: float) -> Stats:
         deadline = time.monotonic() + timeout
         while True:
-            merged = Merged.of(self.groups)
+            merged = merged_stats(self.groups)
             if merged.start_count.get(generation, 0) >= self.hosts:
                 return merged
             if time.monotonic() > deadline:
@@ -265,7 +233,7 @@ class Run:
         say(f"  {hosts} hosts: connecting and starting (up to {timeout:.0f} s)")
         deadline = time.monotonic() + timeout
         while True:
-            merged = Merged.of(self.groups)
+            merged = merged_stats(self.groups)
             started = max(merged.start_count.values(), default=0)
             if started >= hosts:
                 break
@@ -281,9 +249,9 @@ class Run:
 
         say(f"  steady state: {args.window:g} s of {args.step_seconds:g} s steps")
         time.sleep(2 * args.step_seconds)
-        cpu0, lines0, t0 = cpu_seconds(leader), Merged.of(self.groups).progress_steps, time.monotonic()
+        cpu0, lines0, t0 = cpu_seconds(leader), merged_stats(self.groups).progress_steps, time.monotonic()
         time.sleep(args.window)
-        cpu1, lines1, t1 = cpu_seconds(leader), Merged.of(self.groups).progress_steps, time.monotonic()
+        cpu1, lines1, t1 = cpu_seconds(leader), merged_stats(self.groups).progress_steps, time.monotonic()
         share = (cpu1 - cpu0) / (t1 - t0)
         per_step = (cpu1 - cpu0) / max(1, lines1 - lines0) * 1e6
 
@@ -300,7 +268,7 @@ class Run:
         for index in range(args.rounds):
             say(f"  restart round {index + 1} of {args.rounds}")
             time.sleep(2 * args.step_seconds)
-            seqs_before = set(Merged.of(self.groups).journal_bytes)
+            seqs_before = set(merged_stats(self.groups).journal_bytes)
             crashed = 2 + index
             self.group_of(crashed).order(do="fault", host=crashed, kind="crash")
             merged = self.wait_started(generation + 1, timeout)
@@ -315,14 +283,14 @@ class Run:
         rss = peak_rss_mib(leader)
         say("  hand-over: the first leader's process killed, with its host")
         time.sleep(2 * args.step_seconds)
-        terms_before = set(Merged.of(self.groups).first_command)
+        terms_before = set(merged_stats(self.groups).first_command)
         killed = time.time()
         self.leaders[0].send_signal(signal.SIGKILL)
         self.group_of(0).order(do="lose", host=0)
         deadline = time.monotonic() + timeout
         while True:
             time.sleep(1)
-            merged = Merged.of(self.groups)
+            merged = merged_stats(self.groups)
             new_terms = sorted(set(merged.first_command) - terms_before)
             if new_terms and self.everyone_commanded(new_terms[-1]):
                 term = new_terms[-1]
@@ -368,7 +336,7 @@ class Run:
             counted += stats.get("commanded", {}).get(str(term), 0)
         return counted >= self.hosts - 1
 
-    def check_round(self, merged: Merged, generation: int) -> None:
+    def check_round(self, merged: Stats, generation: int) -> None:
         stopped, started = merged.stop_count.get(generation, 0), merged.start_count.get(generation + 1, 0)
         if stopped != self.hosts or started != self.hosts or merged.unexpected:
             raise BenchmarkFailed(

@@ -30,9 +30,10 @@ def test_200_simulated_hosts_are_each_stopped_and_started_once_per_round_and_the
     result = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "benchmarks" / "control_plane_scale.py"),
+            *("-m", "benchmarks.control_plane_scale"),
             *("--hosts", "200", "--runs", "1", "--rounds", "2", "--window", "2", "--history", "20"),
         ],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
