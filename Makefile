@@ -50,13 +50,15 @@ crds: install
 # - Debian's prometheus (server and promtool): the rules and dashboards are checked against a real
 #   Prometheus;
 # - Debian's chromium: the run's page is opened in it (Playwright drives it; it never downloads one);
+# - Debian's nftables: chaos `partition` drops a machine's packets with its rules;
 # - from npm, the Prometheus Operator's CRD schemas with their validation, under .venv/node: the
 #   chart's PodMonitor and PrometheusRule objects are checked against them.
 PROMETHEUS_OPERATOR_MODELS := @kubernetes-models/prometheus-operator@6.0.0
 system-tools:
-	@command -v promtool >/dev/null && command -v prometheus >/dev/null && test -x $(CHROMIUM) || { \
-		echo "installing Debian's prometheus and chromium packages for the tests"; \
-		(apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus chromium; }
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null && test -x $(CHROMIUM) \
+		&& command -v nft >/dev/null || { \
+		echo "installing Debian's prometheus, chromium and nftables packages for the tests"; \
+		(apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus chromium nftables; }
 	@test -d $(VENV)/node/node_modules/@kubernetes-models/prometheus-operator || { \
 		echo "installing $(PROMETHEUS_OPERATOR_MODELS) under $(VENV)/node for the tests"; \
 		npm install --prefix $(VENV)/node --no-audit --no-fund --silent $(PROMETHEUS_OPERATOR_MODELS); }

@@ -239,6 +239,13 @@ class HealthSpec(Model):
     phase_timeout_seconds: PositiveFloat = Field(
         default=60.0, description="Allowance for a reported non-step phase (checkpoint save, restore)."
     )
+    connection_deadline_seconds: Annotated[float, Field(ge=0)] = Field(
+        default=5.0,
+        description="A connection between supervisors (member and leader, peers) that carries nothing, "
+        "not even the kernel's keepalive probes, for this long is dead: its host is lost, or its "
+        "leader is (a leader that hears no member for this long stands down). 0: no deadline (TCP's "
+        "own, hours).",
+    )
     replacement_timeout_seconds: PositiveFloat = Field(
         default=300.0,
         description="Cluster: how long a lost host's replacement pod may take to join before the policy "

@@ -42,6 +42,11 @@ class ChaosKind(StrEnum):
     its disk keeps the local tier and the peer replicas it held. Locally the runtime restarts the
     supervisor on the same machine, as a kubelet restarts a container; when the host led the job, a
     leader is elected again meanwhile."""
+    PARTITION = "partition"
+    """`partition:host=H[,seconds=T]@step=S`: the machine serving host H stops passing packets, both
+    ways, to and from every other machine, without closing a connection (no FIN, no reset): a silent
+    partition, for T seconds (then it heals and the host comes back) or for good. Its processes run
+    on. Locally nftables rules drop its packets (supervisor.host.partition; needs root and `nft`)."""
     SPARE = "spare"
     """`spare:+N@step=S`: N new spare machines join the job when the job reaches step S (capacity
     returned, e.g. after an elastic scale-down). Aims at no host."""
@@ -51,7 +56,13 @@ class ChaosKind(StrEnum):
         """Whether the fault stops the workload by itself, so that a detection can be attributed to
         it: corrupt waits for the next restore, slow only slows (the straggler detector's business,
         not the hang detector's), spare adds capacity."""
-        return self in {ChaosKind.KILL, ChaosKind.HANG, ChaosKind.LOSE, ChaosKind.CRASH_SUPERVISOR}
+        return self in {
+            ChaosKind.KILL,
+            ChaosKind.HANG,
+            ChaosKind.LOSE,
+            ChaosKind.CRASH_SUPERVISOR,
+            ChaosKind.PARTITION,
+        }
 
     @property
     def detected_as(self) -> FaultKind | None:
@@ -68,6 +79,7 @@ _DETECTED_AS = {
     ChaosKind.LOSE: FaultKind.HOST_LOST,
     ChaosKind.CRASH_SUPERVISOR: FaultKind.CRASH,
     ChaosKind.SLOW: FaultKind.STRAGGLER,
+    ChaosKind.PARTITION: FaultKind.HOST_LOST,
 }
 
 
@@ -90,6 +102,7 @@ RULES: dict[ChaosKind, KindRules] = {
     ChaosKind.CORRUPT: KindRules(frozenset({"host"})),
     ChaosKind.SLOW: KindRules(frozenset({"host", "factor"})),
     ChaosKind.CRASH_SUPERVISOR: KindRules(frozenset({"host"})),
+    ChaosKind.PARTITION: KindRules(frozenset({"host"}), frozenset({"seconds"})),
     ChaosKind.SPARE: KindRules(frozenset({_BARE})),
 }
 
@@ -125,6 +138,13 @@ class Fault:
         if self.kind is not ChaosKind.SLOW:
             raise ValueError(f"chaos fault '{self}' has no slowdown factor (only slow faults do)")
         return float(self.args["factor"])
+
+    @property
+    def seconds(self) -> float | None:
+        """How long a `partition` lasts before it heals (None: for good)."""
+        if self.kind is not ChaosKind.PARTITION:
+            raise ValueError(f"chaos fault '{self}' has no duration (only partition faults do)")
+        return float(self.args["seconds"]) if "seconds" in self.args else None
 
     @property
     def count(self) -> int:
@@ -196,6 +216,8 @@ def _parse_one(text: str) -> Fault:
         raise UserError(f"{where}: host must be a host index (0, 1, ...), not '{args['host']}'")
     if "factor" in args:
         _check_factor(where, args["factor"])
+    if "seconds" in args:
+        _check_seconds(where, args["seconds"])
     if kind is ChaosKind.SPARE:
         match = _SPARE_COUNT.match(args[_BARE])
         if match is None or int(match.group(1)) < 1:
@@ -215,6 +237,17 @@ def _check_factor(where: str, text: str) -> None:
         raise UserError(
             f"{where}: factor must be a finite number greater than 1 (how many times slower), not '{text}'"
         )
+
+
+def _check_seconds(where: str, text: str) -> None:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise UserError(
+            f"{where}: seconds must be a number of seconds greater than 0, not '{text}'"
+        ) from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise UserError(f"{where}: seconds must be a finite number greater than 0, not '{text}'")
 
 
 def parse_chaos(spec: str | None) -> list[Fault]:

@@ -31,6 +31,7 @@ from typing import IO, Any, Final, TextIO
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier, PersistentTierError
+from slicekeeper.supervisor.host import partition
 from slicekeeper.supervisor.leader.election import LEASE_FILE, read_lease_file
 from slicekeeper.supervisor.live_view import ProgressMode, run_view
 from slicekeeper.supervisor.plan import JobPlan, free_port
@@ -52,6 +53,9 @@ DEFAULT_CACHE = (
 CREDENTIALS_DIR = "credentials"
 """In the run directory: this run's own CA and certificate (slicekeeper.credentials), its user's only."""
 STOP_GRACE_SECONDS = 5.0
+UNHEARD_END_SECONDS = 15.0
+"""A host's supervisor still running this long after the job ended did not hear the end (its machine
+is cut off by a partition): it is stopped rather than waited for until it gives up on the leader."""
 MACHINE_RESTARTS = 3
 """How often one machine's supervisor is started again after dying of a signal, at most."""
 LONE_FAILURE_SECONDS = 60.0
@@ -83,8 +87,11 @@ class SupervisorProcess:
         self._loop.add_reader(self._pidfd, self._exited)
 
     @classmethod
-    def start(cls, argv: list[str], log: IO[bytes] | None = None) -> SupervisorProcess:
-        """Start `argv` in its own session (its process group is its pid), dying with this process."""
+    def start(
+        cls, argv: list[str], log: IO[bytes] | None = None, group: int | None = None
+    ) -> SupervisorProcess:
+        """Start `argv` in its own session (its process group is its pid), dying with this process;
+        under group id `group` (None: this process's)."""
         return cls(
             subprocess.Popen(
                 argv,
@@ -93,6 +100,7 @@ class SupervisorProcess:
                 stderr=subprocess.STDOUT if log is not None else None,
                 start_new_session=True,
                 preexec_fn=die_with_parent,
+                group=group,
             )
         )
 
@@ -158,6 +166,11 @@ class LocalRuntime:
         self.job = job
         self.faults = parse_chaos(chaos)
         check_hosts(self.faults, shape.host_count)
+        self._partitions = any(f.kind is ChaosKind.PARTITION for f in self.faults)
+        """Chaos `partition` among the faults: each machine runs under a group id of its own
+        (supervisor.host.partition)."""
+        if self._partitions:
+            partition.check_available()
         self.shape = shape
         """The job scaled down to this machine (slicekeeper.api.local_layout)."""
         self.total_steps = steps if steps is not None else job.spec.workload.steps
@@ -258,6 +271,9 @@ class LocalRuntime:
             await self._stop_all()
             for keeper in self._spares:
                 keeper.cancel()
+            if self._partitions:
+                for table in await asyncio.to_thread(partition.remove_all, self.run_key):
+                    self._say(f"  chaos: removed the partition left in place ({table})")
             shutil.rmtree(self.checkpoint_root, ignore_errors=True)
         wall = time.time() - started
         report = self._gather(plan, started, wall)
@@ -304,11 +320,18 @@ class LocalRuntime:
         or an end whose status another waiter took: STATUS_LOST) while the others still run after
         the time a leader is waited for means the run is broken (e.g. it died before it registered,
         and the job waits for it): every other is stopped."""
+        summary = self.run_dir / "job-summary.json"
         while pending := [host for host in hosts if not host.done()]:
             # Looked at before waiting: a host's task may have ended before this one first ran.
             failed = [h for h in hosts if h.done() and h.result() in (protocol.EXIT_JOB_FAILED, STATUS_LOST)]
             if not failed:
-                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(pending, timeout=STOP_GRACE_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+                if summary.exists() and time.time() - summary.stat().st_mtime > UNHEARD_END_SECONDS:
+                    # The job ended a while ago: who still runs cannot hear it (a machine cut off).
+                    self._say("slicekeeper: the job ended; stopping the supervisors that did not hear it")
+                    self._stopping = True
+                    await self._stop_all()
+                    await asyncio.gather(*hosts)
                 continue
             # asyncio.wait, not wait_for: a timeout must not cancel the hosts' tasks.
             await asyncio.wait(pending, timeout=LONE_FAILURE_SECONDS)
@@ -357,8 +380,11 @@ class LocalRuntime:
         extra = ["--joined-by", joined_by] if joined_by else []
         extra += ["--restart", str(restart)] if restart else []
         argv = [sys.executable, "-m", "slicekeeper.supervisor", "--plan", str(plan_path), f"--{role}", index]
+        # With a partition among the faults, a group id of its own: how its packets are told apart.
+        ordinal = int(index) + (plan.shape.host_count if role == "spare" else 0)
+        group = partition.GROUP_ID_BASE + ordinal if self._partitions else None
         with (machine_dir / "supervisor.log").open("ab") as log:
-            self._supervisors.append(SupervisorProcess.start(argv + extra, log))
+            self._supervisors.append(SupervisorProcess.start(argv + extra, log, group=group))
         return self._supervisors[-1]
 
     async def _capacity_returns(self, plan: JobPlan, plan_path: Path, step: int) -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from slicekeeper.supervisor import connection_deadline
 from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper import shard_folder
@@ -221,9 +222,12 @@ class ReplicaServer:
         idle_timeout: float = 60.0,
         own_copy: Callable[[int, int], Path | None] | None = None,
         tls: JobTls | None = None,
+        connection_deadline: float = 0.0,
     ) -> None:
         """`tls`: the job's credentials, required of every client (None: plain TCP, for benchmarks
-        that measure what TLS costs)."""
+        that measure what TLS costs). `connection_deadline`: seconds of silence that end a peer's
+        connection (supervisor.connection_deadline; 0: none)."""
+        self.connection_deadline = connection_deadline
         self.store = store
         self.tls = tls
         self.own_copy = own_copy or (lambda owner, step: None)
@@ -255,6 +259,7 @@ class ReplicaServer:
         assert task is not None
         self._connections[task] = writer
         try:
+            connection_deadline.impose_on(writer, self.connection_deadline)
             request = await _read_line(reader, self.idle_timeout)
             owner, step = _count(request, "owner"), _count(request, "step")
             if request.get("op") == "push":
@@ -317,7 +322,7 @@ class ReplicaServer:
 
 @contextlib.asynccontextmanager
 async def _session(
-    address: str, what: str, timeout: float, source: bool, tls: JobTls | None
+    address: str, what: str, timeout: float, source: bool, tls: JobTls | None, deadline: float
 ) -> AsyncIterator[Connection]:
     """A connection to the peer at "host:port" for one request, under `timeout`; every failure becomes a
     ReplicationError, except CorruptCheckpoint when `source` (our own folder is bad, not the transfer)."""
@@ -331,6 +336,7 @@ async def _session(
                 reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
             else:
                 reader, writer = await tls.connect(host.strip("[]"), int(port))
+            connection_deadline.impose_on(writer, deadline)
             yield reader, writer
     except (_Refused, CorruptCheckpoint, ValueError, EOFError, OSError) as error:
         if writer is not None:
@@ -349,7 +355,12 @@ async def _session(
 
 
 async def push_replica(
-    address: str, owner: int, folder: Path, timeout: float = 30.0, tls: JobTls | None = None
+    address: str,
+    owner: int,
+    folder: Path,
+    timeout: float = 30.0,
+    tls: JobTls | None = None,
+    connection_deadline: float = 0.0,
 ) -> Transfer:
     """Send the committed shard folder `folder` (owner's step-X) to the ReplicaServer at "host:port".
     Raises ReplicationError on any failure, CorruptCheckpoint if the source folder does not match its
@@ -358,7 +369,7 @@ async def push_replica(
     text = manifest.to_json().encode()
     start = time.monotonic()
     what = f"push of host {owner} step {manifest.step} to {address}"
-    async with _session(address, what, timeout, source=True, tls=tls) as (reader, writer):
+    async with _session(address, what, timeout, True, tls, connection_deadline) as (reader, writer):
         request = {"op": "push", "owner": owner, "step": manifest.step, "manifest": len(text)}
         await _write_line(writer, request, None)
         writer.write(text)
@@ -375,6 +386,7 @@ async def fetch_replica(
     destination: Path,
     timeout: float = 60.0,
     tls: JobTls | None = None,
+    connection_deadline: float = 0.0,
 ) -> Transfer:
     """Fetch owner's step from the ReplicaServer at address into `destination` (a directory, e.g. the
     owner's new local tier dir): written to destination/step-X.tmp, every file's sha256 verified, then
@@ -384,7 +396,7 @@ async def fetch_replica(
     start = time.monotonic()
     what = f"fetch of host {owner} step {step} from {address}"
     try:
-        async with _session(address, what, timeout, source=False, tls=tls) as (reader, writer):
+        async with _session(address, what, timeout, False, tls, connection_deadline) as (reader, writer):
             await _write_line(writer, {"op": "fetch", "owner": owner, "step": step}, None)
             reply = await _read_line(reader, None, reply=True)
             manifest = await _read_manifest(reader, _count(reply, "manifest"), step, what, None)

@@ -67,14 +67,19 @@ class CheckpointTiers:
         report: Report,
         log: Log,
         tls: JobTls | None = None,
+        connection_deadline: float = 0.0,
     ) -> None:
-        """`tls`: the job's credentials for the peer tier's connections (None: plain TCP)."""
+        """`tls`: the job's credentials for the peer tier's connections (None: plain TCP);
+        `connection_deadline`: their seconds of silence before they end (0: none)."""
         self.disk = disk
         self._tls = tls
+        self._deadline = connection_deadline
         self.local_dir = disk / "local"
         self.local_dir.mkdir(parents=True, exist_ok=True)
         self.replicas = ReplicaStore(disk / "peers", spec.peer.max_to_keep)
-        self._server = ReplicaServer(self.replicas, own_copy=self._own_copy, tls=tls)
+        self._server = ReplicaServer(
+            self.replicas, own_copy=self._own_copy, tls=tls, connection_deadline=connection_deadline
+        )
         self._spec = spec
         self._shape = shape
         self.persistent = persistent
@@ -161,7 +166,9 @@ class CheckpointTiers:
             if address is None:
                 continue
             try:
-                transfer = await push_replica(address, self.host, folder, tls=self._tls)
+                transfer = await push_replica(
+                    address, self.host, folder, tls=self._tls, connection_deadline=self._deadline
+                )
             except (ReplicationError, CorruptCheckpoint, OSError) as error:
                 await self._failed(step, Tier.PEER, "replication failed", f"to host {holder}: {error}")
                 continue
@@ -278,7 +285,9 @@ class CheckpointTiers:
             address = source.get("address")
             if address is None:
                 raise ReplicationError(f"{describe(source)}: no address to fetch it from")
-            transfer = await fetch_replica(address, owner, step, self.local_dir, tls=self._tls)
+            transfer = await fetch_replica(
+                address, owner, step, self.local_dir, tls=self._tls, connection_deadline=self._deadline
+            )
             return transfer.bytes
         if self.persistent is None:
             raise PersistentTierError("this job has no persistent tier (spec.checkpoint.persistent)")

@@ -4,8 +4,9 @@
 supervisor fire the faults aimed at its own host when its workload begins the named step, each
 exactly once: kill (SIGKILL), hang (SIGSTOP), slow (the SDK slows this machine's own work),
 corrupt (bytes flipped in the newest local checkpoint), lose (the whole machine gone, processes
-and disk) and crash-supervisor (this supervisor process gone, its machine intact: the local runtime
-starts it again). A spare taking over a host takes over that host's faults not fired yet. Each fault
+and disk), crash-supervisor (this supervisor process gone, its machine intact: the local runtime
+starts it again) and partition (its packets dropped both ways, its connections left open:
+supervisor.host.partition). A spare taking over a host takes over that host's faults not fired yet. Each fault
 is noted in the machine's record before it is inflicted (supervisor.host.machine_record), so a
 supervisor started again on the same machine never fires it twice. Job-wide faults (`spare`) are the
 local runtime's.
@@ -23,6 +24,7 @@ from typing import Any, NoReturn
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
+from slicekeeper.supervisor.host import partition
 from slicekeeper.supervisor.host.context import HostContext
 from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.workload_process import WorkloadProcess
@@ -116,6 +118,9 @@ class Chaos:
             elif fault.kind is ChaosKind.CRASH_SUPERVISOR:
                 self._context.spawn(self._crash_supervisor(chaos))
                 continue
+            elif fault.kind is ChaosKind.PARTITION:
+                self._context.spawn(self._partition(chaos, fault.seconds))
+                continue
             self._context.log(_record(chaos))
             self._context.spawn(self._tell(chaos))
 
@@ -131,6 +136,29 @@ class Chaos:
             # members before it goes, so that the job's memory has it whoever leads next (the
             # workload lives on meanwhile: killed now, its exit would be reported as a crash).
             await asyncio.sleep(JOURNAL_GRACE_SECONDS)
+
+    async def _partition(self, chaos: messages.ChaosFired, seconds: float | None) -> None:
+        """Chaos `partition`: this machine's packets dropped, both ways, for `seconds` (None: for
+        good), its connections left open (supervisor.host.partition). A machine cut off for good
+        that gives up looking for a leader ends as one a cluster would replace, not as a failed job."""
+        await self._said(chaos)
+        table = partition.table_name(self._context.plan.run_key, self._context.machine)
+        try:
+            sockets = await asyncio.to_thread(partition.cut, table, os.getgid(), os.getpid())
+        except (RuntimeError, OSError) as error:
+            self._context.say(f"chaos {chaos.fault}: could not cut this machine off: {error}")
+            return
+        self._context.site.cut_off = True
+        self._context.say(
+            f"chaos {chaos.fault}: cut off ({len(sockets.connections)} connection(s), "
+            f"{len(sockets.ports)} port(s) silenced)" + (f" for {seconds:g} s" if seconds else " for good")
+        )
+        if seconds is None:
+            return
+        await asyncio.sleep(seconds)
+        await asyncio.to_thread(partition.heal, table)
+        self._context.site.cut_off = False
+        self._context.say(f"chaos {chaos.fault}: the partition healed")
 
     async def _crash_supervisor(self, chaos: messages.ChaosFired) -> NoReturn:
         """Chaos `crash-supervisor`: this process dies at once; its workload dies with it (they are

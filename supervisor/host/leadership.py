@@ -86,6 +86,8 @@ class Leadership:
         self.leader: Leader | None = None
         self.looking = False
         """This host's member lost its leader and looks for the next: the lease is read more often."""
+        self.cut_off = False
+        """It led, and heard no member: it does not campaign until its member reaches a leader."""
         self.lease: Lease | None = None
         """The lease as last seen: whom to follow."""
         self._changed = asyncio.Event()
@@ -132,7 +134,7 @@ class Leadership:
         if self.successor:
             await self._release_predecessor()
         while True:
-            if self.candidate:
+            if self.candidate and not self.cut_off:
                 await self._campaign()
                 await asyncio.sleep(retry if self.lease is not None and not self.looking else WATCH_SECONDS)
             else:
@@ -167,13 +169,16 @@ class Leadership:
             await self._lead(self.election.taken_from)
             self.election.keep_renewing()
         elif self.leader is not None and self.leader.standing_down and self.election.leading():
-            # It found itself fenced for a moment (its renewals late) and acts no more, for good:
-            # give the lease up, so that another candidate takes the job over now, in a new term,
-            # rather than a leader that acts on nothing keep it.
-            await self._stand_down()
+            # It found itself fenced for a moment (its renewals late), or cut off from every member
+            # (supervisor.leader.silence), and acts no more, for good: give the lease up, so that
+            # another candidate takes the job over now, in a new term, rather than a leader that
+            # acts on nothing keep it. Cut off, it campaigns again only once its own member reached
+            # the next leader: until then it would only take the lease back from the others.
+            self.cut_off = self.leader.silence.cut_off
+            await self._stand_down(self.leader.silence.reason() if self.cut_off else "it found itself fenced")
             await self.election.release()
         elif self.leader is not None and not self.election.leading():
-            await self._stand_down()
+            await self._stand_down("lost the job's lease")
         self._seen(self.election.observed())
 
     def _seen(self, lease: Lease | None) -> None:
@@ -188,7 +193,7 @@ class Leadership:
         leader = self._new_leader(term, self.election.leading)
         port = self.own.address.rsplit(":", 1)[1]
         reserved, self._reserved = self._reserved, None
-        await leader.serve(self._bind, int(port), sock=reserved, tls=self.tls)
+        await leader.serve(self._bind, int(port), sock=reserved, tls=self.tls, own_host=self.own.host)
         self.leader = leader
         previous = before.holder if before is not None else None
         if previous != self.own and (previous is not None or term > 1):
@@ -224,12 +229,12 @@ class Leadership:
         if self.leader is not None:
             await self.election.release()
 
-    async def _stand_down(self) -> None:
+    async def _stand_down(self, reason: str) -> None:
         self.election.stop_renewing()
         leader, self.leader = self.leader, None
         assert leader is not None
-        self._say("lost the job's lease: standing down as leader")
-        leader.stand_down("lost the job's lease")
+        self._say(f"{reason}: standing down as leader")
+        leader.stand_down(reason)
         self.deposed()
         await leader.close()
 
@@ -274,6 +279,7 @@ class LeaderDuties:
             term=term,
             leading=leading,
             peer_replicas=spec.checkpoint.peer.replicas,
+            connection_deadline=spec.health.connection_deadline_seconds,
         )
 
     def begin(self, leader: Leader) -> None:

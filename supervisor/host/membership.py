@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from slicekeeper.supervisor import leader_connection, messages
+from slicekeeper.supervisor import connection_deadline, leader_connection, messages
 from slicekeeper.supervisor.host.leadership import Leadership
 from slicekeeper.supervisor.leader.members import send
 
@@ -33,11 +33,15 @@ class Membership:
         leadership: Leadership,
         *,
         wait: float,
-        unreachable_exit_code: int,
+        unreachable_exit_code: Callable[[], int],
         finished: asyncio.Event,
         say: Callable[[str], None],
+        connection_deadline: float = 0.0,
     ) -> None:
+        """`connection_deadline`: spec.health.connectionDeadlineSeconds, imposed on the connection to
+        each leader (supervisor.connection_deadline): a leader cut off is given up on within it."""
         self._leadership = leadership
+        self._connection_deadline = connection_deadline
         self._wait = wait
         """How long a leader is looked for (supervisor.leader_connection)."""
         self._unreachable_exit_code = unreachable_exit_code
@@ -92,6 +96,8 @@ class Membership:
             if found is None:
                 return
             reader, self.writer, term, address = found
+            connection_deadline.impose_on(self.writer, self._connection_deadline)
+            self._leadership.cut_off = False  # a leader is reached: this host may lead again
             joining = register(joined)
             await send(self.writer, joining)
             if isinstance(joining, messages.RegisterSpare):
@@ -128,7 +134,7 @@ class Membership:
                 ),
             )
         except leader_connection.LeaderUnreachable as unreachable:
-            self.exit_code = self._unreachable_exit_code
+            self.exit_code = self._unreachable_exit_code()
             self._say(f"{unreachable}: exit {self.exit_code}")
             return None
         finally:

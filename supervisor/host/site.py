@@ -70,6 +70,8 @@ class Site(ABC):
     def __init__(self, plan: JobPlan) -> None:
         self.plan = plan
         self.leader_host, self.leader_port = plan.leader.rsplit(":", 1)
+        self.cut_off = False
+        """Chaos `partition` cut this machine off the network (supervisor.host.partition)."""
 
     @abstractmethod
     def metrics_port(self, host: int | None, machine: str) -> int:
@@ -229,7 +231,9 @@ class LocalSite(Site):
 
     @property
     def leader_unreachable_exit_code(self) -> int:
-        return protocol.EXIT_JOB_FAILED
+        """Exit 1 (the run is broken), unless this machine is cut off by a chaos partition: then, as
+        a pod cut off would, it asks for its replacement (the run goes on without it)."""
+        return leader_connection.LEADER_UNREACHABLE_EXIT_CODE if self.cut_off else protocol.EXIT_JOB_FAILED
 
     @property
     def replacement_timeout(self) -> float | None:

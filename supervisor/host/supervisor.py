@@ -106,6 +106,7 @@ class HostSupervisor:
             report=self._report,
             log=self._events.log,
             tls=self.tls,
+            connection_deadline=plan.training_job.spec.health.connection_deadline_seconds,
         )
         self.tiers.host = host
         if self.tiers.persistent is not None:
@@ -290,9 +291,10 @@ class HostSupervisor:
         self.membership = Membership(
             self.leadership,
             wait=self.site.leader_wait,
-            unreachable_exit_code=self.site.leader_unreachable_exit_code,
+            unreachable_exit_code=lambda: self.site.leader_unreachable_exit_code,
             finished=self._finished,
             say=self._say,
+            connection_deadline=self.site.plan.training_job.spec.health.connection_deadline_seconds,
         )
         await self.membership.run(
             lambda rejoining: self._mode.registration(hello, rejoining),

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slicekeeper.supervisor import messages
+from slicekeeper.supervisor import connection_deadline, messages
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
 from slicekeeper.supervisor.checkpoints.restore_plan import RestorePlan
 from slicekeeper.supervisor.leader import status as views
@@ -39,6 +39,7 @@ from slicekeeper.supervisor.leader.members import HostStatus, Members, send
 from slicekeeper.supervisor.leader.registrations import Registrations
 from slicekeeper.supervisor.leader.remediation import Remediation
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
+from slicekeeper.supervisor.leader.silence import Silence
 from slicekeeper.supervisor.leader.takeover import Takeover
 from slicekeeper.supervisor.tls import JobTls
 from slicekeeper.supervisor.world import JobWorld
@@ -69,12 +70,14 @@ class Leader:
         term: int = 1,
         leading: Callable[[], bool] = lambda: True,
         peer_replicas: int | None = None,
+        connection_deadline: float = 0.0,
     ) -> None:
         """`shape`: the job's, as its supervisors run it. `replacements`: where a lost host's new
         machine comes from (leader.capacity: the site's choice, spare supervisors locally, new pods in
         a cluster). `term`, `leading`: this leader's term and whether it still surely holds the job's
         lease (supervisor.leader.election). `peer_replicas`: the job's spec.checkpoint.peer.replicas
-        (None: every host is told every host's replica address)."""
+        (None: every host is told every host's replica address). `connection_deadline`: the job's
+        spec.health.connectionDeadlineSeconds, imposed on every member's connection (0: none)."""
         self.memory = JobMemory(started_at=time.time())
         """The job's memory (leader.journal): what a leader that takes over carries on."""
         self.world = JobWorld(shape, min_slices)
@@ -154,6 +157,9 @@ class Leader:
         self._tls: JobTls | None = None
         self._takeover: Takeover | None = None
         """While taking over from a lost leader: the re-registrations gathered so far."""
+        self.silence = Silence(connection_deadline)
+        """The members' connections' deadline, and the judge of one that ended silently: that host
+        lost, or this leader cut off."""
 
     @property
     def standing_down(self) -> bool:
@@ -234,11 +240,18 @@ class Leader:
 
     # --- the server ---------------------------------------------------------------------------
     async def serve(
-        self, address: str, port: int, sock: socket.socket | None = None, tls: JobTls | None = None
+        self,
+        address: str,
+        port: int,
+        sock: socket.socket | None = None,
+        tls: JobTls | None = None,
+        *,
+        own_host: int | None = None,
     ) -> int:
         """Listen on `address:port`, or on `sock` (bound already: a port reserved at start-up).
-        `tls`: the job's credentials, required of every client (None: plain TCP, in unit tests)."""
-        self._tls = tls
+        `tls`: the job's credentials, required of every client (None: plain TCP, in unit tests).
+        `own_host`: the host whose supervisor serves it."""
+        self._tls, self.silence.own_host = tls, own_host
         if sock is not None:
             self._server = await asyncio.start_server(
                 self._connection, sock=sock, limit=protocol.CONTROL_LINE_LIMIT
@@ -266,7 +279,9 @@ class Leader:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._tls is not None and not await self._tls.accept("leader", writer):
             return  # refused before a message was read: never a member, nothing to disconnect
+        silent = False
         try:
+            connection_deadline.impose_on(writer, self.silence.deadline)
             while line := await reader.readline():
                 if not line.endswith(b"\n"):
                     break  # cut short by the end of its connection: not a whole message, not acted on
@@ -283,6 +298,8 @@ class Leader:
                 except (ValueError, KeyError, TypeError) as error:
                     # A bad message must not end the connection: that would read as a lost host.
                     print(f"leader: ignored a malformed message {line[:200]!r}: {error!r}", file=sys.stderr)
+        except TimeoutError:  # its deadline passed in silence (supervisor.connection_deadline)
+            silent = True
         except (OSError, asyncio.CancelledError):  # OSError: reset, or a cut TLS stream (ssl.SSLError)
             pass  # cancelled: the process is ending (asyncio.run's teardown); no traceback for that
         except ValueError as error:
@@ -294,12 +311,14 @@ class Leader:
             print(f"leader: dropped a connection: {error}", file=sys.stderr)
             writer.close()
         finally:
-            await self._disconnected(writer)
+            await self._disconnected(writer, silent)
 
-    async def _disconnected(self, writer: asyncio.StreamWriter) -> None:
+    async def _disconnected(self, writer: asyncio.StreamWriter, silent: bool = False) -> None:
         if writer in self.members.watchers:
             self.members.watchers.remove(writer)
-        quiet = self.generations.over or self._standing_down or not self.leading()  # ended, or fenced
+        if silent and self.members.host_of(writer) and not self._quiet():
+            await self._judge_silence(writer)
+        quiet = self._quiet()
         for spare in self.capacity.lost(writer):
             if not quiet:
                 await self.members.event(f"{spare} lost while idle")
@@ -311,6 +330,16 @@ class Leader:
             lost.state, lost.committed, lost.replicas = "lost", set(), {}
             self.generations.member_lost(host)
             await self.remediation.host_lost(host, lost.machine)
+
+    async def _judge_silence(self, writer: asyncio.StreamWriter) -> None:
+        """A member's connection ended at its deadline: this leader stands down if every other
+        member's did too (supervisor.leader.silence); else the member is lost, as any other."""
+        if await self.silence.cut_off_after(writer, lambda: self.members.writers.items()):
+            self.stand_down(self.silence.reason())
+
+    def _quiet(self) -> bool:
+        """A member's connection ending now is no lost host: the job ended, or this leader is fenced."""
+        return self.generations.over or self._standing_down or not self.leading()
 
     # --- what the members say -----------------------------------------------------------------
     async def _handle(self, message: messages.ToLeader, writer: asyncio.StreamWriter) -> None:

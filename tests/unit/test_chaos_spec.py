@@ -4,6 +4,7 @@ import pytest
 
 from slicekeeper.chaos import ChaosKind, Fault, check_hosts, parse_chaos
 from slicekeeper.errors import UserError
+from slicekeeper.policy.events import FaultKind
 
 
 def test_the_issue_example_parses_into_two_faults():
@@ -206,5 +207,31 @@ def test_slow_and_spare_round_trip_with_the_other_kinds():
 
 
 def test_only_faults_that_stop_the_workload_are_disruptive():
-    disruptive = {ChaosKind.KILL, ChaosKind.HANG, ChaosKind.LOSE, ChaosKind.CRASH_SUPERVISOR}
+    # A partition stops the host's part in the job (its workload runs on, heard by nobody).
+    disruptive = {
+        ChaosKind.KILL,
+        ChaosKind.HANG,
+        ChaosKind.LOSE,
+        ChaosKind.CRASH_SUPERVISOR,
+        ChaosKind.PARTITION,
+    }
     assert {k for k in ChaosKind if k.disruptive} == disruptive
+
+
+# --- partition ------------------------------------------------------------------------------------
+
+
+def test_a_partition_lasts_for_good_or_for_its_seconds():
+    forever, healing = parse_chaos("partition:host=1@step=10,partition:host=2,seconds=6.5@step=12")
+    assert (forever.kind, forever.host, forever.seconds) == (ChaosKind.PARTITION, 1, None)
+    assert (healing.host, healing.step, healing.seconds) == (2, 12, 6.5)
+    assert str(healing) == "partition:host=2,seconds=6.5@step=12"
+    assert ChaosKind.PARTITION.disruptive and ChaosKind.PARTITION.detected_as is FaultKind.HOST_LOST
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1", "soon", "inf"])
+def test_a_partition_of_no_time_is_refused(seconds):
+    with pytest.raises(
+        UserError, match=f"fault 'partition:host=1,seconds={seconds}@step=3': seconds must be"
+    ):
+        parse_chaos(f"partition:host=1,seconds={seconds}@step=3")
