@@ -332,10 +332,12 @@ async def _session(
             host, _, port = address.rpartition(":")
             if not host or not port.isdigit():
                 raise ValueError(f"not a host:port address: {address!r}")
-            if tls is None:
-                reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
-            else:
-                reader, writer = await tls.connect(host.strip("[]"), int(port))
+            # A peer cut off never answers a SYN: the connection's deadline bounds the wait for it too.
+            async with asyncio.timeout(deadline or None):
+                if tls is None:
+                    reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+                else:
+                    reader, writer = await tls.connect(host.strip("[]"), int(port))
             connection_deadline.impose_on(writer, deadline)
             yield reader, writer
     except (_Refused, CorruptCheckpoint, ValueError, EOFError, OSError) as error:

@@ -23,6 +23,9 @@ from slicekeeper.supervisor import connection_deadline, leader_connection, messa
 from slicekeeper.supervisor.host.leadership import Leadership
 from slicekeeper.supervisor.leader.members import send
 
+LAST_LINES_SECONDS = 0.1
+"""A superseded leader's lines still unread are read until none comes for this long."""
+
 Obey = Callable[[messages.Command], Awaitable[bool]]
 """Carries out one command; True: this host's part in the job ended."""
 
@@ -112,6 +115,8 @@ class Membership:
             if outcome:
                 joined = True
                 ended = await self._until_superseded(self._commands(reader, obey), term, address)
+                if ended is None:
+                    await self._last_journals(reader, obey)
                 if ended or self._finished.is_set():
                     return
             self.writer.close()
@@ -172,6 +177,22 @@ class Membership:
             if command is not None and await obey(command):
                 return True
         return False
+
+    async def _last_journals(self, reader: asyncio.StreamReader, obey: Obey) -> None:
+        """The leader followed was superseded: the journals it wrote that are still unread here are
+        kept all the same (a journal is written before the command it leads to, and the newest one
+        a member holds is what the next leader carries on), its other commands are not carried out.
+        Lines already received are read at once; the first pause ends it."""
+        while True:
+            try:
+                line = await asyncio.wait_for(reader.readline(), LAST_LINES_SECONDS)
+                journal = messages.command(line) if line.endswith(b"\n") else None
+            except (TimeoutError, OSError, ValueError):
+                return
+            if journal is None:
+                return
+            if isinstance(journal, messages.Journal):
+                await obey(journal)
 
     async def _until_superseded(
         self, reading: Coroutine[Any, Any, bool | None], term: int, address: str

@@ -40,6 +40,7 @@ from slicekeeper.supervisor.leader.registrations import Registrations
 from slicekeeper.supervisor.leader.remediation import Remediation
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 from slicekeeper.supervisor.leader.silence import Silence
+from slicekeeper.supervisor.leader.takeover import SECONDS as takeover_seconds
 from slicekeeper.supervisor.leader.takeover import Takeover
 from slicekeeper.supervisor.tls import JobTls
 from slicekeeper.supervisor.world import JobWorld
@@ -229,6 +230,10 @@ class Leader:
     async def _take_over(self, takeover: Takeover) -> None:
         await takeover.settle()
         self._takeover = None  # from now on every message is handled as it comes
+        if not takeover.heard_another and set(self.world.hosts) - {takeover.own.host}:
+            self.silence.cut_off = True
+            self.stand_down(f"heard no other machine within {takeover_seconds:g} s of its election: cut off")
+            return
         # While the gathered registrations and messages are taken in order: no start yet (a member
         # taken in early, an idle one say, must not start the job before the others are back).
         self.generations.hold(CARRYING_ON)

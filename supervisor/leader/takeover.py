@@ -59,6 +59,9 @@ class Takeover:
         self.journals = [journal] if journal is not None else []
         self.backlog: list[tuple[messages.ToLeader, asyncio.StreamWriter]] = []
         self.hosts: set[int] = set()
+        self.heard_another = False
+        """A machine other than this leader's own registered: a leader that heard none is cut off
+        (supervisor.leader.silence), or elected after the job ended, and must not act."""
         self._memory = memory
         self._world = world
         self._members = members
@@ -73,6 +76,7 @@ class Takeover:
         self.backlog.append((message, writer))
         if isinstance(message, (messages.Register, messages.RegisterSpare)):
             self.last_arrival = time.monotonic()
+            self.heard_another |= isinstance(message, messages.RegisterSpare) or message.host != self.own.host
         if isinstance(message, messages.Register):
             self.hosts.add(message.host)
             if message.journal is not None:
