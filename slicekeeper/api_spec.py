@@ -122,6 +122,15 @@ class PersistentTierSpec(Model):
         default=50, description="Steps between persistent saves; a multiple of spec.checkpoint.interval."
     )
     max_to_keep: PositiveInt = Field(default=2, description="Persistent checkpoints kept.")
+    call_timeout_seconds: PositiveFloat = Field(
+        default=300.0,
+        description="Each call to the store (an upload or download of one shard, a listing, a commit) "
+        "gets this long; one that takes longer is given up (a hung store never hangs a save or a "
+        "restore).",
+    )
+    attempts: PositiveInt = Field(
+        default=3, description="Tries of a store call that failed or timed out, 1 s apart, doubling."
+    )
 
 
 class CheckpointSpec(Model):

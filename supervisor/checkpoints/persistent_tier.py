@@ -17,10 +17,10 @@ restored. A host's shard counts as uploaded only when its manifest exists, and i
 after every file was hashed while copying and matched the manifest. Deletion runs in the opposite
 order (marker first), so a half-deleted step is never seen as committed.
 
-All methods block (the supervisor calls them through `asyncio.to_thread`), one caller at a time per
-instance. Any failure of the store is raised as PersistentTierError (object-store clients raise
-their own exception types, so the cause is chained); a shard that does not match its manifest
-raises shard_folder.CorruptCheckpoint.
+All methods block (the supervisor calls them through supervisor.checkpoints.store_calls, under a
+deadline, tried a bounded number of times). Any failure of the store is raised as
+PersistentTierError (object-store clients raise their own exception types, so the cause is
+chained); a shard that does not match its manifest raises shard_folder.CorruptCheckpoint.
 
 Every object read from the store is counted where it is read (`reads`): a restore that claims to
 have come from elsewhere can be checked against what the store actually served.
@@ -96,7 +96,10 @@ def _copy(source: IO[bytes], sink: IO[bytes], shard: ShardFile, where: str) -> i
 
 
 class PersistentTier:
-    def __init__(self, uri: str, run_key: str) -> None:
+    def __init__(self, uri: str, run_key: str, *, call_timeout: float = 300.0, attempts: int = 3) -> None:
+        """`call_timeout`, `attempts`: what the supervisor gives each call before it gives up, and
+        how often it tries (supervisor.checkpoints.store_calls; spec.checkpoint.persistent)."""
+        self.call_timeout, self.attempts = call_timeout, attempts
         key = run_key.strip("/")
         if not key or any(part in ("", ".", "..") for part in key.split("/")):
             raise ValueError(f"invalid run key {run_key!r}: expected non-empty path segments")
@@ -300,7 +303,9 @@ class PersistentTier:
         neither step-X nor step-X.tmp is left in `destination`.
         """
         source = self._host_path(step, host)
-        tmp = shard_folder.tmp_dir(destination, step)
+        # A folder of this call's own: a call given up (store_calls) may still be writing its own.
+        final = shard_folder.step_dir(destination, step)
+        tmp = final.with_name(f"{final.name}.{uuid.uuid4().hex[:8]}{shard_folder.TMP_SUFFIX}")
         with self._errors(f"download of {self._where(source)} to {destination}") as fs:
             self._fresh(fs)
             if not fs.exists(f"{self._step_path(step)}/{COMMITTED}"):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.checkpoints import store_calls
 from slicekeeper.supervisor.checkpoints.peer_tier import (
     ReplicaServer,
     ReplicaStore,
@@ -188,7 +189,9 @@ class CheckpointTiers:
         assert self.host is not None and self.persistent is not None
         started = time.time()
         try:
-            size = await asyncio.to_thread(self.persistent.upload, self.host, folder)
+            size = await store_calls.call(
+                self.persistent, f"upload of step {step}", self.persistent.upload, self.host, folder
+            )
         except (PersistentTierError, CorruptCheckpoint, OSError) as error:
             await self._failed(step, Tier.PERSISTENT, "upload failed", str(error))
             return
@@ -291,7 +294,10 @@ class CheckpointTiers:
             return transfer.bytes
         if self.persistent is None:
             raise PersistentTierError("this job has no persistent tier (spec.checkpoint.persistent)")
-        return await asyncio.to_thread(self.persistent.download, owner, step, self.local_dir)
+        what = f"download of host {owner}'s step {step}"
+        return await store_calls.call(
+            self.persistent, what, self.persistent.download, owner, step, self.local_dir
+        )
 
     async def _source_failed(self, step: int, tier: Tier, holder: int | None, detail: str) -> None:
         where = tier.value + (f" (host {holder})" if holder is not None else "")

@@ -145,6 +145,26 @@ class Membership:
         finally:
             self._leadership.looking = False
 
+    async def _read_line(self, reader: asyncio.StreamReader) -> bytes:
+        """The next line from the leader; b"" when its connection ended, or sent a line longer than
+        protocol.CONTROL_LINE_LIMIT (what follows it cannot be told from a command: the connection
+        is given up, and the leader found again)."""
+        try:
+            return await reader.readline()
+        except OSError:  # reset, the TLS stream cut (ssl.SSLError), its deadline passed (TimeoutError)
+            return b""
+        except ValueError as error:  # over the limit (asyncio.LimitOverrunError's ValueError)
+            self._say(f"the leader sent a line over the limit ({error}): connecting again")
+            return b""
+
+    def _command(self, line: bytes) -> messages.Command | None:
+        """`_current`, a malformed line logged and ignored (a member never ends on one)."""
+        try:
+            return self._current(line)
+        except ValueError as error:
+            self._say(f"ignored a malformed command from the leader {line[:200]!r}: {error}")
+            return None
+
     def _current(self, line: bytes) -> messages.Command | None:
         """The command on `line`, unless a leader of an older term said it (fenced)."""
         message = messages.command(line)
@@ -158,8 +178,8 @@ class Membership:
     ) -> bool | None:
         """As a spare: True once assigned a host; False: the job ended without needing it; None: the
         leader was lost (the spare offers itself to the next one)."""
-        while line := await _read_line(reader):
-            match self._current(line):
+        while line := await self._read_line(reader):
+            match self._command(line):
                 case messages.Assign() as assign:
                     await assigned(assign)
                     return True
@@ -170,8 +190,8 @@ class Membership:
 
     async def _commands(self, reader: asyncio.StreamReader, obey: Obey) -> bool:
         """The leader's commands, carried out in order; True: this host's part ended."""
-        while line := await _read_line(reader):
-            command = self._current(line)
+        while line := await self._read_line(reader):
+            command = self._command(line)
             if isinstance(command, messages.Start):
                 self.progress.start(command)
             if command is not None and await obey(command):
@@ -248,11 +268,3 @@ class ProgressReports:
         if not earlier:
             return latest
         return latest.model_copy(update={"earlier": [(p.step, p.t, p.work) for p in earlier]})
-
-
-async def _read_line(reader: asyncio.StreamReader) -> bytes:
-    """The next line from the leader; b"" when its connection ended."""
-    try:
-        return await reader.readline()
-    except OSError:  # reset, or the TLS stream cut (ssl.SSLError)
-        return b""

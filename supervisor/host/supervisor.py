@@ -101,7 +101,14 @@ class HostSupervisor:
             plan.machine_disk(machine),
             plan.training_job.spec.checkpoint,
             shape=plan.shape,
-            persistent=PersistentTier(persistent.uri, plan.run_key) if persistent else None,
+            persistent=PersistentTier(
+                persistent.uri,
+                plan.run_key,
+                call_timeout=persistent.call_timeout_seconds,
+                attempts=persistent.attempts,
+            )
+            if persistent
+            else None,
             metrics=self.metrics,
             report=self._report,
             log=self._events.log,

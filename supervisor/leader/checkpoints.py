@@ -10,12 +10,12 @@ dropped from every record.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.checkpoints import store_calls
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.checkpoints.restore_plan import Holdings, RestorePlan, Tier, plan_restore
 from slicekeeper.supervisor.leader import restart_records
@@ -23,10 +23,7 @@ from slicekeeper.supervisor.leader.journal import JobMemory
 from slicekeeper.supervisor.leader.members import HostStatus, Members
 from slicekeeper.supervisor.world import JobWorld
 
-PERSISTENT_LISTING_ATTEMPTS = 3
-PERSISTENT_LISTING_BACKOFF = 2.0
-"""At the first start, a persistent tier that cannot be listed is tried this many times, this many
-seconds apart times the attempt, before the job fails."""
+T = TypeVar("T")
 
 
 def invalid_reason(report: messages.CheckpointInvalid) -> str:
@@ -98,8 +95,8 @@ class Checkpoints:
         ):
             return
         try:
-            await asyncio.to_thread(self.persistent.commit, step)
-            await asyncio.to_thread(self.persistent.retain, self.keep)
+            await self._store(f"commit of step {step}", self.persistent.commit, step)
+            await self._store("retention", self.persistent.retain, self.keep)
         except (OSError, PersistentTierError) as error:
             self.memory.failed_saves[Tier.PERSISTENT] += 1
             await self.members.event(f"persistent checkpoint of step {step} not committed: {error}")
@@ -157,6 +154,11 @@ class Checkpoints:
             }
         )
 
+    async def _store(self, what: str, function: Callable[..., T], *args: object) -> T:
+        """A call to the persistent tier's store, under its deadline and bounded retries."""
+        assert self.persistent is not None
+        return await store_calls.call(self.persistent, what, function, *args)
+
     # --- at a start -----------------------------------------------------------------------------
     def holdings(self) -> Holdings:
         return Holdings(
@@ -179,14 +181,10 @@ class Checkpoints:
         away what it holds), else None."""
         if self.persistent is None:
             return None
-        for attempt in range(1, PERSISTENT_LISTING_ATTEMPTS + 1):
-            try:
-                owners = await asyncio.to_thread(self.persistent.committed_owners)
-                break
-            except PersistentTierError as error:
-                if attempt == PERSISTENT_LISTING_ATTEMPTS:
-                    return f"cannot read the persistent tier to find earlier checkpoints: {error}"
-                await asyncio.sleep(PERSISTENT_LISTING_BACKOFF * attempt)
+        try:
+            owners = await self._store("listing", self.persistent.committed_owners)
+        except PersistentTierError as error:
+            return f"cannot read the persistent tier to find earlier checkpoints: {error}"
         kept = sorted(owners)[-self.keep :]
         self.memory.persistent_committed = set(kept)
         self.memory.persistent_owners = {step: owners[step] for step in kept}

@@ -55,6 +55,7 @@ class FakePersistent:
         self.earlier = earlier or {}
         self.unreadable = unreadable
         self.listings = 0
+        self.call_timeout, self.attempts = 5.0, 3  # as PersistentTier: the leader's limits on its calls
 
     def committed_owners(self) -> dict[int, set[int]]:
         self.listings += 1

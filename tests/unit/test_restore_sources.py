@@ -7,8 +7,9 @@ Every test drives a real Leader over TCP on 127.0.0.1 with fake members speaking
 
 from typing import Any
 
+from slicekeeper.supervisor.checkpoints import store_calls
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTierError
-from slicekeeper.supervisor.leader import Leader, checkpoints
+from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.journal import JobState
 
 from slicekeeper.shape import JobShape
@@ -196,7 +197,7 @@ def test_an_earlier_step_saved_by_a_scaled_down_world_gives_the_missing_hosts_th
 def test_a_persistent_tier_that_cannot_be_read_at_the_start_fails_the_job_instead_of_starting_over(
     monkeypatch,
 ):
-    monkeypatch.setattr(checkpoints, "PERSISTENT_LISTING_BACKOFF", 0.01)
+    monkeypatch.setattr(store_calls, "BACKOFF_SECONDS", 0.01)
 
     async def scenario():
         store = FakePersistent(unreadable=PersistentTierError("gs://bucket/job: listing failed: 503"))
@@ -206,7 +207,7 @@ def test_a_persistent_tier_that_cannot_be_read_at_the_start_fails_the_job_instea
         message = await job.members[0].receive()
         assert message["type"] == "fail"
         assert "cannot read the persistent tier" in message["reason"] and "503" in message["reason"]
-        assert store.listings == checkpoints.PERSISTENT_LISTING_ATTEMPTS  # tried again before giving up
+        assert store.listings == store.attempts  # tried again before giving up
         await job.shut()
 
     run(scenario)

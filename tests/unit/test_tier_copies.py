@@ -104,7 +104,9 @@ def test_a_saved_step_is_replicated_to_the_peer_and_persisted(tmp_path):
 
 def test_a_failed_upload_is_reported_counted_and_logged_and_later_saves_go_on(tmp_path):
     async def scenario():
-        host = Host(tmp_path, 0, spec(tmp_path), FullDisk(str(tmp_path / "persistent"), "job/run"))
+        # Tried once: a disk that is full stays full (tests/unit/test_store_deadlines.py tries again).
+        full = FullDisk(str(tmp_path / "persistent"), "job/run", attempts=1)
+        host = Host(tmp_path, 0, spec(tmp_path), full)
         await host.tiers.serve("127.0.0.1")
         host.tiers.start_generation(0, {})
         for step in (5, 10):

@@ -174,7 +174,13 @@ def test_the_tiers_and_spares_round_trip_in_camel_case():
     document = example()
     document["spec"]["checkpoint"]["interval"] = 10
     document["spec"]["checkpoint"]["peer"] = {"replicas": 2, "maxToKeep": 3}
-    document["spec"]["checkpoint"]["persistent"] = {"uri": "/mnt/ckpt", "interval": 20, "maxToKeep": 4}
+    document["spec"]["checkpoint"]["persistent"] = {
+        "uri": "/mnt/ckpt",
+        "interval": 20,
+        "maxToKeep": 4,
+        "callTimeoutSeconds": 60.0,
+        "attempts": 5,
+    }
     document["spec"]["local"]["spares"] = 2
     job = api.parse_training_job(document)
     assert job.spec.checkpoint.peer.max_to_keep == 3
@@ -182,7 +188,7 @@ def test_the_tiers_and_spares_round_trip_in_camel_case():
     assert (job.spec.checkpoint.persistent.interval, job.spec.checkpoint.persistent.max_to_keep) == (20, 4)
     assert job.spec.local.spares == 2
     dumped = api.dump_training_job(job)
-    assert dumped["spec"]["checkpoint"]["persistent"] == {"uri": "/mnt/ckpt", "interval": 20, "maxToKeep": 4}
+    assert dumped["spec"]["checkpoint"]["persistent"] == document["spec"]["checkpoint"]["persistent"]
     assert dumped["spec"]["checkpoint"]["peer"] == {"replicas": 2, "maxToKeep": 3}
     assert api.parse_training_job(dumped) == job
 
