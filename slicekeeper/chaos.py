@@ -26,7 +26,9 @@ class ChaosKind(StrEnum):
     KILL = "kill"
     """SIGKILL of the workload process."""
     HANG = "hang"
-    """The workload stays alive but stops making progress (SIGSTOP)."""
+    """The workload stays alive but stops making progress (SIGSTOP): as step S begins, or with
+    `at=collective` once its own work of step S is done (inside the step's collective, where the
+    other hosts wait too: `hang:host=H,at=collective@step=S`)."""
     LOSE = "lose"
     """The host is gone for good: supervisor and workload killed, its local disk (local tier and the
     peer replicas it held) deleted. A spare must take over its identity."""
@@ -83,6 +85,9 @@ _DETECTED_AS = {
 }
 
 
+BEGIN, COLLECTIVE = "begin", "collective"
+"""Where in its step a fault fires (`Fault.at`)."""
+
 _BARE = "value"
 """The argument name a bare value (`+1` in `spare:+1@step=80`) is stored under."""
 
@@ -97,7 +102,7 @@ class KindRules:
 
 RULES: dict[ChaosKind, KindRules] = {
     ChaosKind.KILL: KindRules(frozenset({"host"})),
-    ChaosKind.HANG: KindRules(frozenset({"host"})),
+    ChaosKind.HANG: KindRules(frozenset({"host"}), frozenset({"at"})),
     ChaosKind.LOSE: KindRules(frozenset({"host"})),
     ChaosKind.CORRUPT: KindRules(frozenset({"host"})),
     ChaosKind.SLOW: KindRules(frozenset({"host", "factor"})),
@@ -138,6 +143,12 @@ class Fault:
         if self.kind is not ChaosKind.SLOW:
             raise ValueError(f"chaos fault '{self}' has no slowdown factor (only slow faults do)")
         return float(self.args["factor"])
+
+    @property
+    def at(self) -> str:
+        """Where in step S the fault fires: "begin" (as it begins), or "collective" (a hang, once the
+        host's own work of the step is done)."""
+        return self.args.get("at", BEGIN)
 
     @property
     def seconds(self) -> float | None:
@@ -218,6 +229,8 @@ def _parse_one(text: str) -> Fault:
         _check_factor(where, args["factor"])
     if "seconds" in args:
         _check_seconds(where, args["seconds"])
+    if args.get("at", BEGIN) not in (BEGIN, COLLECTIVE):
+        raise UserError(f"{where}: at must be {BEGIN} or {COLLECTIVE}, not '{args['at']}'")
     if kind is ChaosKind.SPARE:
         match = _SPARE_COUNT.match(args[_BARE])
         if match is None or int(match.group(1)) < 1:

@@ -7,6 +7,12 @@ workload is (`Activity`, from the workload's SDK events) and names the host that
 
     stage of a host = (step, how far into it): begun < own work done < ended
 
+Where a host's workload stands says nothing when it stopped inside the collective itself, after its
+own work: then every host is at (S, work done). So each supervisor also says what its workload's
+process is doing (`process`, from /proc: "stopped" by SIGSTOP or a debugger, "gone", or "running"),
+evidence that does not depend on where in the step it stopped: a host whose workload is stopped, or
+gone while the others run, is the culprit before any comparison of stages.
+
 The host that stopped inside its own work of step S is at (S, begun) while the others finished their
 own work and wait at (S, work done); a host that stopped between steps (a checkpoint save after S) is
 at (S, ended) while the others began S+1. A host whose supervisor does not answer at all (its whole
@@ -25,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum
+from pathlib import Path
 from typing import Any
 
 from slicekeeper.protocol import Phase
@@ -39,6 +46,22 @@ class Stage(IntEnum):
     ENDED = 2
 
 
+RUNNING, STOPPED, GONE = "running", "stopped", "gone"
+"""What a workload's process is doing, as its supervisor sees it (`process_state`)."""
+
+
+def process_state(pid: int | None, proc: Path = Path("/proc")) -> str:
+    """STOPPED when process `pid` is stopped (state T: SIGSTOP; t: a debugger), GONE when there is
+    no such process (or only its zombie), RUNNING otherwise (running, sleeping, waiting on I/O)."""
+    if pid is None:
+        return GONE
+    try:
+        state = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return GONE
+    return {"T": STOPPED, "t": STOPPED, "Z": GONE, "X": GONE}.get(state, RUNNING)
+
+
 @dataclass(frozen=True)
 class Activity:
     """Where one host's workload was when asked (from its SDK events)."""
@@ -50,6 +73,8 @@ class Activity:
     """The phase it reported last (`idle` in or between steps)."""
     silent_seconds: float
     """Seconds since its last event, on the answering supervisor's clock."""
+    process: str = RUNNING
+    """Its workload's process: RUNNING, STOPPED (SIGSTOP, a debugger) or GONE (`process_state`)."""
 
     def to_message(self) -> dict[str, Any]:
         return {
@@ -57,6 +82,7 @@ class Activity:
             "stage": self.stage.name.lower(),
             "phase": self.phase,
             "silent_seconds": round(self.silent_seconds, 3),
+            "process": self.process,
         }
 
     @classmethod
@@ -66,6 +92,7 @@ class Activity:
             Stage[str(message["stage"]).upper()],
             str(message["phase"]),
             float(message["silent_seconds"]),
+            str(message.get("process", RUNNING)),
         )
 
     def where(self) -> str:
@@ -115,8 +142,8 @@ class ActivityTracker:
         """Any other event (a checkpoint saved, ...): the workload is alive, its stage unchanged."""
         self._last = now
 
-    def snapshot(self, now: float) -> Activity:
-        return Activity(self._step, self._stage, self._phase, max(0.0, now - self._last))
+    def snapshot(self, now: float, process: str = RUNNING) -> Activity:
+        return Activity(self._step, self._stage, self._phase, max(0.0, now - self._last), process)
 
 
 @dataclass(frozen=True)
@@ -137,6 +164,17 @@ def name_culprit(activities: Mapping[int, Activity | None], reporter: int) -> Cu
     answered = {host: activity for host, activity in activities.items() if activity is not None}
     if not answered:
         return Culprit(reporter, "no host answered", certain=False)
+    for state in (STOPPED, GONE):
+        halted = sorted(host for host, activity in answered.items() if activity.process == state)
+        if halted and len(halted) < len(answered):
+            host = halted[0]
+            others = sorted({answered[h].where() for h in answered if h != host})
+            return Culprit(
+                host,
+                f"host {host} is {answered[host].describe()}, its workload process {state}; "
+                f"the others are {' or '.join(others)}",
+                certain=True,
+            )
 
     def behind(host: int) -> tuple[int, int, float]:
         activity = answered[host]

@@ -188,6 +188,8 @@ class ActivityReport(Report):
     stage: str
     phase: str
     silent_seconds: float
+    process: str = "running"
+    """The workload's process: running, stopped or gone (supervisor.culprit.process_state)."""
 
 
 class Stopped(Report):

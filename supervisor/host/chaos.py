@@ -29,7 +29,7 @@ from slicekeeper.supervisor.host.context import HostContext
 from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.workload_process import WorkloadProcess
 
-from slicekeeper.chaos import ChaosKind, Fault, parse_chaos
+from slicekeeper.chaos import BEGIN, ChaosKind, Fault, parse_chaos
 
 LOST_EXIT_CODE = 137
 """How a supervisor whose machine a `lose` fault took ends (as if SIGKILLed). A `crash-supervisor`
@@ -84,9 +84,10 @@ class Chaos:
         pending = [f for f in self.faults if f.kind is ChaosKind.SLOW]
         return f"{pending[0].factor}@{pending[0].step}" if pending else ""
 
-    def inject(self, step: int, workload: WorkloadProcess | None, generation: int) -> None:
-        """Fire the chaos faults aimed at this host and this step (each exactly once)."""
-        for fault in [f for f in self.faults if f.step == step]:
+    def inject(self, step: int, workload: WorkloadProcess | None, generation: int, at: str = BEGIN) -> None:
+        """Fire the chaos faults aimed at this host and this step, at this point of it (`at`: as it
+        begins, or once its own work is done, inside the collective), each exactly once."""
+        for fault in [f for f in self.faults if f.step == step and f.at == at]:
             self.faults.remove(fault)
             self._record.fire(str(fault), slow=fault.factor if fault.kind is ChaosKind.SLOW else None)
             assert workload is not None

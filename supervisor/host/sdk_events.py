@@ -106,18 +106,20 @@ class SdkEvents:
         standby: Callable[[], Standby | None],
         step_begun: Callable[[int], None],
         productive_again: Callable[[], object],
+        work_done: Callable[[int], None] = lambda step: None,
     ) -> None:
         """`checkpoint_saved`: the tiers' hook for a committed local step; `standby`: the pre-started
-        process, if any; `step_begun`: the chaos faults' trigger; `productive_again`: the moment to
-        pre-start the next standby, the end of the generation's first step beyond what this host had
-        done before it started: a standby's imports (seconds of CPU) started earlier slowed the first
-        step and the steps executed again, the recovery itself."""
+        process, if any; `step_begun`, `work_done`: the chaos faults' triggers; `productive_again`:
+        the moment to pre-start the next standby, the end of the generation's first step beyond what
+        this host had done before it started: a standby's imports (seconds of CPU) started earlier
+        slowed the first step and the steps executed again, the recovery itself."""
         self._context = context
         self._detector = detector
         self._activity = activity
         self._checkpoint_saved = checkpoint_saved
         self._standby = standby
         self._step_begun = step_begun
+        self._work_done = work_done
         self._productive_again = productive_again
         self._generation = -1
         """The generation whose workload's word counts (`begin`), unless `_stopping` (`stopped`)."""
@@ -244,6 +246,7 @@ class SdkEvents:
             # Not activity for the hang timer: silence is counted from the step's begin on every host,
             # the one that stopped and the ones waiting for it alike; the leader tells them apart.
             self._activity.work_done(now, int(message["step"]))
+            self._work_done(int(message["step"]))
         elif event is Event.STEP_END:
             if not await self._step_ended(now, int(message["step"]), message):
                 return

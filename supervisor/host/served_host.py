@@ -19,7 +19,7 @@ from typing import Any
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
-from slicekeeper.supervisor.culprit import ActivityTracker
+from slicekeeper.supervisor.culprit import ActivityTracker, process_state
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.chaos import Chaos
 from slicekeeper.supervisor.host.confinement import Confinement
@@ -32,6 +32,7 @@ from slicekeeper.supervisor.host.sdk_socket import remove_sdk_socket, sdk_socket
 from slicekeeper.supervisor.host.workload import Standby, Workloads, workload_env
 from slicekeeper.supervisor.leader.journal import received
 
+from slicekeeper.chaos import COLLECTIVE
 from slicekeeper.goodput import GoodputAccountant
 from slicekeeper.shape import HostId
 
@@ -88,6 +89,7 @@ class ServedHost:
             standby=self._standby,
             step_begun=self._step_begun,
             productive_again=self._productive_again,
+            work_done=self._work_done,
         )
         self.generation = Generation(
             context, workloads=self.workloads, tiers=tiers, sdk=self.sdk, detector=self.detector
@@ -110,6 +112,9 @@ class ServedHost:
 
     def _step_begun(self, step: int) -> None:
         self.chaos.inject(step, self.workloads.current, self.generation.number)
+
+    def _work_done(self, step: int) -> None:
+        self.chaos.inject(step, self.workloads.current, self.generation.number, at=COLLECTIVE)
 
     def _productive_again(self) -> None:
         self.context.spawn(self.workloads.prestart(self.generation.number))
@@ -188,7 +193,8 @@ class ServedHost:
                 # the leader's newest: what a leader taking over carries on
                 self.journal = received(self.journal, journal)
             case messages.ActivityRequest():
-                snapshot = self.activity.snapshot(time.time()).to_message()
+                process = process_state(self.workloads.current.pid if self.workloads.current else None)
+                snapshot = self.activity.snapshot(time.time(), process).to_message()
                 await self.context.report(
                     messages.ActivityReport(generation=self.generation.number, **snapshot)
                 )

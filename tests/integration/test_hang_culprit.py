@@ -19,13 +19,13 @@ LOCKSTEP = ROOT / "tests" / "fixtures" / "lockstep_loop.py"
 STEPS, HUNG_AT = 24, 12
 
 
-def lockstep_run(tmp_path, chaos: str):
+def lockstep_run(tmp_path, chaos: str, *args: str):
     return run_job(
         tmp_path,
         "--chaos",
         chaos,
         steps=STEPS,
-        workload={"command": [sys.executable, str(LOCKSTEP)]},
+        workload={"command": [sys.executable, str(LOCKSTEP), *args]},
         checkpoint={"interval": 4, "persistent": None},
     )
 
@@ -48,3 +48,18 @@ def test_a_hang_is_named_after_the_host_that_stopped(tmp_path, hung):
     }
     # Every member holds the leader's last journal, written down before the final shutdown.
     assert len({m["journal_seq"] for m in machines.values()}) == 1 and machines[0]["journal_seq"] > 0
+
+
+@pytest.mark.parametrize("hung", [0, 2])
+def test_a_host_stopped_inside_the_collective_is_named_by_its_stopped_process(tmp_path, hung):
+    """Stopped once its own work of the step is done: every host then waits in the step's collective
+    (the same stage), and only the stopped process tells the culprit from the others."""
+    result, report = lockstep_run(
+        tmp_path, f"hang:host={hung},at=collective@step={HUNG_AT}", "--collective-seconds", "0.2"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert report is not None and report["restarts"] == {"hang": 1}
+    [detection] = report["detections"]
+    assert (detection["kind"], detection["host"]) == ("hang", hung), detection
+    inside = f"host {hung} is waiting for the other hosts in step {HUNG_AT}"
+    assert inside in detection["detail"] and "its workload process stopped" in detection["detail"]

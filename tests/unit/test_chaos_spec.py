@@ -235,3 +235,13 @@ def test_a_partition_of_no_time_is_refused(seconds):
         UserError, match=f"fault 'partition:host=1,seconds={seconds}@step=3': seconds must be"
     ):
         parse_chaos(f"partition:host=1,seconds={seconds}@step=3")
+
+
+def test_a_hang_fires_as_its_step_begins_or_inside_its_collective():
+    begin, collective = parse_chaos("hang:host=1@step=10,hang:host=2,at=collective@step=12")
+    assert (begin.at, collective.at) == ("begin", "collective")
+    assert str(collective) == "hang:host=2,at=collective@step=12"
+    with pytest.raises(UserError, match="at must be begin or collective, not 'middle'"):
+        parse_chaos("hang:host=1,at=middle@step=3")
+    with pytest.raises(UserError, match="unknown argument"):
+        parse_chaos("kill:host=1,at=collective@step=3")

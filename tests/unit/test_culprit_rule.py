@@ -6,8 +6,13 @@ leader did before) fails each of them.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
+
 import pytest
-from slicekeeper.supervisor.culprit import Activity, ActivityTracker, Stage, name_culprit
+from slicekeeper.supervisor.culprit import Activity, ActivityTracker, Stage, name_culprit, process_state
 
 
 def at(step: int, stage: Stage, silent: float = 2.0, phase: str = "idle") -> Activity:
@@ -76,3 +81,45 @@ def test_the_tracker_follows_a_workloads_events():
     assert tracker.snapshot(104.0) == at(31, Stage.ENDED, silent=0.5, phase="checkpoint_save")
     tracker.other(105.0)
     assert tracker.snapshot(105.0).silent_seconds == 0.0
+
+
+# --- evidence that does not depend on where in the step the host stopped --------------------------
+
+
+@pytest.mark.parametrize("stopped", [0, 1, 2, 3])
+def test_a_host_stopped_inside_the_collective_is_named_by_its_process(stopped):
+    """Every host waits in the collective of step 41, the stopped one too: stages alone name nobody."""
+    activities = {h: at(41, Stage.WORK_DONE) for h in range(4)}
+    activities[stopped] = Activity(41, Stage.WORK_DONE, "idle", 2.0, process="stopped")
+    culprit = name_culprit(activities, reporter=(stopped + 1) % 4)
+    assert (culprit.host, culprit.certain) == (stopped, True)
+    where = f"host {stopped} is waiting for the other hosts in step 41, silent 2.0 s"
+    assert culprit.reason.startswith(f"{where}, its workload process stopped")
+
+
+def test_negative_control_without_the_process_no_host_stands_out():
+    activities = {h: at(41, Stage.WORK_DONE) for h in range(4)}
+    culprit = name_culprit(activities, reporter=1)
+    assert (culprit.host, culprit.certain) == (1, False)
+
+
+def test_every_workload_gone_names_nobody_by_its_process():
+    """All gone (the job is being torn down): no evidence against one host."""
+    activities = {h: Activity(41, Stage.WORK_DONE, "idle", 2.0, process="gone") for h in range(3)}
+    assert name_culprit(activities, reporter=1).certain is False
+
+
+def test_the_state_of_a_process_is_read_from_proc():
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert process_state(child.pid) == "running"
+        os.kill(child.pid, signal.SIGSTOP)
+        for _ in range(100):
+            if process_state(child.pid) == "stopped":
+                break
+            time.sleep(0.01)
+        assert process_state(child.pid) == "stopped"
+    finally:
+        child.kill()
+        child.wait()
+    assert process_state(child.pid) == "gone" and process_state(None) == "gone"
