@@ -230,7 +230,8 @@ class Leader:
     async def _take_over(self, takeover: Takeover) -> None:
         await takeover.settle()
         self._takeover = None  # from now on every message is handled as it comes
-        if not takeover.heard_another and set(self.world.hosts) - {takeover.own.host}:
+        previous = {takeover.previous.host} if takeover.previous else set()
+        if not takeover.heard_another and set(self.world.hosts) - {takeover.own.host} - previous:
             self.silence.cut_off = True
             self.stand_down(f"heard no other machine within {takeover_seconds:g} s of its election: cut off")
             return
