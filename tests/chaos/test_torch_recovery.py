@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 TORCH_EXAMPLE = yaml.safe_load((ROOT / "examples" / "trainingjob-torch.yaml").read_text())
 TORCH_TRAINER = TORCH_EXAMPLE["spec"]["workload"]["command"]
 HOST_ORDER_TRAINER = [sys.executable, str(ROOT / "tests" / "fixtures" / "torch_host_order_trainer.py")]
+MISRESTORING = str(ROOT / "tests" / "fixtures" / "misrestoring_trainer.py")
 NO_HOT_SWAP = str(ROOT / "examples" / "policies" / "no_hot_swap.py")
 ELASTIC = ("--spares", "1", "--policy", NO_HOT_SWAP, "--chaos", "lose:host=1@step=30,spare:+1@step=45")
 """Slice 0 dropped: hosts 2 and 3 go on as ranks 0 and 1 (a rank that is not its host), then back.
@@ -111,4 +112,43 @@ def test_reducing_in_host_order_is_caught_by_the_fingerprint_once_scaled_down(tm
     assert problems(report, steps=STEPS) == []  # a good run in every other respect
     assert nothing_lost(report, torch_clean) == [
         f"final parameters {fingerprint} differ from the fault-free run's {torch_clean['params_fingerprint']}"
+    ]
+
+
+# --- negative controls: each check catches the wrong restore it is there for, as on the JAX job ----
+
+
+def run_misrestoring(where: Path, mode: str) -> dict[str, Any]:
+    """The torch job with a kill at step 45 (restore step 40), its trainer restoring wrongly."""
+    interval = TORCH_EXAMPLE["spec"]["checkpoint"]["interval"]
+    env = [
+        {"name": "SLICEKEEPER_TEST_MISRESTORE", "value": mode},
+        {"name": "SLICEKEEPER_TEST_TRAINER", "value": "torch"},
+    ]
+    workload = {"command": [sys.executable, MISRESTORING], "env": env}
+    return run_example(
+        where,
+        "--chaos",
+        "kill:host=2@step=45",
+        steps=STEPS,
+        workload=workload,
+        checkpoint={"interval": interval},
+    )
+
+
+def test_a_restore_of_an_older_step_is_caught_by_the_restore_check(tmp_path, torch_clean):
+    report = run_misrestoring(tmp_path, "older-step")
+    assert report["params_fingerprint"] == torch_clean["params_fingerprint"]  # it cannot tell
+    assert nothing_lost(report, torch_clean) == [
+        f"generation 1 (crash): host {h}'s workload loaded step 30, not 40" for h in range(4)
+    ]
+
+
+def test_a_host_loading_another_hosts_shard_is_caught_by_the_fingerprint(tmp_path, torch_clean):
+    report = run_misrestoring(tmp_path, "other-host:1")
+    assert recovery_summary(report) == [("crash", 40, 5)]
+    assert report["params_fingerprint"].startswith("diverged:1:")  # slice 1 disagrees with slice 0
+    fingerprint, clean_fingerprint = report["params_fingerprint"], torch_clean["params_fingerprint"]
+    assert nothing_lost(report, torch_clean) == [
+        f"final parameters {fingerprint} differ from the fault-free run's {clean_fingerprint}"
     ]
