@@ -51,7 +51,8 @@ def test_a_bad_job_file_is_refused_naming_the_field(tmp_path, changes, expected)
         ("kill:host=9@step=3", "names host 9, but the job has 4 hosts (0..3)"),
         (
             "melt:host=1@step=3",
-            "unknown fault kind 'melt' (known: kill, hang, lose, corrupt, slow, crash-supervisor, partition, spare)",
+            "unknown fault kind 'melt' (known: kill, hang, lose, corrupt, slow, crash-supervisor, "
+            "partition, spare)",
         ),
         ("kill:host=1", "missing '@step=S'"),
         ("kill:host=1@step=-1", "the trigger must be '@step=S'"),
