@@ -91,6 +91,8 @@ class CheckpointTiers:
         self._world: list[int] | None = None
         self._queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
+        self._newest: tuple[int, int] = (-1, 0)
+        """(generation, step) of the newest save queued: an older one's peer copy is skipped."""
 
     async def serve(self, address: str, advertise: str | None = None) -> str:
         """Start the replica endpoint on `address`; returns the `host:port` peers reach it at
@@ -107,6 +109,7 @@ class CheckpointTiers:
     # --- after a save: copies to the other tiers ----------------------------------------------
     def saved(self, step: int) -> None:
         """The workload committed `step` in the local tier: queue its copies (never blocks)."""
+        self._newest = max(self._newest, (self.generation, step))
         self._queue.put_nowait((self.generation, step))
 
     def pause(self) -> None:
@@ -148,7 +151,12 @@ class CheckpointTiers:
         folder = shard_folder.step_dir(self.local_dir, step)
         if not folder.is_dir():
             return  # already gone by retention
-        await self._replicate(step, folder)
+        if self._newest <= (generation, step):
+            await self._replicate(step, folder)
+        # else a newer save is queued: the peers get that one. When saves come faster than pushes,
+        # pushing every one in turn only falls further behind (the workload's retention then deletes
+        # steps before they are pushed), and the newest copy is the one a restore can use: every
+        # other host still holds that step locally.
         persistent = self._spec.persistent
         if self.persistent is not None and persistent is not None and step % persistent.interval == 0:
             await self._persist(step, folder)
