@@ -5,7 +5,8 @@ calls that block. An object store that stops answering (a hung connection, a thr
 hold a save, a commit or, worse, a restore for as long as its client waits, which may be for ever. So
 the supervisor and the leader never call it directly: `call` runs each call in a thread of the
 store's own pool, gives it `call_timeout` seconds, and tries a failed or timed-out call again, up to
-`attempts` times with a pause doubling from `BACKOFF_SECONDS`. Then it gives up with
+`attempts` times with a pause doubling from `BACKOFF_SECONDS` (unless the store answered with an
+error no second attempt changes: no permission, a file in the way, a full disk). Then it gives up with
 PersistentTierError, naming the call and each attempt's fate, which its callers already handle: an
 upload fails with the reason (the step is not persisted, training goes on), a restore's staging
 moves on to the next source, a commit is tried again at the next upload.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import threading
 from collections.abc import Callable
@@ -58,6 +60,25 @@ def _in_a_thread(function: Callable[[], T]) -> asyncio.Future[T]:
     return future
 
 
+FINAL_ERRORS = (
+    ImportError,
+    ValueError,
+    PermissionError,
+    NotADirectoryError,
+    IsADirectoryError,
+    FileExistsError,
+)
+"""Causes of a store's failure that no second attempt changes: a missing package or an unknown
+protocol, no permission, a file where a folder goes (or the other way round)."""
+
+
+def _final(error: PersistentTierError) -> bool:
+    cause = error.__cause__
+    return isinstance(cause, FINAL_ERRORS) or (
+        isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT)
+    )
+
+
 class Limits(Protocol):
     """A store's limits on each call (PersistentTier's, from spec.checkpoint.persistent)."""
 
@@ -78,6 +99,8 @@ async def call(store: Limits, what: str, function: Callable[..., T], *args: obje
         except TimeoutError:
             fates.append(f"no answer within {call_timeout:g} s")
         except PersistentTierError as error:
+            if _final(error):
+                raise  # the store answered, and trying again cannot change its answer
             fates.append(str(error))
         if attempt < attempts:
             await asyncio.sleep(BACKOFF_SECONDS * 2 ** (attempt - 1))

@@ -140,3 +140,26 @@ def test_a_store_that_fails_then_answers_is_tried_again(monkeypatch):
     store = Flaky(failures=3)
     with pytest.raises(PersistentTierError, match="attempt 3: 503 on call 3"):
         asyncio.run(store_calls.call(store, "listing", store.listing))
+
+
+class InTheWay:
+    """A store whose every upload meets a file where its folder goes: the same answer each time."""
+
+    call_timeout, attempts = 1.0, 3
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def upload(self) -> int:
+        self.calls += 1
+        try:
+            raise NotADirectoryError(20, "Not a directory", "step-00000050")
+        except NotADirectoryError as error:
+            raise PersistentTierError("store: upload failed: not a directory") from error
+
+
+def test_an_answer_no_second_attempt_changes_is_not_tried_again():
+    store = InTheWay()
+    with pytest.raises(PersistentTierError, match="not a directory"):
+        asyncio.run(store_calls.call(store, "upload", store.upload))
+    assert store.calls == 1
