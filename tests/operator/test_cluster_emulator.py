@@ -154,6 +154,7 @@ class TestSchema:
                 "warmupTimeoutPerHostSeconds": 0.25,
                 "startupTimeoutSeconds": 120.0,
                 "phaseTimeoutSeconds": 60.0,
+                "connectionDeadlineSeconds": 5.0,
                 "replacementTimeoutSeconds": 300.0,
             }
             await kube.patch_job_status(
