@@ -41,7 +41,7 @@ from typing import Any
 
 from slicekeeper.supervisor.leader import journal_delta
 from slicekeeper.supervisor.leader.election import LEASE_FILE, read_lease_file
-from slicekeeper.supervisor.leader_connection import open_control_connection
+from slicekeeper.supervisor.leader_connection import RETRY_PAUSE_SECONDS, open_control_connection
 from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper import protocol
@@ -168,8 +168,12 @@ class SimulatedHost:
             term, address = await self.process.lease.newer_than(known_term)
             known_term = term
             connected = await self.process.connect(address)
+            while connected is None and self.process.lease.term == term:
+                # Not listening yet (the lease is written before the server starts) or too busy to
+                # answer: try it again, as a supervisor does (leader_connection.reach_leader).
+                connected = await self.process.connect(address)
             if connected is None:
-                continue  # that leader does not answer: wait for a newer one
+                continue  # a newer leader meanwhile
             reader, self.writer = connected
             self._register(term)
             await self._follow(reader)
@@ -311,8 +315,9 @@ class MemberProcess:
             try:
                 return await open_control_connection(host, int(port), self.tls)
             except (OSError, TimeoutError):
-                await asyncio.sleep(0.2)
-                return None
+                pass
+        await asyncio.sleep(RETRY_PAUSE_SECONDS)
+        return None
 
     def hold_journal(self, command: dict[str, Any], held: int | None) -> bool:
         """A journal written on one of this process's hosts, which held journal `held`: True when it

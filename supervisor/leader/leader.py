@@ -50,6 +50,10 @@ from slicekeeper.policy.engine import PolicyEngine
 from slicekeeper.shape import JobShape
 
 CARRYING_ON = "carrying on a lost leader's journal"
+LISTEN_BACKLOG = 4096
+"""Connections waiting to be accepted (the kernel caps it at net.core.somaxconn): every member of a
+job of thousands reconnects at once to a new leader, and asyncio's default of 100 drops the rest's
+SYNs, each then tried again only after a second or more."""
 
 
 class Leader:
@@ -260,11 +264,11 @@ class Leader:
         self._tls, self.silence.own_host = tls, own_host
         if sock is not None:
             self._server = await asyncio.start_server(
-                self._connection, sock=sock, limit=protocol.CONTROL_LINE_LIMIT
+                self._connection, sock=sock, limit=protocol.CONTROL_LINE_LIMIT, backlog=LISTEN_BACKLOG
             )
         else:
             self._server = await asyncio.start_server(
-                self._connection, address, port, limit=protocol.CONTROL_LINE_LIMIT
+                self._connection, address, port, limit=protocol.CONTROL_LINE_LIMIT, backlog=LISTEN_BACKLOG
             )
         return int(self._server.sockets[0].getsockname()[1])
 

@@ -3,12 +3,14 @@
 For a moment (`settle`) it only gathers: members reconnecting register again with the newest journal
 each holds and the generation it is in, spares offer themselves again, and every other message is
 kept, in order. Once every active host but the old leader's is back and nobody arrived for
-`QUIET_SECONDS` (at most `SECONDS`; at once when the old leader's host is back too, its supervisor
-restarted), it carries on the newest journal (`carry_on_and_recover`), notes the change of leader in
-the job's memory, takes the registrations, stops again a restart that was under way, treats every
-active host not back (the old leader's) as lost, and only then reads the other messages kept: the
-other hosts' workloads failed because of the lost one, and the restart is put down to it, not to
-them.
+`QUIET_SECONDS` (at once when the old leader's host is back too, its supervisor restarted), or
+`SECONDS` passed with nobody arriving for `ARRIVING_SECONDS` (thousands of members reconnecting at
+once on a busy machine are still arriving then: cut short, the last of them would be taken for lost),
+or at the latest `LONGEST_SECONDS`, it carries on the newest journal (`carry_on_and_recover`), notes
+the change of leader in the job's memory, takes the registrations, stops again a restart that was
+under way, treats every active host not back (the old leader's) as lost, and only then reads the
+other messages kept: the other hosts' workloads failed because of the lost one, and the restart is
+put down to it, not to them.
 """
 
 from __future__ import annotations
@@ -27,7 +29,12 @@ from slicekeeper.supervisor.world import JobWorld
 from slicekeeper.policy.events import FaultKind
 
 SECONDS = 5.0
-"""At most this long gathering: a member not back by then is taken for lost."""
+"""This long gathering, and longer while members are still arriving: a member not back by then is
+taken for lost."""
+ARRIVING_SECONDS = 1.0
+"""After `SECONDS`, gathering goes on while the last arrival is more recent than this."""
+LONGEST_SECONDS = 30.0
+"""At most this long gathering, however many keep arriving."""
 QUIET_SECONDS = 0.5
 """Once every expected host is back, this long without a new arrival (spares, late members)."""
 
@@ -87,7 +94,8 @@ class Takeover:
 
     def settled(self) -> bool:
         now = time.monotonic()
-        if now - self.began >= SECONDS:
+        gathering, quiet = now - self.began, now - self.last_arrival
+        if gathering >= LONGEST_SECONDS or (gathering >= SECONDS and quiet >= ARRIVING_SECONDS):
             return True
         newest = self.newest()
         if newest is not None:  # the hosts of the slices active when that journal was written
@@ -97,7 +105,7 @@ class Takeover:
         if hosts <= self.hosts:
             return True  # every host is back, the old leader's too (its supervisor restarted)
         expected = hosts - ({self.previous.host} if self.previous else set())
-        return expected <= self.hosts and now - self.last_arrival >= QUIET_SECONDS
+        return expected <= self.hosts and quiet >= QUIET_SECONDS
 
     async def settle(self) -> None:
         while not self.settled():
