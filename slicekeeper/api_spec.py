@@ -160,6 +160,18 @@ class CheckpointSpec(Model):
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
+class DisruptionSpec(Model):
+    """Losses announced ahead of time: a node's maintenance, a preemption, a pod deleted with a grace."""
+
+    termination_grace_period_seconds: PositiveInt = Field(
+        default=30,
+        description=(
+            "The pods' terminationGracePeriodSeconds: how long a supervisor told to stop (SIGTERM: "
+            "preemption, a drained node) has to save the current step and hand its host over."
+        ),
+    )
+
+
 class LevelBudget(Model):
     """One rung of the escalation ladder: at most `max` uses within any `windowSeconds`."""
 
@@ -307,6 +319,7 @@ class TrainingJobSpec(Model):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     policy: PolicyRef = Field(default_factory=PolicyRef)
     health: HealthSpec = Field(default_factory=HealthSpec)
+    disruption: DisruptionSpec = Field(default_factory=DisruptionSpec)
     local: LocalSpec = Field(default_factory=LocalSpec)
     kueue: KueueSpec | None = Field(default=None, description="Admit the pods through Kueue (cluster).")
     network: NetworkSpec = Field(default_factory=NetworkSpec)

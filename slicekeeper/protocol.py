@@ -97,6 +97,11 @@ ANNOTATION_REPLACE: Final = "slicekeeper.dev/replace"
 """On a pod, by its own supervisor: replace this pod (the value says why); the operator acts on it."""
 ANNOTATION_STATUS: Final = "slicekeeper.dev/status"
 """On the leader's pod, by its supervisor: the job's progress as JSON, copied into the job's status."""
+ANNOTATION_NOTICE: Final = "slicekeeper.dev/notice"
+"""On a pod, by the operator: the machine under it will go (a node's scheduled maintenance, an
+impending termination), as JSON {"kind": "maintenance" | "preemption", "at": Unix seconds when it goes,
+"source": the signal read}; the pod's supervisor tells the job's leader, which saves and replaces it
+ahead of time (supervisor.host.notices)."""
 LABEL_JOB: Final = "slicekeeper.dev/job"
 """The job an object belongs to: on its pods and Service (the operator), and on its Lease (the
 supervisors), which the admission policy (charts/slicekeeper/templates/admission.yaml) lets only the
