@@ -49,6 +49,15 @@ class ChaosKind(StrEnum):
     ways, to and from every other machine, without closing a connection (no FIN, no reset): a silent
     partition, for T seconds (then it heals and the host comes back) or for good. Its processes run
     on. Locally nftables rules drop its packets (supervisor.host.partition; needs root and `nft`)."""
+    MAINTENANCE = "maintenance"
+    """`maintenance:host=H,notice=N@step=S`: the machine serving host H is announced for maintenance
+    (as GKE's node label or Compute Engine's maintenance event announce it) N seconds ahead: its
+    supervisor hears of it at step S and tells the leader; N seconds later the machine goes, processes
+    and disk, as `lose` (unless it was replaced and gave its host up before)."""
+    PREEMPT = "preempt"
+    """`preempt:host=H,grace=G@step=S`: the machine serving host H is preempted: its supervisor gets
+    SIGTERM at step S (as a pod deleted with its grace period) and, G seconds later, the machine goes,
+    as `lose`."""
     SPARE = "spare"
     """`spare:+N@step=S`: N new spare machines join the job when the job reaches step S (capacity
     returned, e.g. after an elastic scale-down). Aims at no host."""
@@ -64,6 +73,8 @@ class ChaosKind(StrEnum):
             ChaosKind.LOSE,
             ChaosKind.CRASH_SUPERVISOR,
             ChaosKind.PARTITION,
+            ChaosKind.MAINTENANCE,
+            ChaosKind.PREEMPT,
         }
 
     @property
@@ -82,6 +93,8 @@ _DETECTED_AS = {
     ChaosKind.CRASH_SUPERVISOR: FaultKind.CRASH,
     ChaosKind.SLOW: FaultKind.STRAGGLER,
     ChaosKind.PARTITION: FaultKind.HOST_LOST,
+    ChaosKind.MAINTENANCE: FaultKind.ANNOUNCED_LOSS,
+    ChaosKind.PREEMPT: FaultKind.ANNOUNCED_LOSS,
 }
 
 
@@ -108,6 +121,8 @@ RULES: dict[ChaosKind, KindRules] = {
     ChaosKind.SLOW: KindRules(frozenset({"host", "factor"})),
     ChaosKind.CRASH_SUPERVISOR: KindRules(frozenset({"host"})),
     ChaosKind.PARTITION: KindRules(frozenset({"host"}), frozenset({"seconds"})),
+    ChaosKind.MAINTENANCE: KindRules(frozenset({"host", "notice"})),
+    ChaosKind.PREEMPT: KindRules(frozenset({"host", "grace"})),
     ChaosKind.SPARE: KindRules(frozenset({_BARE})),
 }
 
@@ -156,6 +171,15 @@ class Fault:
         if self.kind is not ChaosKind.PARTITION:
             raise ValueError(f"chaos fault '{self}' has no duration (only partition faults do)")
         return float(self.args["seconds"]) if "seconds" in self.args else None
+
+    @property
+    def warning(self) -> float:
+        """How many seconds ahead a `maintenance` (its notice) or `preempt` (its grace) is announced."""
+        if self.kind is ChaosKind.MAINTENANCE:
+            return float(self.args["notice"])
+        if self.kind is ChaosKind.PREEMPT:
+            return float(self.args["grace"])
+        raise ValueError(f"chaos fault '{self}' is not announced (only maintenance and preempt are)")
 
     @property
     def count(self) -> int:
@@ -227,8 +251,9 @@ def _parse_one(text: str) -> Fault:
         raise UserError(f"{where}: host must be a host index (0, 1, ...), not '{args['host']}'")
     if "factor" in args:
         _check_factor(where, args["factor"])
-    if "seconds" in args:
-        _check_seconds(where, args["seconds"])
+    for name in ("seconds", "notice", "grace"):
+        if name in args:
+            _check_seconds(where, args[name], name)
     if args.get("at", BEGIN) not in (BEGIN, COLLECTIVE):
         raise UserError(f"{where}: at must be {BEGIN} or {COLLECTIVE}, not '{args['at']}'")
     if kind is ChaosKind.SPARE:
@@ -252,15 +277,13 @@ def _check_factor(where: str, text: str) -> None:
         )
 
 
-def _check_seconds(where: str, text: str) -> None:
+def _check_seconds(where: str, text: str, name: str = "seconds") -> None:
     try:
         seconds = float(text)
     except ValueError:
-        raise UserError(
-            f"{where}: seconds must be a number of seconds greater than 0, not '{text}'"
-        ) from None
+        raise UserError(f"{where}: {name} must be a number of seconds greater than 0, not '{text}'") from None
     if not math.isfinite(seconds) or seconds <= 0:
-        raise UserError(f"{where}: seconds must be a finite number greater than 0, not '{text}'")
+        raise UserError(f"{where}: {name} must be a finite number greater than 0, not '{text}'")
 
 
 def parse_chaos(spec: str | None) -> list[Fault]:

@@ -57,6 +57,7 @@ PHASE_CATEGORY = {
     Phase.CHECKPOINT_RESTORE: Category.CHECKPOINT_RESTORE,
     Phase.TEARDOWN: Category.OTHER,
     Phase.IDLE: Category.OTHER,
+    Phase.HELD: Category.INFRASTRUCTURE_RECOVERY,
 }
 """Where the time of each phase a workload reports goes."""
 

@@ -133,6 +133,8 @@ class Phase(StrEnum):
     """After the last step: final checkpoint writes, a final gather, shutting down."""
     IDLE = "idle"
     """Between steps, outside any reported phase."""
+    HELD = "held"
+    """Saved on a notice of a machine's loss, the workload waits to be stopped and handed over."""
 
 
 class Event(StrEnum):
@@ -152,6 +154,11 @@ class Event(StrEnum):
     `compiled` (names); the report shows which hosts of a restart compiled anything."""
     DONE = "done"
 
+
+SAVE_AT = "save_at"
+"""Supervisor -> workload: `{"type": "save_at", "step": S}`: a notice of this job's loss of a machine
+came; save step S whatever the interval, then hold (Phase.HELD) until stopped. Read by the SDK at
+each step's begin (workload.sdk.Session.save_requested)."""
 
 GO = "go"
 """Supervisor -> standby workload: `{"type": "go", "env": {...}}`, the generation's variables.

@@ -164,6 +164,7 @@ def build_report(
         ],
         "failed_saves": summary.get("failed_saves", {}),
         "decisions": [{**d, "t": _relative(d["t"], started_at)} for d in summary.get("decisions", [])],
+        "announced_losses": announced_losses(summary.get("decisions", [])),
         "stragglers": [{**s, "t": _relative(s["t"], started_at)} for s in summary.get("stragglers", [])],
         "world": [{**w, "t": _relative(w["t"], started_at)} for w in summary.get("world", [])],
         "scale_events": [{**e, "t": _relative(e["t"], started_at)} for e in summary.get("scale_events", [])],
@@ -226,6 +227,35 @@ def _recovery_line(recovery: dict[str, Any], restores: list[dict[str, Any]]) -> 
     )
 
 
+def announced_losses(decisions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The losses announced ahead (a maintenance, a preemption), each as decided on: the step saved
+    on the notice (None: not in time, the unannounced path) and what the policy did."""
+    return [
+        {
+            "host": d["event"]["host"],
+            "cause": d["event"]["cause"],
+            "source": d["event"].get("source", ""),
+            "seconds_left": d["event"]["seconds_left"],
+            "saved_step": d["event"].get("saved_step"),
+            "action": d["action"]["name"],
+        }
+        for d in decisions
+        if d["event"]["kind"] == "announced_loss"
+    ]
+
+
+def _announced_line(loss: dict[str, Any]) -> str:
+    saved = (
+        f"step {loss['saved_step']} saved on every host first"
+        if loss["saved_step"] is not None
+        else "no step saved in time: the unannounced path (the newest earlier checkpoint restored)"
+    )
+    return (
+        f"  announced loss    {loss['cause']} of host {loss['host']} ({loss['source']}): {saved}; "
+        f"{loss['action']} with {loss['seconds_left']:.1f} s left"
+    )
+
+
 def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"job {report['job']}: {report['state']}"
@@ -257,6 +287,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"  fault {fault['kind']}{where} @ step {fault['step']}: {detected}{recovered}")
         if parts := breakdown_line(fault.get("breakdown")):
             lines.append(f"    recovery (s, slowest host each): {parts}")
+    lines.extend(_announced_line(loss) for loss in report.get("announced_losses", []))
     if report.get("hot_swaps", {}).get("count"):
         swapped = ", ".join(f"host {s['host']} -> {s['machine']}" for s in report["hot_swaps"]["details"])
         lines.append(f"  hot-swaps         {report['hot_swaps']['count']} ({swapped})")

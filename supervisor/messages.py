@@ -165,6 +165,23 @@ class ChaosFired(Report):
     detail: str = ""
 
 
+class Notice(Report):
+    """The host's machine will go at `at` (Unix seconds): `cause` "maintenance" or "preemption",
+    `source` the signal read (a chaos fault, SIGTERM, the pod's notice annotation)."""
+
+    type: Literal["notice"] = "notice"
+    cause: Literal["maintenance", "preemption"]
+    at: float
+    source: str = ""
+
+
+class Replicated(Report):
+    """The host's shard of `step`, saved on a notice of its machine's loss, reached its peers."""
+
+    type: Literal["replicated"] = "replicated"
+    step: int
+
+
 class Fault(Report):
     """The host's workload failed: crashed, hung, restore failed, a non-finite loss after a restore."""
 
@@ -326,6 +343,19 @@ class Failed(Order):
     reason: str
 
 
+class SaveAt(Order):
+    """A notice came: save `step` of generation `generation` (every host the same step), then hold
+    until stopped, training no step that the restart would only train again."""
+
+    type: Literal["save_at"] = "save_at"
+    generation: int
+    step: int
+    noticed: int
+    """The host whose machine goes: it says when its shard of `step` reached its peers (Replicated)."""
+    until: float
+    """When that machine goes (Unix seconds): no use waiting for the save past it."""
+
+
 class ActivityRequest(Order):
     """Say where your workload is (a hang was reported)."""
 
@@ -378,13 +408,15 @@ MemberReport = (
     | Restored
     | Loaded
     | ChaosFired
+    | Notice
+    | Replicated
     | Fault
     | ActivityReport
     | Stopped
     | Finished
 )
 ToLeader = MemberReport | RegisterSpare | Watch
-Command = Journal | Stop | Start | Park | Retire | Assign | Shutdown | Failed | ActivityRequest
+Command = Journal | Stop | Start | Park | Retire | Assign | Shutdown | Failed | ActivityRequest | SaveAt
 ToWatcher = Status | EventNote
 
 _TO_LEADER: TypeAdapter[ToLeader] = TypeAdapter(Annotated[ToLeader, Field(discriminator="type")])

@@ -66,11 +66,19 @@ class Checkpointer:
         `snapshot` must return copies: the loop goes on changing its state while the write runs.
         """
         self.poll()
-        if step % self.interval:
+        on_notice = self._session.save_requested(step)
+        if step % self.interval and not on_notice:
             return
         with self._session.phase(Phase.CHECKPOINT_SAVE):
             shards = snapshot()  # the blocking part of a save
         self._pending.append((step, self.tier.save_async(step, shards, self.layout)))
+        if on_notice:
+            # A machine of the job goes soon: this step must be committed and said before anything,
+            # and no later step trained (the restart that follows would only train it again).
+            with self._session.phase(Phase.CHECKPOINT_SAVE):
+                self.tier.close()
+            self.poll()
+            self._session.hold()
 
     def poll(self) -> None:
         """Report every finished save; a failed one is reported as failed, never as committed."""

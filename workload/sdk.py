@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -173,6 +174,9 @@ class Session:
     def __init__(self, identity: HostIdentity, sock: socket.socket | None) -> None:
         self.identity = identity
         self._sock = sock
+        self._unread = b""
+        self.save_at: int | None = None
+        """The step a notice asked to save before the workload holds (protocol.SAVE_AT)."""
         core = identity.own_work_core
         self._core = OwnWorkCore(core) if core is not None and OwnWorkCore.supported() else None
 
@@ -222,6 +226,40 @@ class Session:
             "rank": self.identity.process_id,
             "world_size": self.identity.num_hosts,
         }
+
+    # --- the supervisor's requests -----------------------------------------------------------
+    def _read_requests(self) -> None:
+        """Take in what the supervisor said since the last look, without waiting."""
+        sock = self._sock
+        if sock is None:
+            return
+        while select.select([sock], [], [], 0)[0]:
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                return  # the supervisor is gone: it decides our fate
+            self._unread += data
+            *lines, self._unread = self._unread.split(b"\n")
+            for line in filter(None, lines):
+                message = protocol.decode(line)
+                if message.get("type") == protocol.SAVE_AT:
+                    self.save_at = int(message["step"])
+
+    def save_requested(self, step: int) -> bool:
+        """Whether a notice asked for `step` to be saved (then the workload holds: `hold`)."""
+        self._read_requests()
+        return self.save_at == step
+
+    def hold(self) -> None:
+        """Saved on a notice: train no further step (the restart would train it again); wait here
+        until the supervisor stops this process."""
+        self._send(Event.PHASE, phase=Phase.HELD.value)
+        sock = self._sock
+        while sock is not None and sock.recv(65536):
+            pass
+        raise SystemExit(0)  # the supervisor went away: nothing is left to do
 
     # --- events -----------------------------------------------------------------------------
     def _send(self, event: Event, **fields: Any) -> None:

@@ -42,6 +42,7 @@ from slicekeeper.policy.context import (
 from slicekeeper.policy.events import (
     EVENT_TYPES,
     FAULT_KINDS,
+    AnnouncedLoss,
     CapacityReturned,
     CheckpointInvalid,
     Crash,
@@ -61,6 +62,7 @@ __all__ = [
     "HOOK_NAMES",
     "Action",
     "ActionName",
+    "AnnouncedLoss",
     "Budget",
     "CapacityReturned",
     "CheckpointInvalid",

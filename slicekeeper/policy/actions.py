@@ -158,6 +158,11 @@ ALLOWED_ACTIONS: Mapping[EventKind, frozenset[ActionName]] = MappingProxyType(
             {ActionName.REPLACE, ActionName.SCALE_DOWN, ActionName.IGNORE, ActionName.WAIT, ActionName.FAIL}
         ),
         EventKind.CAPACITY_RETURNED: frozenset({ActionName.SCALE_UP, ActionName.IGNORE, ActionName.WAIT}),
+        # The machine still runs, for now: take it out ahead (replace, scale down), or let the loss
+        # come (Ignore: the step saved on the notice is what the restart then restores).
+        EventKind.ANNOUNCED_LOSS: frozenset(
+            {ActionName.REPLACE, ActionName.SCALE_DOWN, ActionName.IGNORE, ActionName.WAIT, ActionName.FAIL}
+        ),
     }
 )
 """Which actions each event kind allows (docs/policy.md has the same table)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from slicekeeper.policy import (
     Action,
+    AnnouncedLoss,
     CapacityReturned,
     CheckpointInvalid,
     Context,
@@ -64,6 +65,16 @@ class EscalationLadder:
         # A slow host still trains: replacing it is worth a spare, never a scale-down or a failure.
         if context.can_replace(event.host):
             return ReplaceHost(host=event.host)
+        return Ignore()
+
+    def on_announced_loss(self, event: AnnouncedLoss, context: Context) -> Action:
+        # The machine goes soon: hand its host to a spare now, from the step saved on the notice,
+        # rather than lose it later (the same as a lost host, but ahead of time); with no spare and
+        # no slice to spare, the job trains on until the loss comes.
+        if context.can_replace(event.host):
+            return ReplaceHost(host=event.host)
+        if context.can_scale_down([context.world.slice_of(event.host)]):
+            return ScaleDown()
         return Ignore()
 
     def on_capacity_returned(self, event: CapacityReturned, context: Context) -> Action:

@@ -27,6 +27,8 @@ class EventKind(StrEnum):
     """A restored checkpoint proved bad, or no valid copy of a host's shard was found."""
     CAPACITY_RETURNED = "capacity_returned"
     """Spare machines became available while the job runs on fewer slices than its spec."""
+    ANNOUNCED_LOSS = "announced_loss"
+    """A host's machine will go soon, and said so: maintenance ahead, or a preemption's grace."""
 
 
 class FaultKind(StrEnum):
@@ -41,6 +43,7 @@ class FaultKind(StrEnum):
     STRAGGLER = "straggler"
     CHECKPOINT_INVALID = "checkpoint_invalid"
     CAPACITY_RETURNED = "capacity_returned"
+    ANNOUNCED_LOSS = "announced_loss"
     NONFINITE_LOSS = "nonfinite_loss"
     """A non-finite loss right after a restore: the restored step is bad (a CheckpointInvalid event)."""
     RESTORE_FAILED = "restore_failed"
@@ -145,6 +148,24 @@ class Straggler(HostEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AnnouncedLoss(HostEvent):
+    """`host`'s machine goes in `seconds_left` (`cause`: "maintenance" or "preemption"; `source`: the
+    signal read). `saved_step`: the step every host saved on the notice, the job held after it (None:
+    the save did not finish in time; a restart now restores the newest earlier checkpoint)."""
+
+    kind: ClassVar[EventKind] = EventKind.ANNOUNCED_LOSS
+    cause: str
+    seconds_left: float
+    saved_step: int | None = None
+    source: str = ""
+
+    @property
+    def summary(self) -> str:
+        saved = f"step {self.saved_step} saved" if self.saved_step is not None else "no step saved"
+        return f"{super().summary} ({self.cause} in {self.seconds_left:.0f} s, {saved})"
+
+
+@dataclass(frozen=True, kw_only=True)
 class CheckpointInvalid(HostEvent):
     """`reason` is "nonfinite_loss" (the restored state gave a non-finite loss) or "restore_failed"
     (no valid copy of a shard was found)."""
@@ -171,5 +192,8 @@ class CapacityReturned(Event):
 
 
 EVENT_TYPES: Mapping[EventKind, type[Event]] = MappingProxyType(
-    {cls.kind: cls for cls in (Crash, Hang, HostLost, Straggler, CheckpointInvalid, CapacityReturned)}
+    {
+        cls.kind: cls
+        for cls in (Crash, Hang, HostLost, Straggler, CheckpointInvalid, CapacityReturned, AnnouncedLoss)
+    }
 )

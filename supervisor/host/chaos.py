@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
-from slicekeeper.supervisor.host import partition
+from slicekeeper.supervisor.host import notices, partition
 from slicekeeper.supervisor.host.context import HostContext
 from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.workload_process import WorkloadProcess
@@ -122,6 +122,9 @@ class Chaos:
             elif fault.kind is ChaosKind.PARTITION:
                 self._context.spawn(self._partition(chaos, fault.seconds))
                 continue
+            elif fault.kind in (ChaosKind.MAINTENANCE, ChaosKind.PREEMPT):
+                self._context.spawn(self._announced(chaos, fault))
+                continue
             self._context.log(_record(chaos))
             self._context.spawn(self._tell(chaos))
 
@@ -161,6 +164,22 @@ class Chaos:
         self._context.site.cut_off = False
         self._context.say(f"chaos {chaos.fault}: the partition healed")
 
+    async def _announced(self, chaos: messages.ChaosFired, fault: Fault) -> None:
+        """Chaos `maintenance` / `preempt`: the loss of this machine announced `fault.warning` seconds
+        ahead (a maintenance notice, a preemption's SIGTERM and grace), then the machine goes as with
+        `lose`, unless its host was handed to another machine meanwhile (the supervisor retired)."""
+        self._context.log(_record(chaos))
+        await self._context.report(chaos)
+        maintenance = fault.kind is ChaosKind.MAINTENANCE
+        await notices.announce(
+            self._context,
+            "maintenance" if maintenance else "preemption",
+            fault.warning,
+            f"chaos {fault}" if maintenance else f"SIGTERM with a {fault.warning:g} s grace (chaos {fault})",
+        )
+        await asyncio.sleep(fault.warning)
+        self._machine_goes(chaos)
+
     async def _crash_supervisor(self, chaos: messages.ChaosFired) -> NoReturn:
         """Chaos `crash-supervisor`: this process dies at once; its workload dies with it (they are
         bound to it, supervisor.workload_process), its disk stays."""
@@ -176,6 +195,9 @@ class Chaos:
     async def _lose_machine(self, chaos: messages.ChaosFired) -> NoReturn:
         """Chaos `lose`: this machine is gone for good, processes and disk; the leader sees it vanish."""
         await self._said(chaos)
+        self._machine_goes(chaos)
+
+    def _machine_goes(self, chaos: messages.ChaosFired) -> NoReturn:
         self._kill_workload()
         self._tiers.wipe()
         self._context.accountant.interrupt(time.time())

@@ -27,7 +27,7 @@ from slicekeeper.supervisor.checkpoints.restore_plan import Tier
 from slicekeeper.supervisor.culprit import ActivityTracker
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.context import HostContext
-from slicekeeper.supervisor.host.workload import Standby
+from slicekeeper.supervisor.host.workload import Standby, send_sdk_line
 
 from slicekeeper import protocol
 from slicekeeper.goodput import PHASE_CATEGORY
@@ -137,6 +137,8 @@ class SdkEvents:
         self._restored_step: int | None = None
         self._eof: dict[int, asyncio.Event] = {}
         """Per generation: set when that workload's SDK connection has been read to the end."""
+        self._speaking: tuple[int, asyncio.StreamWriter] | None = None
+        """The generation whose workload is connected now, and the way to it (`request_save`)."""
 
     async def serve(self, path: Path) -> asyncio.Server:
         """Listen on the Unix socket `path`, which only the job's user may connect to: its mode is 0600,
@@ -184,6 +186,16 @@ class SdkEvents:
         """The restore step was staged: the next steps' losses must be finite."""
         self._sanity_left = SANITY_STEPS
 
+    async def request_save(self, generation: int, step: int) -> bool:
+        """Ask generation `generation`'s workload to save `step` and hold (protocol.SAVE_AT): False
+        when no workload of that generation is connected to ask."""
+        if self._speaking is None or self._speaking[0] != generation or self._speaking[1].is_closing():
+            return False
+        with contextlib.suppress(ConnectionError):
+            await send_sdk_line(self._speaking[1], {"type": protocol.SAVE_AT, "step": step})
+            return True
+        return False
+
     def eof(self, generation: int) -> asyncio.Event:
         """Set once generation `generation`'s SDK connection has been read to the end."""
         return self._eof[generation]
@@ -205,6 +217,7 @@ class SdkEvents:
                     return  # dropped or dead before it was needed
                 generation = standby.generation  # it speaks for the generation it was promoted to
                 line = await reader.readline()
+            self._speaking = (generation, writer)
             while line:
                 if generation != self._generation or self._stopping:
                     break  # a process of an older generation: its word no longer counts

@@ -27,6 +27,7 @@ from slicekeeper.supervisor.host.context import HostContext
 from slicekeeper.supervisor.host.generation import Generation
 from slicekeeper.supervisor.host.host_report import host_report
 from slicekeeper.supervisor.host.machine_record import MachineRecord
+from slicekeeper.supervisor.host.notices import SigtermNotice, save_on_notice
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
 from slicekeeper.supervisor.host.sdk_socket import remove_sdk_socket, sdk_socket_path
 from slicekeeper.supervisor.host.workload import Standby, Workloads, workload_env
@@ -68,6 +69,9 @@ class ServedHost:
         self._sdk_server: asyncio.Server | None = None
         self._hang_watch: asyncio.Task[None] | None = None
         self.detector = HangDetector(context.plan.training_job.spec.health)
+        self.sigterm = SigtermNotice(
+            context, float(context.plan.training_job.spec.disruption.termination_grace_period_seconds)
+        )
         self.activity = ActivityTracker()
         """Where the workload is, for the leader naming a hang's culprit (supervisor.culprit)."""
         confinement = Confinement(context.site.hidden_from_workload(), say=context.say)
@@ -200,6 +204,9 @@ class ServedHost:
                 )
             case messages.Park() as park:
                 self.generation.park(park)
+            case messages.SaveAt() as order:
+                self.sigterm.answered.set()
+                self.context.spawn(save_on_notice(order, self.context, self.sdk, self._tiers))
 
     async def retire(self) -> None:
         """The leader replaced this machine while it was alive (e.g. a straggler): the workload ends."""

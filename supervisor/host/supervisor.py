@@ -210,8 +210,8 @@ class HostSupervisor:
     # --- entry --------------------------------------------------------------------------------
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._terminate, f"received {signum.name}")
+        loop.add_signal_handler(signal.SIGTERM, self._sigterm)
+        loop.add_signal_handler(signal.SIGINT, self._terminate, "received SIGINT")
         bind = self.site.bind_address()
         metrics_port = self.metrics.serve(self.site.metrics_port(self._mode.host, self.machine), bind)
         self.site.announce_metrics(self.machine, bind, metrics_port)
@@ -267,6 +267,27 @@ class HostSupervisor:
         )
         leadership.elected, leadership.deposed = duties.begin, duties.end
         return leadership, duties
+
+    def _sigterm(self) -> None:
+        """In a cluster a member's SIGTERM is its pod being deleted with a grace period (a preemption,
+        a drained node): a notice to the leader first, which may save and hand the host over within
+        the grace (supervisor.host.notices). A leader's, a second one, or one outside a pod: the end."""
+        served = self._mode
+        if (
+            isinstance(served, ServedHost)
+            and not served.sigterm.begun
+            and self._leading() is None
+            and self.membership is not None
+            and self.site.pod(self.machine) is not None
+        ):
+            self._spawn_task(self._hand_over_then_end(served))
+            return
+        self._terminate("received SIGTERM")
+
+    async def _hand_over_then_end(self, served: ServedHost) -> None:
+        await served.sigterm.hand_over(self._finished)
+        if not self._finished.is_set():
+            self._terminate("received SIGTERM")
 
     def _terminate(self, reason: str, exit_code: int = 130) -> None:
         self._exit_code = exit_code

@@ -29,6 +29,8 @@ class Task(StrEnum):
 
     DECISION = "decision"
     """A decision on an event and its steps (leader.remediation), where it runs or is awaited."""
+    NOTICE = "notice"
+    """Saving on a notice of an announced loss, then deciding on it (leader.announced)."""
     HANG_CULPRIT = "hang_culprit"
     """Naming a hang's culprit from the members' answers (supervisor.culprit)."""
     WAIT = "wait"

@@ -28,6 +28,7 @@ from slicekeeper.supervisor import connection_deadline, messages
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
 from slicekeeper.supervisor.checkpoints.restore_plan import RestorePlan
 from slicekeeper.supervisor.leader import status as views
+from slicekeeper.supervisor.leader.announced import AnnouncedLosses
 from slicekeeper.supervisor.leader.background import BackgroundWork, Task
 from slicekeeper.supervisor.leader.capacity import LeaderParts, Replacement, Replacements, spare_pool
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
@@ -144,6 +145,15 @@ class Leader:
             capacity=self.capacity,
             checkpoints=self.checkpoints,
             journal=self.journal_writer,
+            background=self.background,
+        )
+        self.announced = AnnouncedLosses(
+            memory=self.memory,
+            world=self.world,
+            members=self.members,
+            status=self.status,
+            generations=self.generations,
+            remediation=self.remediation,
             background=self.background,
         )
         self.registrations = Registrations(
@@ -379,6 +389,10 @@ class Leader:
                 await self._chaos(message)
             case messages.Fault():
                 await self.remediation.fault(message)
+            case messages.Notice():
+                await self.announced.notice(message)
+            case messages.Replicated():
+                self.announced.replicated(message)
             case messages.ActivityReport():
                 self.remediation.activity(message)
             case messages.Stopped():

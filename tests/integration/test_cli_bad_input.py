@@ -52,7 +52,7 @@ def test_a_bad_job_file_is_refused_naming_the_field(tmp_path, changes, expected)
         (
             "melt:host=1@step=3",
             "unknown fault kind 'melt' (known: kill, hang, lose, corrupt, slow, crash-supervisor, "
-            "partition, spare)",
+            "partition, maintenance, preempt, spare)",
         ),
         ("kill:host=1", "missing '@step=S'"),
         ("kill:host=1@step=-1", "the trigger must be '@step=S'"),

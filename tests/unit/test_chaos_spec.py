@@ -1,5 +1,7 @@
 """The --chaos grammar: KIND:key=value,...@step=S, comma-separated."""
 
+import re
+
 import pytest
 
 from slicekeeper.chaos import ChaosKind, Fault, check_hosts, parse_chaos
@@ -214,6 +216,8 @@ def test_only_faults_that_stop_the_workload_are_disruptive():
         ChaosKind.LOSE,
         ChaosKind.CRASH_SUPERVISOR,
         ChaosKind.PARTITION,
+        ChaosKind.MAINTENANCE,  # the machine goes at the end of its notice
+        ChaosKind.PREEMPT,
     }
     assert {k for k in ChaosKind if k.disruptive} == disruptive
 
@@ -227,6 +231,38 @@ def test_a_partition_lasts_for_good_or_for_its_seconds():
     assert (healing.host, healing.step, healing.seconds) == (2, 12, 6.5)
     assert str(healing) == "partition:host=2,seconds=6.5@step=12"
     assert ChaosKind.PARTITION.disruptive and ChaosKind.PARTITION.detected_as is FaultKind.HOST_LOST
+
+
+# --- announced losses -----------------------------------------------------------------------------
+
+
+def test_maintenance_and_preemption_carry_how_far_ahead_they_are_announced():
+    spec = "maintenance:host=1,notice=8@step=30,preempt:host=2,grace=0.5@step=31"
+    maintenance, preemption = parse_chaos(spec)
+    assert (maintenance.kind, maintenance.host, maintenance.step) == (ChaosKind.MAINTENANCE, 1, 30)
+    assert maintenance.warning == 8.0
+    assert (preemption.kind, preemption.host, preemption.warning) == (ChaosKind.PREEMPT, 2, 0.5)
+    assert str(preemption) == "preempt:host=2,grace=0.5@step=31"
+    for kind in (ChaosKind.MAINTENANCE, ChaosKind.PREEMPT):
+        assert kind.detected_as is FaultKind.ANNOUNCED_LOSS
+    with pytest.raises(ValueError, match="is not announced"):
+        _ = parse_chaos("lose:host=1@step=3")[0].warning
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("maintenance:host=1@step=3", "missing notice=..."),
+        ("preempt:host=1@step=3", "missing grace=..."),
+        ("preempt:host=1,notice=3@step=3", "missing grace=..."),
+        ("maintenance:host=1,notice=0@step=3", "notice must be a finite number greater than 0"),
+        ("preempt:host=1,grace=soon@step=3", "grace must be a number of seconds greater than 0, not 'soon'"),
+        ("maintenance:host=1,notice=5,grace=5@step=3", "unknown argument(s) grace for maintenance"),
+    ],
+)
+def test_a_malformed_announced_loss_says_what_is_wrong(spec, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        parse_chaos(spec)
 
 
 @pytest.mark.parametrize("seconds", ["0", "-1", "soon", "inf"])

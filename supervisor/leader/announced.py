@@ -1,0 +1,161 @@
+"""Losses announced ahead of time: save the step in flight everywhere, then hand the host over.
+
+A host whose machine will go says so (messages.Notice: maintenance ahead, a preemption's grace).
+While the job trains, the leader picks a step every host is about to reach (the furthest step any
+host completed, plus the steps the hosts train in `REACH_SECONDS` at the pace they go) and asks every
+host to save it and hold (messages.SaveAt): no host trains a step beyond it that the restart would
+only train again. Once every host of the world committed that step, and the noticed host's shard of
+it reached its peers (messages.Replicated), the policy decides on the announced loss
+(policy.AnnouncedLoss; by default a spare takes the host over now: leader.capacity), and the restart
+that follows restores that step. A save not done `MARGIN` before the machine goes is given up: the
+policy decides with no step saved, and the restart restores the newest earlier checkpoint (the
+unannounced path, said in the job's events and in the event's `saved_step`). A job held after its
+save that the policy leaves running (Ignore, Wait) is restarted in place from the saved step: a held
+workload trains no further.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader.background import BackgroundWork, Task
+from slicekeeper.supervisor.leader.generations import Generations
+from slicekeeper.supervisor.leader.journal import JobMemory, JobState
+from slicekeeper.supervisor.leader.members import HostStatus, Members
+from slicekeeper.supervisor.leader.remediation import Remediation
+from slicekeeper.supervisor.world import JobWorld
+
+from slicekeeper import policy
+from slicekeeper.policy.events import FaultKind
+
+REACH_SECONDS = 1.0
+"""The saved step is this far ahead of the furthest step completed, at the hosts' pace: the time the
+request takes to reach every host's workload."""
+FEWEST_STEPS_AHEAD = 2
+MOST_STEPS_AHEAD = 1000
+MARGIN = 0.25
+"""The share of the notice (at most MARGIN_SECONDS) kept back for the hand-over after the save."""
+MARGIN_SECONDS = 2.0
+POLL_SECONDS = 0.02
+
+
+def steps_ahead(paces: list[float]) -> int:
+    """How many steps ahead of the furthest completed one to save, for hosts taking `paces` seconds a
+    step (none known: the fewest)."""
+    pace = min(paces, default=0.0)
+    if pace <= 0:
+        return FEWEST_STEPS_AHEAD
+    return max(FEWEST_STEPS_AHEAD, min(MOST_STEPS_AHEAD, math.ceil(REACH_SECONDS / pace) + 1))
+
+
+def pace_of(status: HostStatus) -> float | None:
+    """Seconds per step, from the host's recent progress reports."""
+    seen = status.steps_seen
+    if len(seen) < 2 or seen[-1][1] <= seen[0][1]:
+        return None
+    return (seen[-1][0] - seen[0][0]) / (seen[-1][1] - seen[0][1])
+
+
+class AnnouncedLosses:
+    def __init__(
+        self,
+        *,
+        memory: JobMemory,
+        world: JobWorld,
+        members: Members,
+        status: dict[int, HostStatus],
+        generations: Generations,
+        remediation: Remediation,
+        background: BackgroundWork,
+    ) -> None:
+        self.memory = memory
+        self.world = world
+        self.members = members
+        self.status = status
+        self.generations = generations
+        self.remediation = remediation
+        self.background = background
+        self._noticed: set[int] = set()
+        """Hosts whose notice is being acted on (a notice said twice is acted on once)."""
+        self._replicated: set[tuple[int, int]] = set()
+        """(host, step): the noticed host's shard of the step saved on notice reached its peers."""
+
+    async def notice(self, report: messages.Notice) -> None:
+        host, left = report.host, report.at - time.time()
+        await self.members.event(
+            f"{report.cause} announced for host {host} ({report.source or 'no source given'}): "
+            f"its machine goes in {left:.1f} s",
+            host=host,
+        )
+        if host in self._noticed or self.generations.over:
+            return
+        self._noticed.add(host)
+        self.background.spawn(Task.NOTICE, self._act_on(report))
+
+    def replicated(self, report: messages.Replicated) -> None:
+        self._replicated.add((report.host, report.step))
+
+    async def _act_on(self, report: messages.Notice) -> None:
+        try:
+            saved = None
+            if self.memory.state is JobState.RUNNING and self.world.takes_part(report.host):
+                saved = await self._save(report)
+            now = time.time()
+            event = policy.AnnouncedLoss(
+                t=now,
+                step=self.memory.high_water,
+                generation=self.memory.generation,
+                host=report.host,
+                cause=report.cause,
+                seconds_left=max(0.0, report.at - now),
+                saved_step=saved,
+                source=report.source,
+            )
+            generation = self.memory.generation
+            await self.remediation.decide_and_act(event)
+            if (
+                saved is not None
+                and self.memory.state is JobState.RUNNING
+                and self.memory.generation == generation
+            ):
+                # The policy left the job running, but every workload holds after the saved step.
+                await self.generations.stop(
+                    report.host, FaultKind.ANNOUNCED_LOSS, f"held after saving step {saved} on notice", now
+                )
+                await self.generations.start_when_all_stopped()
+        finally:
+            self._noticed.discard(report.host)
+
+    async def _save(self, report: messages.Notice) -> int | None:
+        """Ask every host to save the same step and hold; that step once it is saved everywhere (the
+        noticed host's shard replicated too), None when that is not done in time."""
+        hosts = list(self.world.hosts)
+        paces = [p for p in (pace_of(self.status[h]) for h in hosts if h in self.status) if p is not None]
+        step = self.memory.high_water + steps_ahead(paces)
+        generation = self.memory.generation
+        left = report.at - time.time()
+        until = report.at - min(MARGIN_SECONDS, MARGIN * max(0.0, left))
+        await self.members.broadcast(
+            messages.SaveAt(generation=generation, step=step, noticed=report.host, until=report.at)
+        )
+        await self.members.event(
+            f"saving step {step} on every host, then holding (a notice of host {report.host})"
+        )
+        while time.time() < until:
+            if self.memory.generation != generation or self.memory.state is not JobState.RUNNING:
+                break  # stopped meanwhile (a fault): the restart restores what there is
+            committed = all(step in self.status[h].committed for h in hosts)
+            if committed and (report.host, step) in self._replicated:
+                await self.members.event(
+                    f"step {step} saved on every host and replicated for host {report.host}"
+                )
+                return step
+            await asyncio.sleep(POLL_SECONDS)
+        await self.members.event(
+            f"step {step} was not saved on every host before the notice ran out: the restart restores the "
+            "newest earlier checkpoint (the unannounced path)"
+        )
+        return None
