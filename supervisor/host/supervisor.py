@@ -27,6 +27,7 @@ from typing import Any
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
 from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
+from slicekeeper.supervisor.host import notices
 from slicekeeper.supervisor.host.context import HostContext
 from slicekeeper.supervisor.host.host_report import keep_predecessors_report, write_host_report
 from slicekeeper.supervisor.host.leadership import LeaderDuties, Leadership
@@ -39,7 +40,9 @@ from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.job_metrics import JobCollector
 from slicekeeper.supervisor.metrics import Role, SupervisorMetrics
+from slicekeeper.supervisor.own_pod import OwnPod
 from slicekeeper.supervisor.plan import JobPlan
+from slicekeeper.supervisor.pod_notices import PodNotice, seconds_left, watch_notices
 from slicekeeper.supervisor.reporting import EventLog
 from slicekeeper.supervisor.tls import JobTls
 
@@ -221,6 +224,7 @@ class HostSupervisor:
         replica_address = await self.tiers.serve(bind, advertise=advertise)
         self.leadership, duties = self._leadership(bind, advertise)
         campaign = self._spawn_task(self.leadership.run())
+        self._watch_own_pod()
         hello = {"metrics_port": metrics_port, "pid": os.getpid(), "machine": self.machine}
         hello["replica_address"] = replica_address
         try:
@@ -267,6 +271,18 @@ class HostSupervisor:
         )
         leadership.elected, leadership.deposed = duties.begin, duties.end
         return leadership, duties
+
+    def _watch_own_pod(self) -> None:
+        """In a pod: the operator's notices of this machine's loss, passed on to the leader."""
+        served, own = self._mode, OwnPod.from_env(os.environ)
+        if not isinstance(served, ServedHost) or own is None or self.site.pod(self.machine) is None:
+            return  # locally, chaos announces; a spare has no host to hand over yet
+
+        async def announce(notice: PodNotice) -> None:
+            source = notice.source or f"the pod's {protocol.ANNOTATION_NOTICE} annotation"
+            await notices.announce(served.context, notice.kind, seconds_left(notice), source)
+
+        self._spawn_task(watch_notices(own, announce, self._say))
 
     def _sigterm(self) -> None:
         """In a cluster a member's SIGTERM is its pod being deleted with a grace period (a preemption,
