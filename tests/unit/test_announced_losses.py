@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from slicekeeper.supervisor.leader import announced
 from slicekeeper.supervisor.leader.journal import JobState
 
@@ -38,7 +37,12 @@ async def notice(member: Member, seconds: float, cause: str = "maintenance") -> 
 async def asked_to_save(members: list[Member], step: int, noticed: int) -> None:
     for member in members:
         order = await member.receive()
-        assert (order["type"], order["generation"], order["step"], order["noticed"]) == ("save_at", 0, step, noticed)
+        assert (order["type"], order["generation"], order["step"], order["noticed"]) == (
+            "save_at",
+            0,
+            step,
+            noticed,
+        )
 
 
 def decided(job: Job) -> dict:
