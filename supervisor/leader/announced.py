@@ -39,7 +39,8 @@ MOST_STEPS_AHEAD = 1000
 MARGIN = 0.25
 """The share of the notice (at most MARGIN_SECONDS) kept back for the hand-over after the save."""
 MARGIN_SECONDS = 2.0
-POLL_SECONDS = 0.02
+POLL_SECONDS = 0.05
+"""How often the hosts' commits are looked at while the save is awaited (only those not in yet)."""
 
 
 def steps_ahead(paces: list[float]) -> int:
@@ -144,11 +145,12 @@ class AnnouncedLosses:
         await self.members.event(
             f"saving step {step} on every host, then holding (a notice of host {report.host})"
         )
+        pending = set(hosts)
         while time.time() < until:
             if self.memory.generation != generation or self.memory.state is not JobState.RUNNING:
                 break  # stopped meanwhile (a fault): the restart restores what there is
-            committed = all(step in self.status[h].committed for h in hosts)
-            if committed and (report.host, step) in self._replicated:
+            pending = {h for h in pending if step not in self.status[h].committed}
+            if not pending and (report.host, step) in self._replicated:
                 await self.members.event(
                     f"step {step} saved on every host and replicated for host {report.host}"
                 )
