@@ -44,6 +44,29 @@ def test_a_lost_host_is_replaced_by_a_spare_that_restores_its_shard_from_a_peer(
     assert processes_mentioning(report["run_dir"]) == []
 
 
+def test_negative_control_a_host_restoring_another_hosts_shard_ends_with_other_parameters(
+    tmp_path, clean_fingerprint
+):
+    """The example loop keeps a shard of its own per host: a restore that hands host 1 host 0's
+    (tests/fixtures/misrestoring_trainer.py) passes every restore record and is caught by the
+    fingerprint alone."""
+    workload = {
+        "command": [sys.executable, str(ROOT / "tests" / "fixtures" / "misrestoring_trainer.py")],
+        "env": [
+            {"name": "SLICEKEEPER_TEST_MISRESTORE", "value": "other-host:1"},
+            {"name": "SLICEKEEPER_TEST_TRAINER", "value": "sdk_loop"},
+        ],
+    }
+    result, report = run_job(tmp_path, "--chaos", "kill:host=2@step=23", workload=workload)
+    assert result.returncode == 0, result.stderr
+    found = problems(report, fingerprint=clean_fingerprint, steps=STEPS)
+    assert found == [
+        f"final parameters {report['params_fingerprint']} differ from the fault-free run's {clean_fingerprint}"
+    ]
+    workload_log = (Path(report["run_dir"]) / "host-1" / "workload.log").read_text()
+    assert "host 1's shard is not its own: a wrong restore" in workload_log
+
+
 def test_a_lost_host_without_a_peer_copy_restores_from_the_persistent_tier(tmp_path, clean_fingerprint):
     spec = with_persistent(tmp_path, interval=10, replicas=0)
     result, report = run_job(tmp_path, "--spares", "1", "--chaos", "lose:host=2@step=28", **spec)
