@@ -117,8 +117,11 @@ def _host_parts(records: list[dict[str, Any]], fired: float, detected: float) ->
     entry: dict[str, Any] = {"generation": generation, **{k: round(v, 3) for k, v in parts.items()}}
     said = [r for r in own if r.get("type") == "programs"]
     if said:
-        for key in ("loaded", "compiled"):
+        for key in ("loaded", "compiled", "backend_compiled"):
             entry[key] = [str(name) for r in said for name in r.get(key) or []]
+        counts = [r["backend_compiles"] for r in said if isinstance(r.get("backend_compiles"), int)]
+        if counts:
+            entry["backend_compiles"] = sum(counts)
     return entry
 
 

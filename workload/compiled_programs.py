@@ -51,6 +51,29 @@ Lowering = Any | Callable[[], Any]
 """A `jax.stages.Lowered`, or what makes one when needed."""
 
 
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+"""JAX's event for each program it compiles for the backend (jax._src.dispatch), with its name."""
+
+_backend_compiled: list[str] | None = None
+
+
+def backend_compiled() -> list[str]:
+    """The names of the programs XLA compiled in this process since the first call, from JAX's own
+    compile events: a record independent of ProgramCache's lists (a program loaded from the cache
+    raises no such event; one compiled behind the cache's back does)."""
+    global _backend_compiled
+    if _backend_compiled is None:
+        names: list[str] = []
+
+        def heard(event: str, duration_secs: float, **fields: str | int) -> None:
+            if event == BACKEND_COMPILE_EVENT:
+                names.append(str(fields.get("fun_name", "?")))
+
+        jax.monitoring.register_event_duration_secs_listener(heard)
+        _backend_compiled = names
+    return _backend_compiled
+
+
 class ProgramCache:
     """One process's compiled programs in `directory` (shared by every process of the job is fine:
     each process's files have keys of their own). Without a directory every program is compiled;
@@ -75,6 +98,8 @@ class ProgramCache:
                 "JAX's persistent compilation cache is on: compiled programs are not stored "
                 "(workload/compiled_programs.py says why)"
             )
+        self.backend_compiled = backend_compiled()
+        """What XLA compiled in this process from now on, by JAX's own account (`backend_compiled`)."""
         self.loaded: list[str] = []
         """Names of the programs this process loaded instead of compiling."""
         self.compiled: list[str] = []

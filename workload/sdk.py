@@ -323,11 +323,18 @@ class Session:
     def checkpoint_restored(self, step: int, tier: str = "local") -> None:
         self._send(Event.CHECKPOINT_RESTORED, step=step, tier=tier)
 
-    def programs(self, *, loaded: Sequence[str], compiled: Sequence[str]) -> None:
+    def programs(
+        self, *, loaded: Sequence[str], compiled: Sequence[str], backend_compiled: Sequence[str] | None = None
+    ) -> None:
         """This start's compiled programs are ready: the names of those `loaded` from an earlier
-        start (workload/compiled_programs.py) and of those `compiled` now. The report shows which
-        hosts of each restart compiled anything."""
-        self._send(Event.PROGRAMS, loaded=list(loaded), compiled=list(compiled))
+        start (workload/compiled_programs.py) and of those `compiled` now; `backend_compiled`: what
+        the framework itself says it compiled in this process so far (JAX's compile events), if the
+        loop can tell. The report shows which hosts of each restart compiled anything."""
+        fields: dict[str, Any] = {"loaded": list(loaded), "compiled": list(compiled)}
+        if backend_compiled is not None:
+            names = list(backend_compiled)
+            fields.update(backend_compiled=names[:PROGRAM_NAMES_SAID], backend_compiles=len(names))
+        self._send(Event.PROGRAMS, **fields)
 
     def done(self, step: int, fingerprint: str | None = None) -> None:
         """Training finished on this host after `step`; `fingerprint` identifies the final parameters."""
@@ -376,6 +383,9 @@ def connect(env: dict[str, str] | None = None) -> Session:
     session._send(Event.HELLO, pid=os.getpid(), generation=identity.generation)
     return session
 
+
+PROGRAM_NAMES_SAID = 64
+"""Of the programs the framework compiled, the names said (all are counted)."""
 
 COORDINATOR_WAIT_SECONDS = 30.0
 """How long a process waits for its generation's coordinator to listen before leaving the rest to

@@ -60,6 +60,10 @@ _FIELDS: dict[str, Callable[[Any], bool]] = {
     "during": lambda value: isinstance(value, str),
     "loaded": lambda value: _names(value),
     "compiled": lambda value: _names(value),
+    "backend_compiled": lambda value: _names(value),
+    "backend_compiles": lambda value: (
+        isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+    ),
 }
 """What each field an event may carry must be (a step: a 64-bit count), checked before any of it is
 used: a workload's malformed word is ignored here rather than forwarded to the leader (which would

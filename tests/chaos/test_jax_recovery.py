@@ -147,8 +147,13 @@ def test_a_restart_whose_compiled_programs_cannot_be_used_is_caught_compiling_th
     (cache / "executables").chmod(0o777)
     monkeypatch.setenv("SLICEKEEPER_COMPILATION_CACHE", str(cache))
     report = run_example(tmp_path / "run", "--chaos", "kill:host=2@step=40")
-    assert nothing_lost(report, clean) == [
+    found = nothing_lost(report, clean)
+    # Said twice per host: by the cache's own lists, and by JAX's compile events (independent of them).
+    assert [f for f in found if "framework compiled" not in f] == [
         f"generation 1: host {h} compiled ['gather', 'local_grads', 'apply'] again "
         "(world [0, 1, 2, 3] ran before)"
         for h in range(4)
+    ]
+    assert [f.split("'s framework compiled")[0] for f in found if "framework compiled" in f] == [
+        f"generation 1: host {h}" for h in range(4)
     ]

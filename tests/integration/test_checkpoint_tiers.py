@@ -60,9 +60,8 @@ def test_negative_control_a_host_restoring_another_hosts_shard_ends_with_other_p
     result, report = run_job(tmp_path, "--chaos", "kill:host=2@step=23", workload=workload)
     assert result.returncode == 0, result.stderr
     found = problems(report, fingerprint=clean_fingerprint, steps=STEPS)
-    assert found == [
-        f"final parameters {report['params_fingerprint']} differ from the fault-free run's {clean_fingerprint}"
-    ]
+    fingerprint = report["params_fingerprint"]
+    assert found == [f"final parameters {fingerprint} differ from the fault-free run's {clean_fingerprint}"]
     workload_log = (Path(report["run_dir"]) / "host-1" / "workload.log").read_text()
     assert "host 1's shard is not its own: a wrong restore" in workload_log
 

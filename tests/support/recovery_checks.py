@@ -101,20 +101,35 @@ def problems(
 
 
 def compiled_again(report: dict[str, Any]) -> list[str]:
-    """Each host that compiled programs at a restart into a world that had run before."""
+    """Each host that compiled programs at a restart into a world that had run before, by the
+    workload's ProgramCache lists and, independently, by the framework's own compile events
+    (`backend_compiles`, JAX's); and, where the workload says what it compiled at all, each host of a
+    restart that did not say it."""
     worlds = {r["generation"]: tuple(sorted(r["world"])) for r in report["recoveries"]}
     every_host = tuple(sorted(h["host"] for h in report["hosts"]))
+    restarted = [
+        host for fault in report["faults"] for host in (fault.get("breakdown") or {}).get("hosts", [])
+    ]
+    says = any("loaded" in host or "compiled" in host for host in restarted)
     found = []
-    for fault in report["faults"]:
-        for host in (fault.get("breakdown") or {}).get("hosts", []):
-            generation = host["generation"]
-            world = worlds.get(generation)
-            earlier = {every_host} | {w for g, w in worlds.items() if g < generation}
-            if host.get("compiled") and world in earlier:
-                found.append(
-                    f"generation {generation}: host {host['host']} compiled {host['compiled']} again "
-                    f"(world {list(world or ())} ran before)"
-                )
+    for host in restarted:
+        generation = host["generation"]
+        world = worlds.get(generation)
+        earlier = {every_host} | {w for g, w in worlds.items() if g < generation}
+        if says and "loaded" not in host and "compiled" not in host:
+            found.append(f"generation {generation}: host {host['host']} never said what it compiled")
+        if world not in earlier:
+            continue
+        if host.get("compiled"):
+            found.append(
+                f"generation {generation}: host {host['host']} compiled {host['compiled']} again "
+                f"(world {list(world or ())} ran before)"
+            )
+        if host.get("backend_compiles"):
+            found.append(
+                f"generation {generation}: host {host['host']}'s framework compiled "
+                f"{host['backend_compiles']} program(s) again ({', '.join(host.get('backend_compiled', []))})"
+            )
     return found
 
 

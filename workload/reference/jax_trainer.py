@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with session.phase(sk.Phase.PROGRAM_STARTUP):
         model.compile(programs)
-        session.programs(loaded=programs.loaded, compiled=programs.compiled)
+        session.programs(
+            loaded=programs.loaded, compiled=programs.compiled, backend_compiled=programs.backend_compiled
+        )
         params = model.gather(state["params"])  # what this host computes on: gathered over its slice
         if jax.default_backend() == "cpu":
             transport.quiet()  # gloo's event loop gets idle cycles only (workload/collective_transport.py)
