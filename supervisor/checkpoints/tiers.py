@@ -4,7 +4,9 @@ The workload only ever writes and reads its local tier (fast, RAM-backed). Every
 here, in the supervisor, off the training process's critical path:
 
 - after each committed local save, the step folder is pushed to this host's peer holders over TCP
-  (supervisor.checkpoints.peer_tier) and, every `persistent.interval` steps, uploaded to the persistent tier;
+  (supervisor.checkpoints.peer_tier; a push that fails is tried again after a pause, at most
+  PUSH_ATTEMPTS times, unless a newer save came meanwhile: the peers then get that one) and, every
+  `persistent.interval` steps, uploaded to the persistent tier;
 - at a restart, before the workload starts, this host's shard of the agreed step is staged into the
   local tier from the first source that holds a valid copy (local, a peer, persistent), verifying
   checksums and falling back on any mismatch or missing copy;
@@ -31,6 +33,7 @@ from slicekeeper.supervisor.checkpoints.peer_tier import (
     ReplicaServer,
     ReplicaStore,
     ReplicationError,
+    Transfer,
     fetch_replica,
     push_replica,
     replica_holders,
@@ -45,6 +48,11 @@ from slicekeeper import shard_folder
 from slicekeeper.api import CheckpointSpec
 from slicekeeper.shape import JobShape
 from slicekeeper.shard_folder import CorruptCheckpoint
+
+PUSH_ATTEMPTS = 3
+"""Tries of one push to one holder (each under the peer tier's own time limit)."""
+PUSH_BACKOFF_SECONDS = 1.0
+"""The pause before the second try, doubled before each later one."""
 
 
 @dataclass(frozen=True)
@@ -174,12 +182,8 @@ class CheckpointTiers:
             address = self._addresses.get(holder)
             if address is None:
                 continue
-            try:
-                transfer = await push_replica(
-                    address, self.host, folder, tls=self._tls, connection_deadline=self._deadline
-                )
-            except (ReplicationError, CorruptCheckpoint, OSError) as error:
-                await self._failed(step, Tier.PEER, "replication failed", f"to host {holder}: {error}")
+            transfer = await self._push(step, folder, holder, address)
+            if transfer is None:
                 continue
             self._metrics.checkpoint_transfer.labels(tier="peer", direction="save").observe(transfer.seconds)
             self._log(
@@ -192,6 +196,31 @@ class CheckpointTiers:
                     "bytes": transfer.bytes,
                 }
             )
+
+    async def _push(self, step: int, folder: Path, holder: int, address: str) -> Transfer | None:
+        """`step` pushed to `holder`, tried again after a pause while it is still the newest save;
+        None when it failed (said as a failed replication) or was superseded."""
+        assert self.host is not None
+        pause = PUSH_BACKOFF_SECONDS
+        for attempt in range(1, PUSH_ATTEMPTS + 1):
+            try:
+                return await push_replica(
+                    address, self.host, folder, tls=self._tls, connection_deadline=self._deadline
+                )
+            except CorruptCheckpoint as error:  # our own copy is bad: no second try mends that
+                await self._failed(step, Tier.PEER, "replication failed", f"to host {holder}: {error}")
+                return None
+            except (ReplicationError, OSError) as error:
+                superseded = self._newest > (self.generation, step)
+                if attempt == PUSH_ATTEMPTS or superseded or not folder.is_dir():
+                    tries = f" (try {attempt} of {PUSH_ATTEMPTS})"
+                    await self._failed(
+                        step, Tier.PEER, "replication failed", f"to host {holder}: {error}{tries}"
+                    )
+                    return None
+            await asyncio.sleep(pause)
+            pause *= 2
+        return None
 
     async def _persist(self, step: int, folder: Path) -> None:
         assert self.host is not None and self.persistent is not None

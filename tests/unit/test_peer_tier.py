@@ -309,6 +309,35 @@ def test_a_fetch_whose_bytes_are_wrong_or_cut_short_commits_nothing(tmp_path, pa
     assert leftovers(tmp_path) == []
 
 
+def test_a_fetch_from_a_holder_that_stops_mid_transfer_times_out_and_commits_nothing(tmp_path):
+    """Half the bytes, then silence, the connection left open (a holder cut off, or hung): the
+    fetch's time limit ends it, and nothing of it stays (the restore falls back to the next source)."""
+
+    async def test() -> None:
+        stalled = asyncio.Event()
+
+        async def half_then_silence(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readline()
+            manifest = Manifest(7, (ShardFile("a", "00000.bin", "0" * 64, 4),)).to_json().encode()
+            writer.write(
+                json.dumps({"ok": True, "manifest": len(manifest)}).encode() + b"\n" + manifest + b"ab"
+            )
+            await writer.drain()
+            stalled.set()
+            await asyncio.sleep(30)
+
+        server = await asyncio.start_server(half_then_silence, "127.0.0.1", 0)
+        address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        with pytest.raises(ReplicationError, match="timed out after 0.3 s"):
+            await fetch_replica(address, OWNER, 7, tmp_path / "restored", timeout=0.3)
+        assert stalled.is_set()
+        server.close()
+
+    run(test)
+    assert shard_folder.committed_steps(tmp_path / "restored") == []
+    assert leftovers(tmp_path) == []
+
+
 def push_header(manifest: Manifest, owner: int = OWNER) -> bytes:
     text = manifest.to_json().encode()
     header = {"op": "push", "owner": owner, "step": manifest.step, "manifest": len(text)}

@@ -7,6 +7,7 @@ unreachable peers and a persistent tier whose uploads fail, as a full disk would
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.checkpoints.restore_plan import Tier
+from slicekeeper.supervisor.checkpoints import tiers
 from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
 from slicekeeper.supervisor.metrics import SupervisorMetrics
 
@@ -126,7 +128,9 @@ def test_a_failed_upload_is_reported_counted_and_logged_and_later_saves_go_on(tm
     run(scenario)
 
 
-def test_an_unreachable_peer_is_a_counted_replication_failure_not_a_stop(tmp_path):
+def test_an_unreachable_peer_is_a_counted_replication_failure_not_a_stop(tmp_path, monkeypatch):
+    monkeypatch.setattr(tiers, "PUSH_BACKOFF_SECONDS", 0.01)
+
     async def scenario():
         host = Host(tmp_path, 0, CheckpointSpec(), None)
         await host.tiers.serve("127.0.0.1")
@@ -135,8 +139,56 @@ def test_an_unreachable_peer_is_a_counted_replication_failure_not_a_stop(tmp_pat
         host.tiers.saved(10)
         await asyncio.wait_for(host.tiers.drain(), WAIT)
         assert [(r["tier"], r["reason"]) for r in host.reports] == [("peer", "replication failed")]
+        assert host.reports[0]["detail"].endswith(f"(try {tiers.PUSH_ATTEMPTS} of {tiers.PUSH_ATTEMPTS})")
         assert host.failures("peer") == 1
         await host.tiers.close()
+
+    run(scenario)
+
+
+async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError):
+        while data := await reader.read(1 << 16):
+            writer.write(data)
+            await writer.drain()
+    writer.close()
+
+
+@pytest.mark.parametrize("attempts", [tiers.PUSH_ATTEMPTS, 1])
+def test_a_push_refused_once_is_tried_again_and_replicates(tmp_path, monkeypatch, attempts):
+    """The holder's first connection is dropped (a peer restarting, say): the second try gets through.
+    Negative control: with one try, the step is not replicated and the failure is said."""
+    monkeypatch.setattr(tiers, "PUSH_BACKOFF_SECONDS", 0.01)
+    monkeypatch.setattr(tiers, "PUSH_ATTEMPTS", attempts)
+
+    async def scenario():
+        owner, holder = Host(tmp_path, 0, CheckpointSpec(), None), Host(tmp_path, 1, CheckpointSpec(), None)
+        real = (await holder.tiers.serve("127.0.0.1")).rsplit(":", 1)
+        connections = []
+
+        async def flaky(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connections.append(1)
+            if len(connections) == 1:
+                writer.transport.abort()  # the first try: dropped
+                return
+            upstream_reader, upstream_writer = await asyncio.open_connection(real[0], int(real[1]))
+            await asyncio.gather(forward(reader, upstream_writer), forward(upstream_reader, writer))
+
+        proxy = await asyncio.start_server(flaky, "127.0.0.1", 0)
+        await owner.tiers.serve("127.0.0.1")
+        owner.tiers.start_generation(0, {1: f"127.0.0.1:{proxy.sockets[0].getsockname()[1]}"})
+        write_step(owner.tiers.local_dir, 10)
+        owner.tiers.saved(10)
+        await asyncio.wait_for(owner.tiers.drain(), WAIT)
+        if attempts > 1:
+            assert len(connections) == 2 and owner.reports == []
+            assert holder.tiers.replicas.steps(0) == [10]
+        else:
+            assert len(connections) == 1 and [r["reason"] for r in owner.reports] == ["replication failed"]
+            assert holder.tiers.replicas.steps(0) == []
+        proxy.close()
+        await owner.tiers.close()
+        await holder.tiers.close()
 
     run(scenario)
 
