@@ -299,6 +299,7 @@ PUBLIC_NAMES = (
     "HOOK_NAMES",
     "Action",
     "ActionName",
+    "AnnouncedLoss",
     "Budget",
     "CapacityReturned",
     "CheckpointInvalid",

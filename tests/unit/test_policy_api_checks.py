@@ -6,6 +6,7 @@ import pytest
 from slicekeeper.policy import (
     ALLOWED_ACTIONS,
     ActionName,
+    AnnouncedLoss,
     CapacityReturned,
     CheckpointInvalid,
     Crash,
@@ -44,6 +45,7 @@ EVENT_OF_KIND = {
     EventKind.STRAGGLER: Straggler(host=3, score=2.0, **COMMON),
     EventKind.CHECKPOINT_INVALID: CheckpointInvalid(host=3, reason="nonfinite_loss", **COMMON),
     EventKind.CAPACITY_RETURNED: CapacityReturned(spares=1, **COMMON),
+    EventKind.ANNOUNCED_LOSS: AnnouncedLoss(host=3, cause="maintenance", seconds_left=60.0, **COMMON),
 }
 
 
@@ -56,6 +58,7 @@ def test_the_allowed_actions_table_is_the_documented_one():
         "host_lost": {"replace", "scale_down", "wait", "fail"},
         "straggler": {"replace", "scale_down", "ignore", "wait", "fail"},
         "capacity_returned": {"scale_up", "ignore", "wait"},
+        "announced_loss": {"replace", "scale_down", "ignore", "wait", "fail"},
     }
 
 
