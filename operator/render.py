@@ -9,8 +9,9 @@ Children of a job named J (REFERENCES sec. 1 for the TPU conventions):
 - one pod per TPU host per slice, named `J-s<slice>-w<worker>`, with the TPU node selector, the
   `google.com/tpu` limit and toleration, hostname and subdomain, the TPU_* and MEGASCALE_* worker
   environment (GKE sets these only for Indexed Jobs and JobSets, never for bare pods), slice
-  affinity on the node pool, optional Kueue pod-group labels, `restartPolicy: Never`, and the
-  supervisor as the container entrypoint wrapping the user's command.
+  affinity on the node pool, optional Kueue pod-group labels, `restartPolicy: Never`, the
+  termination grace period of `spec.disruption`, and the supervisor as the container entrypoint
+  wrapping the user's command.
 
 Manifests are plain dicts in the API's JSON shape: a 25,000-host job renders one pod at a time
 (`pods()` is a generator), and nothing here talks to a cluster. Owner references need the live
@@ -202,6 +203,9 @@ class RenderedJob:
                 "hostname": name,
                 "subdomain": self.name,
                 "restartPolicy": "Never",
+                # How long a supervisor told to stop (SIGTERM: a preemption, a drain) has to save the
+                # step and hand its host over; also the `at` of a preemption notice (operator/notices.py).
+                "terminationGracePeriodSeconds": spec.disruption.termination_grace_period_seconds,
                 "serviceAccountName": spec.service_account_name,
                 "nodeSelector": {ACCELERATOR_LABEL: shape.accelerator, TOPOLOGY_LABEL: shape.topology},
                 "tolerations": [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],

@@ -116,6 +116,13 @@ def test_hosts_chips_and_topology_follow_the_tpu_type(tpu, slices, hosts_per_sli
         assert f"{pod['metadata']['name']}.llm" in hostnames
 
 
+def test_every_pod_gets_the_termination_grace_the_spec_gives_its_supervisors():
+    default = [pod["spec"]["terminationGracePeriodSeconds"] for pod in render(job({"type": "v5p-16"})).pods()]
+    assert default == [30, 30]  # spec.disruption's default, on each host's pod
+    longer = job({"type": "v5p-16"}, disruption={"terminationGracePeriodSeconds": 600})
+    assert [pod["spec"]["terminationGracePeriodSeconds"] for pod in render(longer).pods()] == [600, 600]
+
+
 def test_a_single_slice_job_gets_no_megascale_variables():
     env = env_of(next(render(job({"type": "v5p-16"})).pods()))
     assert not [name for name in env if name.startswith("MEGASCALE_")]
