@@ -6,7 +6,8 @@ Every write the operator makes goes through here, so that the rules hold everywh
   the operator may restart in the middle of a reconciliation, so creating twice must be harmless;
 - 429 and 5xx answers are retried with exponential backoff by the client's own urllib3 retry policy
   (`retry_policy`); what still fails reaches kopf, which retries the handler later;
-- a delete of an object already gone (404) is success too.
+- a delete of an object already gone (404) is success too, and so is a patch of a pod's annotations
+  that finds the pod gone (its notice went with it).
 
 The job's pods are listed a page at a time (`LIST_PAGE_SIZE`) and parsed from the raw JSON: a
 25,000-pod list in one piece (about 90 MB of JSON) made into the client's models took the operator's
@@ -20,7 +21,7 @@ by verb and resource, with the failed ones by HTTP status: each attempt, a retri
 counts are what the API server saw (`Cluster` gives the client's HTTP layer a counting subclass and
 its retry policy an observer; the client sends `USER_AGENT`, which the API server's audit log shows).
 What the rules above call done is no error: a 409 to a create, a 404 to a delete or to a get (the
-pod store's check asks whether a pod is there).
+pod store's check asks whether a pod is there) or to a patch (a pod gone before its annotation).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ RETRIED_STATUSES = (429, 500, 502, 503, 504)
 LIST_PAGE_SIZE = 500
 """Pods per list request: a page is about 2 MB of JSON, a 25,000-pod job 50 pages."""
 USER_AGENT = "slicekeeper-operator"
-ANSWERS = frozenset({("create", 409), ("delete", 404), ("get", 404)})
+ANSWERS = frozenset({("create", 409), ("delete", 404), ("get", 404), ("patch", 404)})
 """(verb, HTTP status) that the operator takes as an answer, not an error (see the module doc)."""
 Observer = Callable[[str, str, int | None], None]
 """Told of each HTTP request: its method, URL, and the answer's status (None: no answer came)."""
@@ -213,6 +214,17 @@ class Cluster:
         self.writes += 1
         return _done_unless(
             lambda: self._core.delete_namespaced_pod(name, namespace, grace_period_seconds=0), already=404
+        )
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None]) -> bool:
+        """Merge `annotations` into the pod's (None removes one); False when the pod was gone."""
+        self.writes += 1
+        patch = {"metadata": {"annotations": annotations}}
+        return _done_unless(
+            lambda: self._core.patch_namespaced_pod(
+                name, namespace, patch, _content_type="application/merge-patch+json"
+            ),
+            already=404,
         )
 
     def pod_uid(self, namespace: str, name: str) -> str | None:

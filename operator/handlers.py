@@ -20,7 +20,10 @@ Handlers, all idempotent (kopf retries them, and a restarted operator runs `resu
   its leader in time: its pod is replaced, its node not avoided (nothing says the node is at fault).
   A pod whose image cannot run the supervisor (no slicekeeper in it, no `python`: operator/
   image_check.py) fails the job with a message naming the image: a replacement would run it again.
-- node events: a NotReady node's job pods are hot-swapped (deleted, then re-created elsewhere).
+- node events: a NotReady node's job pods are hot-swapped (deleted, then re-created elsewhere). A
+  node that announces its own end (a scheduled maintenance, an impending termination: operator/
+  notices.py) gets the notice annotation put on each job pod bound to it, and taken off again when
+  it no longer says so; the job's timer does the same for pods that reach such a node later.
 - delete: the finalizer (kopf adds it for a non-optional delete handler) deletes the children.
 
 The operator's metrics (operator/metrics.py) are read from the same state (jobs by phase from the
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,6 +53,14 @@ from slicekeeper.operator.job_status import (
     condition,
     derive,
     with_condition,
+)
+from slicekeeper.operator.notices import (
+    DEFAULT_GRACE_SECONDS,
+    NOTICE_ANNOTATION,
+    NodeSignal,
+    announcement,
+    node_signal,
+    notice_change,
 )
 from slicekeeper.operator.pod_store import PodStore
 from slicekeeper.operator.render import GROUP, LABEL_JOB, manifests, render
@@ -67,6 +79,7 @@ LEADER_UNREACHABLE = (
     "its supervisor could not reach the job's leader within spec.health.replacementTimeoutSeconds"
 )
 STATUS_INTERVAL_SECONDS = 5.0
+logger = logging.getLogger(__name__)
 FINAL_PHASES = ("Invalid", "Failed", "Succeeded")
 
 
@@ -207,6 +220,10 @@ def register(
         for pod in pods:  # level-based too: a node that went NotReady before its pods were known
             if not store.node_ready(pod["spec"]["nodeName"]):
                 cluster.delete_pod(namespace, pod["metadata"]["name"])
+                continue
+            seen, signal = store.node_signal(pod["spec"]["nodeName"])
+            if seen:  # (a pod that reached an announcing node after the node's event)
+                _give_notice(pod, signal)
         if len(pods) < job.total_hosts:
             _create_missing(body, job, kinds=("Pod",), pods=pods)
         derived = derive(job, pods, dict(status))
@@ -257,11 +274,23 @@ def register(
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
     @metrics.timed("node_event")
-    async def node_event(*, body: kopf.Body, **_: Any) -> None:
-        if not store.observe_node(body):
+    async def node_event(*, type: str | None, body: kopf.Body, **_: Any) -> None:
+        node = str(body.metadata.name)
+        if store.observe_node(body):  # (a node deleted while NotReady too)
+            for namespace, name in store.pods_on(node):  # each pod's DELETED event re-creates it
+                await asyncio.to_thread(cluster.delete_pod, namespace, name)
             return
-        for namespace, name in store.pods_on(str(body.metadata.name)):
-            await asyncio.to_thread(cluster.delete_pod, namespace, name)  # its DELETED event re-creates it
+        if type == "DELETED":
+            store.forget_node(node)
+            return
+        signal = node_signal(body)
+        previous = store.observe_signal(node, signal)
+        if signal == previous:
+            return  # (a node first seen announcing nothing: the jobs' timers take off stale notices)
+        pods = store.summaries_on(node)
+        logger.info("node %s %s: %d job pods on it", node, announcement(signal, previous), len(pods))
+        for pod in pods:
+            await asyncio.to_thread(_give_notice, pod, signal)
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
     @metrics.timed("delete")
@@ -316,6 +345,23 @@ def register(
                 reason="HotSwap",
                 message=f"pod {name} re-created ({reason}); avoiding nodes: {avoided}",
             )
+
+    def _give_notice(pod: dict[str, Any], signal: NodeSignal | None) -> None:
+        """Put the notice of `signal` on the pod (or take its notice off: None), unless it says so."""
+        metadata = pod["metadata"]
+        grace = pod["spec"].get("terminationGracePeriodSeconds")
+        change = notice_change(
+            signal,
+            (metadata.get("annotations") or {}).get(NOTICE_ANNOTATION),
+            grace_seconds=DEFAULT_GRACE_SECONDS if grace is None else grace,
+            now=time.time(),
+        )
+        if change is None:
+            return
+        cluster.annotate_pod(metadata["namespace"], metadata["name"], {NOTICE_ANNOTATION: change.value})
+        logger.debug(
+            "pod %s/%s: notice %s", metadata["namespace"], metadata["name"], change.value or "withdrawn"
+        )
 
     def _suspend(body: kopf.Body, patch: kopf.Patch, pods: list[dict[str, Any]]) -> None:
         """Delete the job's pods (their supervisors end; the persistent tier keeps the progress)."""

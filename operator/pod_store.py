@@ -13,8 +13,9 @@ store instead:
   operator resumes the job), and merges them in. What a watch event said wins over what a listing
   said: a listing is never newer than the events that followed it, and a pod deleted meanwhile is
   remembered until the listing is merged, so it is not brought back;
-- the node event handler records which nodes are NotReady (`observe_node`); `pods_on(node)` are the
-  job pods bound to a node.
+- the node event handler records which nodes are NotReady (`observe_node`) and the loss each node
+  announces (`observe_signal`, operator/notices.py); `pods_on(node)` are the job pods bound to a
+  node, `summaries_on(node)` the same as summaries.
 
 Watch gaps. The API server ends watches, and answers one that resumes from a resourceVersion it no
 longer holds with 410 Gone; kopf then lists the pods again and hands each one to the event handler as
@@ -42,6 +43,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from slicekeeper.operator.notices import NodeSignal
 from slicekeeper.operator.render import GROUP, LABEL_JOB
 
 logger = logging.getLogger(__name__)
@@ -52,8 +54,9 @@ JobKey = tuple[str, str]
 
 
 def summary(pod: Mapping[str, Any]) -> PodSummary:
-    """What the operator reads of a pod (name, labels, our annotations, node, phase, scheduling), in the
-    shape of the pod, so that the status derivation and hot-swap read a summary as they would a pod."""
+    """What the operator reads of a pod (name, labels, our annotations, node, termination grace, phase,
+    scheduling), in the shape of the pod, so that the status derivation, hot-swap and the notices read
+    a summary as they would a pod."""
     metadata = pod.get("metadata") or {}
     annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if k.startswith(GROUP)}
     status = pod.get("status") or {}
@@ -66,7 +69,10 @@ def summary(pod: Mapping[str, Any]) -> PodSummary:
             "labels": dict(metadata.get("labels") or {}),
             "annotations": annotations,
         },
-        "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
+        "spec": {
+            "nodeName": (pod.get("spec") or {}).get("nodeName"),
+            "terminationGracePeriodSeconds": (pod.get("spec") or {}).get("terminationGracePeriodSeconds"),
+        },
         "status": {"phase": status.get("phase"), "conditions": scheduling},
     }
 
@@ -79,13 +85,15 @@ def node_not_ready(node: Mapping[str, Any]) -> bool:
 
 
 class PodStore:
-    """Job pods by job and by node, and the NotReady nodes, as the watch events last described them."""
+    """Job pods by job and by node, the NotReady nodes and the losses nodes announce, as the watch events
+    last described them."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._listing = threading.Lock()  # one listing at a time: a job is listed once per re-list
         self._by_job: dict[JobKey, dict[str, PodSummary]] = {}
-        self._on_node: dict[str, set[tuple[str, str]]] = {}
+        self._on_node: dict[str, dict[tuple[str, str], JobKey]] = {}
+        """Node -> (namespace, pod name) -> the pod's job."""
         self._relists = 0
         """Re-lists of kopf's pod watch noticed so far (its first listing not counted)."""
         self._listed: dict[JobKey, int] = {}
@@ -96,6 +104,8 @@ class PodStore:
         """Job pod uid -> the re-list count when the watch last described it."""
         self._verify_next: dict[JobKey, int] = {}
         self._unready: set[str] = set()
+        self._signals: dict[str, NodeSignal | None] = {}
+        """Every node seen, with the loss it last announced (None: none)."""
 
     def observe(self, event_type: str | None, pod: Mapping[str, Any]) -> None:
         """A pod's watch event (None: one of the watch's listings; DELETED: the pod is gone)."""
@@ -200,6 +210,26 @@ class PodStore:
             (self._unready.add if not_ready else self._unready.discard)(name)
         return not_ready
 
+    def observe_signal(self, name: str, signal: NodeSignal | None) -> NodeSignal | None:
+        """Record the loss node `name` announces now; the one it announced before (None: none, or the
+        node was not seen yet)."""
+        with self._lock:
+            previous = self._signals.get(name)
+            self._signals[name] = signal
+        return previous
+
+    def forget_node(self, name: str) -> None:
+        """The node is gone (its DELETED event): what it announced goes with it."""
+        with self._lock:
+            self._signals.pop(name, None)
+
+    def node_signal(self, name: str | None) -> tuple[bool, NodeSignal | None]:
+        """(seen, the loss it announces): whether the node was seen, and what it announced last."""
+        with self._lock:
+            if name is None or name not in self._signals:
+                return False, None
+            return True, self._signals[name]
+
     def node_ready(self, name: str | None) -> bool:
         """False for a node last seen NotReady (unknown nodes and unbound pods are not judged)."""
         with self._lock:
@@ -209,6 +239,12 @@ class PodStore:
         """(namespace, pod name) of the job pods bound to `node`."""
         with self._lock:
             return sorted(self._on_node.get(node, ()))
+
+    def summaries_on(self, node: str) -> list[PodSummary]:
+        """The summaries of the job pods bound to `node`, by namespace and name."""
+        with self._lock:
+            placed = sorted(self._on_node.get(node, {}).items())
+            return [self._by_job[job][name] for (_, name), job in placed]
 
     def _stale(self, key: JobKey) -> bool:
         """The job has not been listed since the watch last listed again (or ever)."""
@@ -236,13 +272,13 @@ class PodStore:
         self._by_job.setdefault(key, {})[name] = pod_summary
         node = pod_summary["spec"]["nodeName"]
         if node:
-            self._on_node.setdefault(node, set()).add((key[0], name))
+            self._on_node.setdefault(node, {})[(key[0], name)] = key
 
     def _forget(self, key: JobKey, name: str) -> None:
         old = self._by_job.get(key, {}).pop(name, None)
         node = old["spec"]["nodeName"] if old else None
         if node:
-            pods = self._on_node.get(node, set())
-            pods.discard((key[0], name))
+            pods = self._on_node.get(node, {})
+            pods.pop((key[0], name), None)
             if not pods:
                 self._on_node.pop(node, None)

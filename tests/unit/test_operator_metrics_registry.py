@@ -126,7 +126,8 @@ def test_a_request_is_named_by_its_kubernetes_verb_and_resource(method, url, kin
         ("POST", "pods", 409, None),  # already there: done
         ("DELETE", "pods/p", 404, None),  # already gone: done
         ("GET", "pods/p", 404, None),  # the pod store's check: not there
-        ("PATCH", "pods/p", 404, "404"),  # nothing takes that as done
+        ("PATCH", "pods/p", 404, None),  # a notice for a pod already gone: done
+        ("PATCH", "pods/p", 422, "422"),  # a patch refused is an error
         ("POST", "pods", 500, "500"),
         ("GET", "pods", None, "none"),  # no answer at all
     ],

@@ -28,7 +28,11 @@ def pod(
             "annotations": {"slicekeeper.dev/replace": "straggler", "other.io/big": "x" * 1000},
             "resourceVersion": "12",
         },
-        "spec": {"nodeName": node, "containers": [{"name": "trainer", "image": "x"}]},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 120,
+            "containers": [{"name": "trainer", "image": "x"}],
+        },
         "status": {
             "phase": phase,
             "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
@@ -69,7 +73,7 @@ class TestSummary:
                 "labels": {"slicekeeper.dev/job": JOB, "slicekeeper.dev/slice": "0"},
                 "annotations": {"slicekeeper.dev/replace": "straggler"},
             },
-            "spec": {"nodeName": "n1"},
+            "spec": {"nodeName": "n1", "terminationGracePeriodSeconds": 120},  # (a preemption notice's at)
             "status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]},
         }
 
