@@ -40,7 +40,7 @@ def test_every_rbac_object_is_valid():
         kubernetes_validate.validate(document, "1.31", strict=True)
 
 
-def test_the_supervisor_may_only_read_and_mark_pods_and_hold_its_jobs_lease():
+def test_the_supervisor_may_only_read_watch_and_mark_pods_and_hold_its_jobs_lease():
     rules = rules_of("Role", "slicekeeper-supervisor")
     granted = {
         (group, resource, verb)
@@ -51,6 +51,9 @@ def test_the_supervisor_may_only_read_and_mark_pods_and_hold_its_jobs_lease():
     }
     assert granted == {
         ("", "pods", "get"),
+        # a watch of its own pod (fieldSelector metadata.name), for the operator's notice: list + watch
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
         ("", "pods", "patch"),
         ("", "pods/status", "get"),
         ("", "pods/status", "patch"),
