@@ -12,6 +12,11 @@ policy decides with no step saved, and the restart restores the newest earlier c
 unannounced path, said in the job's events and in the event's `saved_step`). A job held after its
 save that the policy leaves running (Ignore, Wait) is restarted in place from the saved step: a held
 workload trains no further.
+
+Several notices at once (GKE interrupts a whole TPU slice for a host event on one of its VMs, and the
+operator's notice reaches every host of that slice) share one save: a notice that comes while a save
+is under way asks only its own host for the same step, waits for its own shard to reach its peers,
+and gets a decision of its own.
 """
 
 from __future__ import annotations
@@ -83,6 +88,10 @@ class AnnouncedLosses:
         """Hosts whose notice is being acted on (a notice said twice is acted on once)."""
         self._replicated: set[tuple[int, int]] = set()
         """(host, step): the noticed host's shard of the step saved on notice reached its peers."""
+        self._asked: tuple[int, int] | None = None
+        """(generation, step) of the save asked for on a notice, shared by the notices that follow."""
+        self._asked_for: set[int] = set()
+        """The noticed hosts of that save: it is done once each one's shard reached its peers."""
 
     async def notice(self, report: messages.Notice) -> None:
         host, left = report.host, report.at - time.time()
@@ -134,26 +143,32 @@ class AnnouncedLosses:
         """Ask every host to save the same step and hold; that step once it is saved everywhere (the
         noticed host's shard replicated too), None when that is not done in time."""
         hosts = list(self.world.hosts)
-        paces = [p for p in (pace_of(self.status[h]) for h in hosts if h in self.status) if p is not None]
-        step = self.memory.high_water + steps_ahead(paces)
         generation = self.memory.generation
         left = report.at - time.time()
         until = report.at - min(MARGIN_SECONDS, MARGIN * max(0.0, left))
-        await self.members.broadcast(
-            messages.SaveAt(generation=generation, step=step, noticed=report.host, until=report.at)
-        )
-        await self.members.event(
-            f"saving step {step} on every host, then holding (a notice of host {report.host})"
-        )
+        if self._asked is not None and self._asked[0] == generation:
+            step = self._asked[1]  # a save under way for an earlier notice: the same step, this host told
+            self._asked_for.add(report.host)
+            order = messages.SaveAt(generation=generation, step=step, noticed=report.host, until=report.at)
+            await self.members.send(report.host, order)
+        else:
+            paces = [p for p in (pace_of(self.status[h]) for h in hosts if h in self.status) if p is not None]
+            step = self.memory.high_water + steps_ahead(paces)
+            self._asked, self._asked_for = (generation, step), {report.host}
+            await self.members.broadcast(
+                messages.SaveAt(generation=generation, step=step, noticed=report.host, until=report.at)
+            )
+            await self.members.event(
+                f"saving step {step} on every host, then holding (a notice of host {report.host})"
+            )
         pending = set(hosts)
         while time.time() < until:
             if self.memory.generation != generation or self.memory.state is not JobState.RUNNING:
                 break  # stopped meanwhile (a fault): the restart restores what there is
             pending = {h for h in pending if step not in self.status[h].committed}
-            if not pending and (report.host, step) in self._replicated:
-                await self.members.event(
-                    f"step {step} saved on every host and replicated for host {report.host}"
-                )
+            if not pending and all((h, step) in self._replicated for h in self._asked_for):
+                noticed = ", ".join(str(h) for h in sorted(self._asked_for))
+                await self.members.event(f"step {step} saved on every host and replicated for host {noticed}")
                 return step
             await asyncio.sleep(POLL_SECONDS)
         await self.members.event(

@@ -142,3 +142,34 @@ def test_a_notice_said_twice_is_acted_on_once():
 )
 def test_the_step_saved_is_as_far_ahead_as_the_fastest_host_goes_in_the_reach_time(paces, ahead):
     assert announced.steps_ahead(paces) == ahead
+
+
+def test_a_whole_slice_announced_saves_once_and_hands_every_host_over():
+    """GKE interrupts a whole TPU slice for a host event on one of its VMs: the operator's notice
+    reaches every host of the slice. One save for all of them, each noticed host's shard replicated,
+    then one decision per host."""
+
+    async def scenario():
+        job = await job_with_spares(hosts=3, spares=2)
+        await trained_to_step_10(job)
+        await notice(job.members[1], seconds=30)
+        step = 10 + AHEAD
+        await asked_to_save(job.members, step, noticed=1)
+        await notice(job.members[2], seconds=30)  # while the save is under way
+        order = await job.members[2].receive()
+        assert (order["type"], order["step"], order["noticed"]) == ("save_at", step, 2)  # the same step
+        for member in job.members:
+            await member.send("checkpoint", step=step)
+        await job.members[1].send("replicated", step=step)
+        assert await nothing_arrives(job.members[0], seconds=0.3)  # host 2's shard is not at its peers yet
+        await job.members[2].send("replicated", step=step)
+        await eventually(lambda: len(job.leader.summary()["decisions"]) == 2)
+        decisions = job.leader.summary()["decisions"]
+        assert [(d["event"]["host"], d["event"]["saved_step"], d["action"]["name"]) for d in decisions] == [
+            (1, step, "replace"),
+            (2, step, "replace"),
+        ]
+        assert job.leader.memory.restarts["announced_loss"] == 1  # one stop for both
+        await job.shut()
+
+    run(scenario)
