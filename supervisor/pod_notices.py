@@ -16,7 +16,7 @@ import json
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from slicekeeper.supervisor.own_pod import OwnPod
@@ -27,6 +27,10 @@ WATCH_SECONDS = 300
 """One watch request lasts this long on the server before it is opened again."""
 RETRY_SECONDS = 5.0
 """After an error (the API server unreachable, the watch refused), the next attempt waits this long."""
+
+
+class WatchEnded(Exception):
+    """The API server ended the watch with an error event: it is opened again."""
 
 
 class PodNotice(BaseModel):
@@ -65,7 +69,11 @@ def _annotation_values(pod: OwnPod, stop: threading.Event) -> Iterator[str | Non
         if stop.is_set():
             stream.stop()
             return
-        obj: Any = event["object"]
+        kind, obj = event.get("type"), event.get("object")
+        if kind == "ERROR":  # e.g. 410 Gone, the watch too old: open it again
+            raise WatchEnded(f"the watch ended: {obj}"[:200])
+        if kind not in ("ADDED", "MODIFIED") or getattr(obj, "metadata", None) is None:
+            continue  # a bookmark, the pod's deletion, or what the client could not make a pod of
         if obj.metadata.name != pod.name:
             continue
         yield (obj.metadata.annotations or {}).get(protocol.ANNOTATION_NOTICE)
