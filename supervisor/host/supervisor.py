@@ -292,6 +292,7 @@ class HostSupervisor:
         if (
             isinstance(served, ServedHost)
             and not served.sigterm.begun
+            and not served.retired  # its host is served elsewhere now: nothing to hand over
             and self._leading() is None
             and self.membership is not None
             and self.site.pod(self.machine) is not None

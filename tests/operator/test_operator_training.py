@@ -17,6 +17,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -287,6 +288,34 @@ async def test_the_leaders_pod_deleted_mid_training_hands_the_job_over_with_noth
     assert done["step"] == SHORT_STEPS
     assert done["restarts"].get("host_lost", 0) >= 1, done["restarts"]
     assert done["paramsFingerprint"] == await fault_free_fingerprint(tmp_path, SHORT_STEPS)
+
+
+async def announce_maintenance_of_host_1(kube: Kube, cluster: FakeTpuCluster) -> None:
+    """GKE's label on host 1's node: its VM goes for maintenance in two minutes."""
+    node = kube.pods(NS)["tiny-lm-s0-w1"]["spec"]["nodeName"]
+    labels = {"cloud.google.com/scheduled-maintenance-time": str(int(time.time()) + 120)}
+    await kube.put_node({"metadata": {"name": node, "labels": labels}})
+
+
+async def test_a_node_announced_for_maintenance_has_its_host_handed_over_first_with_no_step_lost(
+    tmp_path: Path,
+):
+    """The whole announced path in a cluster: the operator puts the notice on the pod of the labelled
+    node, its supervisor (watching its own pod) tells the leader, every host saves the same step and
+    holds, host 1's supervisor is retired and the operator makes its new pod on the spare node, and
+    the job restarts from the saved step: nothing trained again, the fault-free parameters."""
+    done = await short_job(tmp_path, disrupt=(8, announce_maintenance_of_host_1))
+    assert done["phase"] == "Succeeded", done
+    assert done["step"] == SHORT_STEPS
+    # One restart, for the announced loss; `replace` counts the operator's new pod for host 1.
+    assert done["restarts"] == {"announced_loss": 1, "replace": 1}, done["restarts"]
+    assert done["paramsFingerprint"] == await fault_free_fingerprint(tmp_path, SHORT_STEPS)
+    leader_log = "".join(
+        log.read_text() for log in (tmp_path / "cluster" / "pods").glob(f"*/{LEADER_POD}.log")
+    )
+    [saved] = re.findall(r"step (\d+) saved on every host and replicated for host 1", leader_log)
+    assert f"generation 1 starting from step {saved}" in leader_log
+    assert "maintenance announced for host 1" in leader_log
 
 
 async def test_a_paused_leader_is_replaced_and_once_resumed_writes_nothing(tmp_path: Path):
