@@ -68,7 +68,7 @@ dashboards: install
 	$(BIN)/python -m slicekeeper.dashboards charts/slicekeeper/dashboards
 
 test: lint typecheck layers system-tools
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest --durations=25 $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/recovery.py

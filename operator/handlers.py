@@ -41,7 +41,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from slicekeeper.operator.cluster import LIST_PAGE_SIZE, PLURAL, VERSION, Cluster
@@ -63,7 +63,7 @@ from slicekeeper.operator.notices import (
     notice_change,
 )
 from slicekeeper.operator.pod_store import PodStore
-from slicekeeper.operator.render import GROUP, LABEL_JOB, manifests, render
+from slicekeeper.operator.render import GROUP, LABEL_JOB, LABEL_SLICE, manifests, render
 
 from slicekeeper import credentials, protocol
 from slicekeeper.api import TrainingJob, parse_training_job
@@ -217,11 +217,12 @@ def register(
             for pod in pods:  # a deletion that failed in the update handler
                 cluster.delete_pod(namespace, pod["metadata"]["name"])
             return
+        slice_signals = _slice_signals(pods)
         for pod in pods:  # level-based too: a node that went NotReady before its pods were known
             if not store.node_ready(pod["spec"]["nodeName"]):
                 cluster.delete_pod(namespace, pod["metadata"]["name"])
                 continue
-            seen, signal = store.node_signal(pod["spec"]["nodeName"])
+            seen, signal = slice_signals.get(_slice_of(pod), (False, None))
             if seen:  # (a pod that reached an announcing node after the node's event)
                 _give_notice(pod, signal)
         if len(pods) < job.total_hosts:
@@ -346,6 +347,18 @@ def register(
                 message=f"pod {name} re-created ({reason}); avoiding nodes: {avoided}",
             )
 
+    def _slice_signals(pods: list[dict[str, Any]]) -> dict[str | None, tuple[bool, NodeSignal | None]]:
+        """Per slice of the job, what its nodes announce: a host event on one VM of a multi-host TPU
+        slice interrupts the whole slice (docs/operations.md), so each of its pods gets the notice of
+        the first of its nodes that announces one. Seen: a node of the slice announces, or every node
+        of it was seen (no notice is taken off on the word of a node not seen yet)."""
+        found: dict[str | None, tuple[bool, NodeSignal | None]] = {}
+        for pod in pods:
+            seen, signal = store.node_signal(pod["spec"]["nodeName"])
+            all_seen, first = found.get(_slice_of(pod), (True, None))
+            found[_slice_of(pod)] = (all_seen and seen, first or signal)
+        return {part: (all_seen or signal is not None, signal) for part, (all_seen, signal) in found.items()}
+
     def _give_notice(pod: dict[str, Any], signal: NodeSignal | None) -> None:
         """Put the notice of `signal` on the pod (or take its notice off: None), unless it says so."""
         metadata = pod["metadata"]
@@ -384,6 +397,11 @@ def register(
             *_where(owner), {"phase": "Failed", "conditions": with_condition(conditions, failed)}
         )
         _post_warning(owner, reason="JobFailed", message=message)
+
+
+def _slice_of(pod: dict[str, Any]) -> str | None:
+    """The slice a pod of the job serves (its label), None for one without it."""
+    return cast(str | None, ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_SLICE))
 
 
 def _left_for_its_leader(pod: dict[str, Any]) -> bool:

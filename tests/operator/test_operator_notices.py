@@ -99,3 +99,24 @@ async def test_an_impending_termination_is_a_preemption_due_when_the_pods_grace_
         written = pod_writes(kube)
         await asyncio.sleep(SETTLE_SECONDS)  # time passes: the notice's `at` is not moved on
         assert pod_writes(kube) == written and notices(kube) == held
+
+
+async def test_a_host_event_on_one_vm_of_a_slice_reaches_every_pod_of_that_slice():
+    """GKE: a host event on one VM of a multi-host TPU slice interrupts the whole slice. Slice 1's two
+    pods on two nodes, one labelled: both get the notice (the job's timer extends it), slice 0 none."""
+    async with emulated_cluster() as kube, operator(kube):
+        await kube.apply(example())
+        await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
+        ready = {"conditions": [{"type": "Ready", "status": "True"}]}
+        for name in ("tpu-a", "tpu-b", "tpu-c"):
+            await kube.put_node(
+                {"metadata": {"name": name}, "spec": {"taints": [TPU_TAINT]}, "status": ready}
+            )
+        for name in NAMES:
+            node = "tpu-a" if "-s0-" in name else ("tpu-b" if name.endswith("-w0") else "tpu-c")
+            await kube.patch_pod(NS, name, {"spec": {"nodeName": node}, "status": {"phase": "Running"}})
+        await kube.put_node({"metadata": {"name": "tpu-c", "labels": {MAINTENANCE_LABEL: "1767225600"}}})
+        held = await eventually(lambda: len(notices(kube)) == 2 and notices(kube), what="slice 1's notices")
+        assert sorted(held) == [n for n in NAMES if "-s1-" in n]
+        await asyncio.sleep(SETTLE_SECONDS)
+        assert sorted(notices(kube)) == [n for n in NAMES if "-s1-" in n]  # none on slice 0's pods
