@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import tempfile
 from collections.abc import Callable
@@ -51,6 +52,30 @@ def _run(args: argparse.Namespace) -> int:
     report = asyncio.run(runtime.run())
     if report["state"] != "succeeded":
         raise JobFailed(report.get("failure_reason") or report["state"])
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from slicekeeper.supervisor.fleet.costs import CostModel, with_settings
+    from slicekeeper.supervisor.fleet.failures import failure_model
+    from slicekeeper.supervisor.fleet.projection import project, scenario, table
+
+    job = _with_checked_policy(load_training_job(args.file), job_file=args.file, policy=args.policy)
+    costs = with_settings(CostModel(step_seconds=args.step_seconds), args.cost)
+    figures = project(
+        scenario(
+            job,
+            chips=args.chips,
+            slices=args.slices,
+            days=args.days,
+            failures=failure_model(args.failures),
+            costs=costs,
+            spares=args.spares,
+            seed=args.seed,
+            max_restarts=args.max_restarts,
+        )
+    )
+    print(json.dumps(figures) if args.json else table(figures))
     return 0
 
 
@@ -242,6 +267,29 @@ def parser() -> argparse.ArgumentParser:
         "auto (default): live on a terminal, plain otherwise",
     )
     run.set_defaults(handler=_run)
+    simulate = commands.add_parser(
+        "simulate",
+        help="project a TrainingJob's goodput at its real size over days, failures at published rates "
+        "(docs/simulator.md)",
+    )
+    simulate.add_argument("file", type=Path, help="TrainingJob YAML")
+    size = simulate.add_mutually_exclusive_group()
+    size.add_argument("--chips", type=_whole, help="scale the job to this many chips (whole slices)")
+    size.add_argument("--slices", type=_whole, help="scale the job to this many slices")
+    simulate.add_argument("--days", type=float, default=30.0, help="simulated days (default 30)")
+    simulate.add_argument(
+        "--failures", default="llama3", help="failure model: llama3, kokolis or a YAML file (default llama3)"
+    )
+    simulate.add_argument("--step-seconds", type=float, default=10.0, help="the job's step time (default 10)")
+    simulate.add_argument("--spares", type=_whole, help="spare machines (default: one per 64 hosts)")
+    simulate.add_argument("--policy", type=Path, help="remediation policy file (overrides spec.policy.file)")
+    simulate.add_argument(
+        "--cost", action="append", default=[], help="a cost model setting, NAME=VALUE (repeatable)"
+    )
+    simulate.add_argument("--max-restarts", type=_whole, help="a job-wide restart cap (default: none)")
+    simulate.add_argument("--seed", type=int, default=0, help="the failure schedule's seed (default 0)")
+    simulate.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    simulate.set_defaults(handler=_simulate)
     policy = commands.add_parser("policy", help="work with remediation policies")
     policy_commands = policy.add_subparsers(dest="policy_command", required=True)
     replay = policy_commands.add_parser(

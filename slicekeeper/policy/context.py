@@ -361,8 +361,17 @@ _SPEC_NAMES = {Level.RESTART: "restart", Level.REPLACE: "replace", Level.SCALE_D
 
 
 def _replace_problem(context: Context, host: int) -> str | None:
-    if host not in context.world.hosts:
-        return f"host {host} is not an active host of the job (active: {_ranges(context.world.hosts)})"
+    world = context.world
+    # By its slice: the hosts of 25,000 are not listed for each decision, nor named in its refusal.
+    if not 0 <= host < world.full_slices * world.hosts_per_slice or (
+        host // world.hosts_per_slice not in world.active_slices
+    ):
+        return (
+            f"host {host} is not an active host of the job (active: {_ranges(world.hosts)})"
+            if len(world.active_slices) * world.hosts_per_slice <= MAX_LISTED
+            else f"host {host} is not an active host of the job (its slice is not one of the "
+            f"{len(world.active_slices)} active)"
+        )
     if context.spares < 1:
         return "no spare is available"
     return _budget_problem(context, Level.REPLACE)
@@ -385,6 +394,10 @@ def _scale_up_problem(context: Context) -> str | None:
     if context.world.restorable_slices < 1:
         return "no dropped slice can be restored now (world.restorable_slices is 0)"
     return None
+
+
+MAX_LISTED = 64
+"""A refusal lists the active hosts up to this many (beyond: how many slices are active)."""
 
 
 def _ranges(hosts: tuple[int, ...]) -> str:

@@ -315,12 +315,11 @@ def _stop(state: RestartState, event: FaultStop, rule: RestartRule) -> Outcome:
         restarts=state.restarts + 1,
         ack_deadline=True,
     )
-    stop = SendStop(
-        state.generation,
-        event.kind,
-        None if event.planned else event.host,
-        tuple(h for h in event.world if h in event.live),
-    )
+    # Set operations, not a loop in Python: at 25,000 hosts a stop costs a few milliseconds less,
+    # which the fleet simulator pays once per simulated failure.
+    live = event.live
+    to = event.world if live.issuperset(event.world) else tuple(h for h in event.world if h in live)
+    stop = SendStop(state.generation, event.kind, None if event.planned else event.host, to)
     return stopping, [record, WriteJournal(), stop, ArmAckDeadline(state.generation)]
 
 
@@ -328,7 +327,7 @@ def _start_if_ready(state: RestartState, readiness: Readiness) -> Outcome:
     """Start once every live active member acked its stop and nothing holds the start."""
     if state.phase is not JobState.STOPPING or state.starting or readiness.holding:
         return state, []
-    if not {h for h in readiness.world if h in readiness.live} <= state.stopped:
+    if not readiness.live.intersection(readiness.world) <= state.stopped:
         return state, []
     starting = dataclasses.replace(state, starting=True, ack_deadline=False)
     return starting, [CancelAckDeadline(), StartGeneration()]

@@ -1,0 +1,91 @@
+"""What each part of a recovery costs, as a function of the job's size, step time and shard size.
+
+Every default names its source (docs/simulator.md has the table): this project's own measurements
+where it has one (the control-plane benchmark, the recovery breakdown, the H200 program-cache run),
+a published figure otherwise, and an assumption, said as such, where there is neither. Every field
+can be set from the command line (`slicekeeper simulate --cost NAME=VALUE`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from slicekeeper.errors import UserError
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class CostModel:
+    step_seconds: float = 10.0
+    """The job's step time (`--step-seconds`)."""
+    shard_gb: float = 4.0
+    """Checkpoint bytes per host: a 70B-parameter model with Adam state (16 bytes a parameter) over
+    256 hosts is 4.4 GB (assumption: set it to the job's own)."""
+    crash_detect_seconds: float = 0.5
+    """A workload's exit is seen by its supervisor at once; the leader hears of it in one round trip
+    (0.03 s measured locally: docs/benchmarks.md, recovery); rounded up for a cluster's network."""
+    hang_floor_seconds: float = 2.0
+    """spec.health.hangTimeoutFloorSeconds: a hang is declared after max(floor, factor x step p95)."""
+    hang_factor: float = 3.0
+    """spec.health.hangTimeoutFactor."""
+    lost_detect_seconds: float = 5.0
+    """A machine gone without a word: the connection deadline (spec.health.connectionDeadlineSeconds)."""
+    restart_round_base_seconds: float = 0.15
+    restart_round_per_host_seconds: float = 0.00019
+    """The leader's stop-and-start round: 0.18 s at 1,000 hosts, 1.01 s at 5,000, 1.92 s at 10,000
+    (benchmarks/control_plane_scale.py, docs/benchmarks.md): about 0.19 ms a host."""
+    distributed_init_seconds: float = 10.0
+    """jax.distributed.initialize and the megascale mesh at thousands of hosts (assumption: no
+    published figure; 0.5 s measured with four local processes)."""
+    program_load_seconds: float = 2.0
+    """Compiled programs loaded from the program cache: 1.7-2.1 s on an H200 (issue 29's measurement)."""
+    program_compile_seconds: float = 15.2
+    """Compiled afresh (a world that never ran: a scale-down): 15.2 s on the same H200 run."""
+    local_gb_per_second: float = 5.0
+    """Reading and verifying a shard from the host's own RAM disk (assumption)."""
+    peer_gb_per_second: float = 1.25
+    """Fetching a shard from a peer over a 10 Gb/s data-center network (assumption: the DCN link)."""
+    persistent_gb_per_second: float = 0.25
+    """Reading a shard from an object store, per host (assumption: GCS per-VM reads of a few hundred MB/s)."""
+    snapshot_gb_per_second: float = 10.0
+    """The blocking part of a local save, a copy of the shard in memory (assumption); the write
+    runs in the background (docs/workload-sdk.md)."""
+    replacement_seconds: float = 300.0
+    """A new machine for a lost one (a node provisioned and its pod started): GKE TPU node creation
+    takes minutes (assumption); also the time a spare takes to come back to the pool."""
+    recreate_pods_seconds: float = 130.0
+    """Recreating every pod of the job (the restart-from-persistent baseline): JobSet measured 2 min 10 s
+    at 5,000 nodes (REFERENCES.md)."""
+
+    def restart_round(self, hosts: int) -> float:
+        return self.restart_round_base_seconds + self.restart_round_per_host_seconds * hosts
+
+    def hang_detect(self) -> float:
+        return max(self.hang_floor_seconds, self.hang_factor * self.step_seconds)
+
+    def restore(self, gb_per_second: float) -> float:
+        return self.shard_gb / gb_per_second
+
+    def snapshot(self) -> float:
+        return self.shard_gb / self.snapshot_gb_per_second
+
+
+def with_settings(model: CostModel, settings: list[str]) -> CostModel:
+    """`model` with `NAME=VALUE` settings applied; UserError naming a setting that is not a field."""
+    fields = {f.name for f in dataclasses.fields(CostModel)}
+    changes: dict[str, float] = {}
+    for setting in settings:
+        name, eq, value = setting.partition("=")
+        if not eq or name not in fields:
+            raise UserError(
+                f"--cost {setting!r}: expected NAME=VALUE with NAME one of {', '.join(sorted(fields))}"
+            )
+        try:
+            changes[name] = float(value)
+        except ValueError:
+            raise UserError(f"--cost {setting!r}: {value!r} is not a number") from None
+        if changes[name] < 0:
+            raise UserError(f"--cost {setting!r}: must not be negative")
+    return dataclasses.replace(model, **changes)
