@@ -152,3 +152,12 @@ def test_simulate_prints_one_json_object_with_the_baselines():
     assert figures.keys() >= {"goodput", "baselines", "badput_seconds", "decisions"}
     assert set(figures["baselines"]) == {"restart from persistent", "no spares"}
     assert figures["chips"] == 4096 and 0 < figures["goodput"] <= 1
+
+
+def test_the_benchmark_prints_a_row_and_the_figures_of_each_size(capsys):
+    from benchmarks import simulate as bench
+
+    assert bench.main(["--chips", "512", "--days", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:4] == ["chips", "days", "failures", "goodput"]
+    assert lines[1].split()[0] == "512" and json.loads(lines[2])["chips"] == 512
