@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from slicekeeper.api import TrainingJob, load_training_job
+from slicekeeper.chaos import ChaosKind
 from slicekeeper.errors import JobFailed, UserError
 
 
@@ -238,7 +239,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--chaos",
         help="faults to inject, e.g. 'kill:host=1@step=30,lose:host=2@step=60' "
-        "(kinds: kill, hang, lose, corrupt, slow, spare; docs/local-mode.md)",
+        f"(kinds: {', '.join(k.value for k in ChaosKind)}; docs/local-mode.md)",
     )
     run.add_argument("--report", type=Path, help="report JSON path (default: <run dir>/report.json)")
     run.add_argument("--hosts", type=_positive, help="local host processes (overrides spec.local.hosts)")
