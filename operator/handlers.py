@@ -333,7 +333,7 @@ def register(
         job = _job(owner)
         if _left_for_its_leader(pod):  # its node is not at fault: the new pod may go there again
             pod = {**pod, "spec": {**(pod.get("spec") or {}), "nodeName": None}}
-        fresh = replacement(render(job, job.spec.policy.source), pod)
+        fresh = replacement(render(job, job.spec.policy.source), pod, store.announcing())
         fresh["metadata"]["namespace"] = _where(owner)[0]
         swaps = int((pod["metadata"].get("annotations") or {}).get(HOT_SWAPS_ANNOTATION, 0)) + 1
         fresh["metadata"].setdefault("annotations", {})[HOT_SWAPS_ANNOTATION] = str(swaps)

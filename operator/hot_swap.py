@@ -14,6 +14,7 @@ both.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 from slicekeeper.operator.render import GROUP, Manifest, RenderedJob
@@ -57,13 +58,16 @@ def avoided_nodes(pod: dict[str, Any]) -> list[str]:
     return nodes
 
 
-def replacement(rendered: RenderedJob, pod: dict[str, Any]) -> Manifest:
-    """A fresh pod for the same host as `pod`, kept off the nodes that host failed on."""
+def replacement(rendered: RenderedJob, pod: dict[str, Any], going: Sequence[str] = ()) -> Manifest:
+    """A fresh pod for the same host as `pod`, kept off the nodes that host failed on and off the
+    nodes `going` (they announce their loss: a pod there would be handed over again)."""
     host = rendered.layout.host(int(pod["metadata"]["labels"][f"{GROUP}/host"]))
     fresh = copy.deepcopy(rendered.pod(host))
-    nodes = avoided_nodes(pod)
+    failed_on = avoided_nodes(pod)
+    if failed_on:  # the host's history, carried on to its next replacement
+        fresh["metadata"].setdefault("annotations", {})[AVOID_ANNOTATION] = ",".join(failed_on)
+    nodes = failed_on + [node for node in going if node not in failed_on]
     if nodes:
-        fresh["metadata"].setdefault("annotations", {})[AVOID_ANNOTATION] = ",".join(nodes)
         required = {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": nodes}]}
         fresh["spec"]["affinity"]["nodeAffinity"] = {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [required]}

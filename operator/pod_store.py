@@ -230,6 +230,11 @@ class PodStore:
                 return False, None
             return True, self._signals[name]
 
+    def announcing(self) -> list[str]:
+        """The nodes that announce a loss now (a maintenance, a termination), sorted."""
+        with self._lock:
+            return sorted(name for name, signal in self._signals.items() if signal is not None)
+
     def node_ready(self, name: str | None) -> bool:
         """False for a node last seen NotReady (unknown nodes and unbound pods are not judged)."""
         with self._lock:

@@ -146,8 +146,10 @@ def test_a_restore_of_an_older_step_is_caught_by_the_restore_check(tmp_path, tor
 
 def test_a_host_loading_another_hosts_shard_is_caught_by_the_fingerprint(tmp_path, torch_clean):
     report = run_misrestoring(tmp_path, "other-host:1")
-    # The steps trained again (4 or 5) depend on where the hosts stood when the kill landed.
-    assert [(cause, step) for cause, step, _ in recovery_summary(report)] == [("crash", 40)]
+    # Which step is restored depends on when the kill lands: the supervisor fires it once it has
+    # read the step's begin, which on a loaded machine was 5 steps later (restore 50, not 40: a
+    # fresh clone's run beside a simulator benchmark). nothing_lost checks it is the newest held.
+    assert [cause for cause, _, _ in recovery_summary(report)] == ["crash"]
     assert report["params_fingerprint"].startswith("diverged:1:")  # slice 1 disagrees with slice 0
     fingerprint, clean_fingerprint = report["params_fingerprint"], torch_clean["params_fingerprint"]
     assert nothing_lost(report, torch_clean) == [

@@ -134,3 +134,37 @@ def test_the_store_remembers_what_each_node_announced_and_which_pods_run_there()
     assert store.observe_signal("tpu-a", None) == MAINTENANCE
     store.forget_node("tpu-a")
     assert store.node_signal("tpu-a") == (False, None)
+
+
+def test_the_store_lists_the_nodes_that_announce_a_loss():
+    store = PodStore()
+    store.observe_signal("tpu-a", MAINTENANCE)
+    store.observe_signal("tpu-b", None)
+    assert store.announcing() == ["tpu-a"]
+
+
+def test_a_replacement_is_kept_off_the_nodes_that_announce_a_loss_but_does_not_remember_them():
+    """A pod made there would only be handed over again; once the maintenance is done the node is
+    fine, so the host's own history (the avoid-nodes annotation) keeps only where it failed."""
+    from slicekeeper.operator.hot_swap import AVOID_ANNOTATION, replacement
+    from slicekeeper.operator.render import render
+
+    from slicekeeper.api import TrainingJob
+    from tests.support.operator_example import example
+
+    rendered = render(TrainingJob.model_validate(example()))
+    failed = {
+        "metadata": {"labels": {"slicekeeper.dev/host": "1"}, "annotations": {}},
+        "spec": {"nodeName": "tpu-b"},
+    }
+    fresh = replacement(rendered, failed, ["tpu-c"])
+    [term] = fresh["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"][0]["values"] == ["tpu-b", "tpu-c"]
+    assert fresh["metadata"]["annotations"][AVOID_ANNOTATION] == "tpu-b"
+    # Negative control: with no node announcing, only the node it failed on is avoided.
+    plain = replacement(rendered, failed)
+    assert plain["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ][0]["matchExpressions"][0]["values"] == ["tpu-b"]
