@@ -59,8 +59,8 @@ class CostModel:
     """Recreating every pod of the job (the restart-from-persistent baseline): JobSet measured 2 min 10 s
     at 5,000 nodes (REFERENCES.md)."""
 
-    def restart_round(self, hosts: int) -> float:
-        return self.restart_round_base_seconds + self.restart_round_per_host_seconds * hosts
+    def restart_round(self, host_count: int) -> float:
+        return self.restart_round_base_seconds + self.restart_round_per_host_seconds * host_count
 
     def hang_detect(self) -> float:
         return max(self.hang_floor_seconds, self.hang_factor * self.step_seconds)

@@ -154,8 +154,8 @@ def failure_model(name_or_file: str) -> FailureModel:
     return FailureModel(str(data.get("name", path.stem)), str(data.get("source", path)), categories)
 
 
-def schedule(model: FailureModel, *, chips: int, hosts: int, seconds: float, seed: int) -> list[Failure]:
-    """The failures of a run of `seconds` on `hosts` hosts holding `chips` chips, at the model's rates
+def schedule(model: FailureModel, *, chips: int, host_count: int, seconds: float, seed: int) -> list[Failure]:
+    """The failures of a run of `seconds` on `host_count` hosts holding `chips` chips, at the model's rates
     (a Poisson process per category), each on a host drawn at random, in time order."""
     rng = np.random.default_rng(seed)
     days = seconds / 86_400
@@ -163,6 +163,6 @@ def schedule(model: FailureModel, *, chips: int, hosts: int, seconds: float, see
     for category in model.categories:
         count = int(rng.poisson(category.per_chip_day * chips * days))
         times = rng.uniform(0.0, seconds, size=count)
-        where = rng.integers(0, hosts, size=count)
+        where = rng.integers(0, host_count, size=count)
         failures += [Failure(float(t), int(h), category) for t, h in zip(times, where, strict=True)]
     return sorted(failures, key=lambda f: f.t)

@@ -95,7 +95,9 @@ def project(s: Scenario) -> dict[str, Any]:
     started = time.perf_counter()
     job = _job(s, s.spares)
     seconds = s.days * 86_400
-    failures = schedule(s.failures, chips=job.chips, hosts=job.shape.host_count, seconds=seconds, seed=s.seed)
+    failures = schedule(
+        s.failures, chips=job.chips, host_count=job.shape.host_count, seconds=seconds, seed=s.seed
+    )
     engine = PolicyEngine.from_spec(s.training_job.spec.policy)
     product = Simulation(job, s.costs, engine).run(failures, seconds)
     no_spares = Simulation(

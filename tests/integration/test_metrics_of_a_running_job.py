@@ -392,11 +392,14 @@ def test_a_parked_host_shows_the_generation_it_is_parked_in(tmp_path_factory):
 
 
 def test_every_spare_gets_a_metrics_port_of_its_own_and_can_take_over(tmp_path_factory):
-    """Two hosts lost, two spares waiting: both are swapped in, with a metrics base port set."""
+    """Two hosts lost, two spares waiting: both are swapped in, with a metrics base port set. The
+    second loss comes 3 s into training: a spare's supervisor starts with the hosts, and on this
+    2-core machine the second had not registered 1 s in (step 20: a fresh clone's run scaled down
+    instead, no spare being there yet)."""
     run = run_scraped(
         tmp_path_factory.mktemp("spares"),
-        "lose:host=1@step=10,lose:host=3@step=20",
-        40,
+        "lose:host=1@step=10,lose:host=3@step=60",
+        80,
         local={"spares": 2},
     )
     assert run.report["hot_swaps"]["hosts"] == [1, 3]

@@ -42,11 +42,11 @@ def test_the_llama3_model_has_the_papers_rate():
 
 
 def test_a_schedule_draws_the_models_rate_on_hosts_of_the_job_in_time_order():
-    found = schedule(fleet_failures.LLAMA3, chips=16_384, hosts=4_096, seconds=54 * DAY, seed=3)
+    found = schedule(fleet_failures.LLAMA3, chips=16_384, host_count=4_096, seconds=54 * DAY, seed=3)
     assert abs(len(found) - 466) < 4 * math.sqrt(466)
     assert [f.t for f in found] == sorted(f.t for f in found)
     assert all(0 <= f.host < 4_096 for f in found)
-    assert found == schedule(fleet_failures.LLAMA3, chips=16_384, hosts=4_096, seconds=54 * DAY, seed=3)
+    assert found == schedule(fleet_failures.LLAMA3, chips=16_384, host_count=4_096, seconds=54 * DAY, seed=3)
 
 
 def test_with_no_failure_the_only_badput_is_the_saves():
@@ -113,7 +113,7 @@ def test_the_jobs_restart_rule_applies():
 
 
 def test_the_restart_from_persistent_baseline_loses_more_than_the_product():
-    found = schedule(fleet_failures.LLAMA3, chips=4_096, hosts=1_024, seconds=10 * DAY, seed=1)
+    found = schedule(fleet_failures.LLAMA3, chips=4_096, host_count=1_024, seconds=10 * DAY, seed=1)
     shape = Job(JobShape(512, 2, 4), 1, 10, 100, 16, RestartRule(10**9))
     product = Simulation(shape, COSTS, PolicyEngine()).run(found, 10 * DAY)
     baseline = Simulation(shape, COSTS, None, mode=Mode.PERSISTENT_RESTART).run(found, 10 * DAY)
