@@ -34,7 +34,8 @@ from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier, P
 from slicekeeper.supervisor.host import partition
 from slicekeeper.supervisor.leader.election import LEASE_FILE, read_lease_file
 from slicekeeper.supervisor.live_view import ProgressMode, run_view
-from slicekeeper.supervisor.plan import JobPlan, free_port
+from slicekeeper.supervisor.plan import JobPlan
+from slicekeeper.supervisor.ports import free_port
 from slicekeeper.supervisor.tls import JobTls
 from slicekeeper.supervisor.workload_process import die_with_parent
 

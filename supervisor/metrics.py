@@ -187,5 +187,12 @@ class SupervisorMetrics:
 
     def serve(self, port: int, address: str = "127.0.0.1") -> int:
         """Serve /metrics; returns the bound port (0 picks a free one)."""
-        server, _thread = start_http_server(port, addr=address, registry=self.registry)
+        try:
+            server, _thread = start_http_server(port, addr=address, registry=self.registry)
+        except OSError as error:
+            raise OSError(
+                error.errno,
+                f"cannot serve metrics on {address}:{port} (spec.local.metricsPort or the "
+                f"pod's metrics port): {error.strerror}",
+            ) from error
         return int(server.server_port)

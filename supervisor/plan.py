@@ -7,7 +7,6 @@ rendered environment. Validated data only: the TrainingJob inside was checked by
 from __future__ import annotations
 
 import json
-import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,9 +75,3 @@ class JobPlan:
     def read(cls, path: Path) -> JobPlan:
         fields: dict[str, Any] = json.loads(path.read_text())
         return cls(**{**fields, "shape": JobShape(**fields["shape"])})
-
-
-def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket() as probe:
-        probe.bind((address, 0))
-        return int(probe.getsockname()[1])

@@ -33,7 +33,8 @@ from slicekeeper.supervisor.host.workload import GO_VARIABLES, own_cores
 from slicekeeper.supervisor.leader.capacity import Replacements, pod_replacements, spare_pool
 from slicekeeper.supervisor.leader.election import Election, Holder, cluster_election, local_election
 from slicekeeper.supervisor.own_pod import OwnPod
-from slicekeeper.supervisor.plan import JobPlan, free_port
+from slicekeeper.supervisor.plan import JobPlan
+from slicekeeper.supervisor.ports import free_port
 
 from slicekeeper import protocol
 from slicekeeper.shape import HostId, JobLayout

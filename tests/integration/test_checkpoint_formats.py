@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from slicekeeper.supervisor.plan import free_port
+from slicekeeper.supervisor.ports import free_port
 
 from tests.support.cli_runs import ROOT, run_cli
 from tests.support.example_runs import final_params, run_example

@@ -10,6 +10,7 @@ against the run's own record of what happened: the report and each host's event 
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import json
 import threading
@@ -22,10 +23,10 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from slicekeeper.supervisor.ports import free_port_block
 
 from tests.support.cli_runs import (
     documented_metrics,
-    free_port_block,
     read_report,
     sdk_loop_fingerprint,
     sdk_loop_job,
@@ -82,8 +83,8 @@ class Scraper:
                 try:
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
                         text = response.read().decode()
-                except OSError:
-                    continue  # not up yet, or gone
+                except (OSError, http.client.HTTPException):
+                    continue  # not up yet, or gone (mid-answer)
                 samples = {
                     (sample.name, frozenset(sample.labels.items())): sample.value
                     for family in text_string_to_metric_families(text)

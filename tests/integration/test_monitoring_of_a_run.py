@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
+from slicekeeper.supervisor.ports import free_port_block
 
 from tests.support.cli_runs import (
-    free_port_block,
     read_report,
     sdk_loop_fingerprint,
     sdk_loop_job,

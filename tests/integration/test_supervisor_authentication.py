@@ -19,11 +19,11 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 from slicekeeper.supervisor.leader.election import LEASE_FILE, read_lease_file
+from slicekeeper.supervisor.ports import free_port_block
 
 from slicekeeper import credentials
 from tests.support import intruder
 from tests.support.cli_runs import (
-    free_port_block,
     read_report,
     sdk_loop_fingerprint,
     sdk_loop_job,

@@ -25,7 +25,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from slicekeeper.supervisor.plan import free_port
+from slicekeeper.supervisor.ports import free_port
 
 from tests.support import chart
 from tests.support.dashboards import committed, panel_queries

@@ -29,7 +29,6 @@ import os
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import termios
@@ -417,26 +416,3 @@ def supervisor_of(run_dir: str, host: int) -> int:
             if all(part in command for part in wanted) and b"--restart" not in command:
                 return int(entry.name)
     raise LookupError(f"no supervisor of host {host} runs for {run_dir}")
-
-
-def free_port_block(size: int) -> int:
-    """A port P such that P .. P+size-1 are free now."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + size > 65535:
-            continue
-        try:
-            held = []
-            for port in range(base, base + size):
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-    raise RuntimeError("no block of free ports")

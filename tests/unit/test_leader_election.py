@@ -27,7 +27,7 @@ from slicekeeper.supervisor.leader.election import (
     read_lease_file,
 )
 from slicekeeper.supervisor.leader.members import Members
-from slicekeeper.supervisor.plan import free_port
+from slicekeeper.supervisor.ports import free_port
 
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import coordinator, eventually

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from slicekeeper.supervisor import leader_connection
 from slicekeeper.supervisor.host.site import METRICS_TARGETS_DIR, LocalSite, PodSite, site_of
-from slicekeeper.supervisor.plan import free_port
+from slicekeeper.supervisor.ports import free_port
 
 from slicekeeper import protocol
 from tests.support.plans import example_plan
