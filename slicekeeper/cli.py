@@ -62,6 +62,14 @@ def _simulate(args: argparse.Namespace) -> int:
     from slicekeeper.supervisor.fleet.projection import project, scenario, table
 
     job = _with_checked_policy(load_training_job(args.file), job_file=args.file, policy=args.policy)
+    if args.replay is not None:
+        from slicekeeper.supervisor.fleet.replay import comparison, replay
+
+        figures = replay(job, args.replay, costs_from=args.costs_from, spares=args.spares)
+        print(json.dumps(figures) if args.json else comparison(figures))
+        return 0
+    if args.costs_from is not None:
+        raise UserError("--costs-from goes with --replay")
     costs = with_settings(CostModel(step_seconds=args.step_seconds), args.cost)
     figures = project(
         scenario(
@@ -289,6 +297,19 @@ def parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--max-restarts", type=_whole, help="a job-wide restart cap (default: none)")
     simulate.add_argument("--seed", type=int, default=0, help="the failure schedule's seed (default 0)")
+    simulate.add_argument(
+        "--replay",
+        type=Path,
+        metavar="REPORT.json",
+        help="predict a recorded `slicekeeper run` (its faults, step time and measured costs) and print "
+        "the predicted goodput beside the measured one",
+    )
+    simulate.add_argument(
+        "--costs-from",
+        type=Path,
+        metavar="REPORT.json",
+        help="with --replay: take every recovery cost from this other run instead",
+    )
     simulate.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     simulate.set_defaults(handler=_simulate)
     policy = commands.add_parser("policy", help="work with remediation policies")

@@ -39,6 +39,9 @@ class CostModel:
     distributed_init_seconds: float = 10.0
     """jax.distributed.initialize and the megascale mesh at thousands of hosts (assumption: no
     published figure; 0.5 s measured with four local processes)."""
+    prep_seconds: float = 0.0
+    """The workload's own set-up before its restore (data pipeline, model built): 0.03-0.15 s for
+    the example loop (a replay measures it); a job's own figure otherwise (assumption: overlapped)."""
     program_load_seconds: float = 2.0
     """Compiled programs loaded from the program cache: 1.7-2.1 s on an H200 (issue 29's measurement)."""
     program_compile_seconds: float = 15.2

@@ -40,6 +40,9 @@ class Effect(StrEnum):
     checkpoint included, so an older one is restored."""
     MAINTENANCE = "maintenance"
     """A loss announced ahead (planned maintenance): saved for and handed over before it comes."""
+    CAPACITY = "capacity"
+    """Not a failure: a machine comes back (a replayed run's spare joining), for a dropped slice or
+    the spare pool."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,9 @@ class Failure:
     t: float
     host: int
     category: Category
+    step: int | None = None
+    """A replayed run's fault came at a step (chaos `@step=S`): it comes when the job first reaches
+    that step, whatever the time; `t` is then only the time it came in the real run."""
 
 
 LLAMA3_GPU_DAYS = 16_384 * 54

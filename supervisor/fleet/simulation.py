@@ -57,6 +57,9 @@ class Job:
     """Steps between persistent saves (the restart-from-persistent baseline's checkpoints)."""
     spares: int
     rule: RestartRule
+    new_machines: bool = True
+    """In a cluster a lost host gets a new machine (later) even with no spare standing by, and a
+    dropped slice's machines come back; a local run (a replay) has only its spares."""
 
     @property
     def chips(self) -> int:
@@ -74,16 +77,18 @@ class Result:
     """Fault kind -> seconds from each failure to training again."""
     failures: int = 0
     failure_reason: str | None = None
+    steps: float = 0.0
+    """Steps done at the end."""
 
     @property
     def goodput(self) -> float:
         return self.chip_seconds[Category.PRODUCTIVE] / (self.chips * self.seconds)
 
-    def badput_seconds(self) -> dict[str, float]:
+    def badput_seconds(self, digits: int = 1) -> dict[str, float]:
         """Each category's chip-seconds as seconds of the whole job (they add up with the productive
         time to the simulated span)."""
         return {
-            c: round(v / self.chips, 1)
+            c: round(v / self.chips, digits)
             for c, v in sorted(self.chip_seconds.items())
             if c != Category.PRODUCTIVE and v > 0
         }
@@ -122,21 +127,59 @@ class Simulation:
         )
 
     # --- the run ------------------------------------------------------------------------------
-    def run(self, failures: list[Failure], seconds: float) -> Result:
+    def run(
+        self,
+        failures: list[Failure],
+        seconds: float,
+        *,
+        start: dict[str, float] | None = None,
+        until_step: int | None = None,
+        end_seconds: float = 0.0,
+    ) -> Result:
+        """The job over `seconds` with `failures`. `start`: the first start's seconds by category (by
+        default the cost model's distributed init, prep and compile). `until_step`: the job ends when
+        it has done that many steps (a replayed run ended there), `end_seconds` later."""
         self.result = Result(self.name, seconds, self.job.chips)
+        for category, spent in (start if start is not None else self._first_start()).items():
+            self._stall(category, spent)
         for failure in failures:
             if self.state.over:
                 break
-            self._train_until(min(failure.t, seconds), seconds)
-            if failure.t >= seconds:
-                break
+            if failure.step is not None:  # just before the step it came in
+                if until_step is not None and failure.step > until_step:
+                    break
+                self._train_to_step(failure.step - 1, seconds)
+                if self.now >= seconds:
+                    break
+            else:
+                if until_step is not None and self.now + self._seconds_to_step(until_step) <= failure.t:
+                    break
+                self._train_until(min(failure.t, seconds), seconds)
+                if failure.t >= seconds:
+                    break
             self._fail(failure)
-        if not self.state.over:
+        if until_step is not None and not self.state.over:
+            self._train_to_step(until_step, seconds)
+            self._stall(Category.OTHER, max(0.0, min(end_seconds, seconds - self.now)))
+            self.result.seconds = self.now
+        elif not self.state.over:
             self._train_until(seconds, seconds)
         if self.state.phase is JobState.FAILED and self.now < seconds:
-            self.result.chip_seconds[Category.OTHER] += (seconds - self.now) * self.job.chips
+            if until_step is None:
+                self.result.chip_seconds[Category.OTHER] += (seconds - self.now) * self.job.chips
+            else:
+                self.result.seconds = self.now
             self.result.failure_reason = self.state.failure_reason
+        self.result.steps = self.steps
         return self.result
+
+    def _first_start(self) -> dict[str, float]:
+        c = self.costs
+        return {
+            Category.TPU_INITIALIZATION: c.distributed_init_seconds,
+            Category.TRAINING_PREP: c.prep_seconds,
+            Category.PROGRAM_STARTUP: c.program_compile_seconds,
+        }
 
     def _world_hosts(self) -> tuple[int, ...]:
         """The hosts of the active slices (kept while they stay the same: 25,000 of them)."""
@@ -165,20 +208,54 @@ class Simulation:
             self._capacity_returned()
         self._train(until - self.now)
 
+    def _train_to_step(self, step: int, end: float) -> None:
+        """Train until the job has done `step` steps (or `end` comes), capacity coming back on the way
+        offered to the policy (a scale-up goes back to a checkpoint: the target is reached later)."""
+        while not self.state.over and self.steps < step and self.now < end:
+            until = min(end, self.now + self._seconds_to_step(step))
+            if self.slice_returns and self.slice_returns[0] <= until:
+                self._train_until(self.slice_returns[0], end)
+                continue
+            self._train(until - self.now)
+            if until < end:
+                self._set_steps(float(step))  # exact: no rounding left over
+
+    def _interval(self) -> int:
+        return self.job.interval if self.mode is Mode.SLICEKEEPER else self.job.persistent_interval
+
+    def _steps_after(self, seconds: float) -> float:
+        """The steps done after training `seconds` from now: a step every step_seconds, a blocking
+        save each time a checkpoint step is passed (not the one a restore started from)."""
+        c, interval, done = self.costs, self._interval(), self.steps
+        to_boundary = (math.floor(done / interval) + 1) * interval - done
+        if seconds <= to_boundary * c.step_seconds:
+            return done + seconds / c.step_seconds
+        seconds -= to_boundary * c.step_seconds
+        cycles, rest = divmod(seconds, c.snapshot() + interval * c.step_seconds)
+        return done + to_boundary + cycles * interval + max(0.0, rest - c.snapshot()) / c.step_seconds
+
+    def _seconds_to_step(self, step: float) -> float:
+        """How long training takes from now to `step` steps done (0 when they are)."""
+        if step <= self.steps:
+            return 0.0
+        interval = self._interval()
+        saves = max(0, math.ceil(step / interval) - 1 - math.floor(self.steps / interval))
+        return (step - self.steps) * self.costs.step_seconds + saves * self.costs.snapshot()
+
     def _train(self, seconds: float) -> None:
         if seconds <= 0:
             return
-        c = self.costs
-        interval = self.job.interval if self.mode is Mode.SLICEKEEPER else self.job.persistent_interval
-        cycle = interval * c.step_seconds + c.snapshot()
-        cycles, rest = divmod(seconds, cycle)
-        steps = cycles * interval + min(rest / c.step_seconds, interval)
-        self._book(Category.PRODUCTIVE, steps * c.step_seconds)
-        self._book(Category.CHECKPOINT_SAVE, seconds - steps * c.step_seconds)
-        self.steps += steps
-        self.local_step = int(self.steps // self.job.interval) * self.job.interval
-        self.persistent_step = int(self.steps // self.job.persistent_interval) * self.job.persistent_interval
+        reached = self._steps_after(seconds)
+        productive = (reached - self.steps) * self.costs.step_seconds
+        self._book(Category.PRODUCTIVE, productive)
+        self._book(Category.CHECKPOINT_SAVE, seconds - productive)
+        self._set_steps(reached)
         self.now += seconds
+
+    def _set_steps(self, steps: float) -> None:
+        self.steps = steps
+        self.local_step = int(steps // self.job.interval) * self.job.interval
+        self.persistent_step = int(steps // self.job.persistent_interval) * self.job.persistent_interval
 
     def _stall(self, category: str, seconds: float) -> None:
         self._book(category, seconds)
@@ -203,8 +280,11 @@ class Simulation:
     def _fail(self, failure: Failure) -> None:
         assert self.result is not None
         effect = failure.category.effect
-        if self.job.shape.slice_of(failure.host) not in self.active:
+        if effect is not Effect.CAPACITY and self.job.shape.slice_of(failure.host) not in self.active:
             return  # a machine of a dropped slice: nothing trains there
+        if effect is Effect.CAPACITY:
+            self._machine_back()
+            return
         self.result.failures += 1
         started = self.now
         if self.mode is Mode.PERSISTENT_RESTART:
@@ -317,7 +397,7 @@ class Simulation:
             generation=self.state.generation,
             # As in a cluster (leader.capacity.PodReplacements): with no spare standing by, the
             # operator still makes a new machine for a host, only later.
-            spares=self.spares or 1,
+            spares=self.spares or int(self.job.new_machines),
             scores={},
             world=self._world(),
         )
@@ -346,8 +426,9 @@ class Simulation:
                 dropped = set(action.slices) or {self.job.shape.slice_of(host)}
                 if len(self.active - dropped) >= self.job.min_slices:
                     self.active -= dropped
-                    self.slice_returns += [self.now + self.costs.replacement_seconds] * len(dropped)
-                    self.slice_returns.sort()
+                    if self.job.new_machines:
+                        self.slice_returns += [self.now + self.costs.replacement_seconds] * len(dropped)
+                        self.slice_returns.sort()
             elif isinstance(action, policy.Fail):
                 self.state, _ = machine.transition(self.state, machine.JobFails(action.reason), self.job.rule)
             elif isinstance(action, (policy.RestartInJob, policy.Ignore)):
@@ -358,6 +439,12 @@ class Simulation:
         while self.spare_returns and self.spare_returns[0] <= self.now:
             self.spare_returns.pop(0)
             self.spares += 1
+
+    def _machine_back(self) -> None:
+        """A machine joined: a dropped slice may come back with it, else it waits as a spare."""
+        self.spares += 1
+        if len(self.active) < self.job.shape.slices:
+            self._capacity_returned()
 
     def _capacity_returned(self) -> None:
         """A dropped slice's machines are back: the policy may scale up (a planned stop)."""
@@ -382,6 +469,12 @@ class Simulation:
         self.result.decisions[decision.action.name] += 1
         if not isinstance(decision.action, policy.ScaleUp):
             return
+        # A planned stop: the job trains on to its next checkpoint step and restarts from it.
+        boundary = math.ceil(self.steps / self.job.interval) * self.job.interval
+        self._train(self._seconds_to_step(boundary))
+        self._set_steps(float(boundary))
+        if not self.job.new_machines:
+            self.spares = max(0, self.spares - 1)  # the joined machine stands in for the lost host
         world = self._world_hosts()
         stop = machine.FaultStop(
             0,
@@ -412,6 +505,7 @@ class Simulation:
             return
         self._stall(Category.INFRASTRUCTURE_RECOVERY, c.restart_round(len(world)))
         self._stall(Category.TPU_INITIALIZATION, c.distributed_init_seconds)
+        self._stall(Category.TRAINING_PREP, c.prep_seconds)
         rate = c.peer_gb_per_second if replaced else c.local_gb_per_second
         self._stall(Category.CHECKPOINT_RESTORE, c.restore(rate))
         key = tuple(sorted(self.active))
@@ -446,6 +540,7 @@ class Simulation:
             self.state, machine.StopAcked(frozenset(world), self.state.generation, readiness), self.job.rule
         )
         self._stall(Category.TPU_INITIALIZATION, c.distributed_init_seconds)
+        self._stall(Category.TRAINING_PREP, c.prep_seconds)
         self._stall(Category.CHECKPOINT_RESTORE, c.restore(c.persistent_gb_per_second))
         self._stall(Category.PROGRAM_STARTUP, c.program_compile_seconds)
         self.state, _ = machine.replay(

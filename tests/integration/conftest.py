@@ -1,10 +1,18 @@
-"""What the integration tests share: one fault-free run of the SDK example loop job."""
+"""What the integration tests share: one fault-free run of the SDK example loop job, and the elastic
+episode (a user policy forbidding hot-swap scales down and back up) that the policy tests check and the
+simulator replays."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from tests.support.cli_runs import run_job
+from tests.support.cli_runs import ROOT, run_job
+
+ELASTIC_STEPS = 120
+NO_HOT_SWAP = str(ROOT / "examples" / "policies" / "no_hot_swap.py")
 
 
 @pytest.fixture(scope="session")
@@ -15,3 +23,22 @@ def clean_fingerprint(tmp_path_factory):
     assert result.returncode == 0, result.stderr
     assert report["restores"] == [] and report["hot_swaps"]["count"] == 0
     return report["params_fingerprint"]
+
+
+@pytest.fixture(scope="session")
+def elastic(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The issue's acceptance run: a spare waits, but the user's policy forbids hot-swap."""
+    where = tmp_path_factory.mktemp("elastic")
+    result, report = run_job(
+        where,
+        "--spares",
+        "1",
+        "--policy",
+        NO_HOT_SWAP,
+        "--chaos",
+        "lose:host=3@step=40,spare:+1@step=60",
+        steps=ELASTIC_STEPS,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert report is not None
+    return where, report

@@ -6,34 +6,10 @@ hosts compute the same parameters whatever the world size, so every run ends wit
 parameters (`sdk_loop_fingerprint`).
 """
 
-from pathlib import Path
-from typing import Any
-
-import pytest
-
 from tests.support.cli_runs import ROOT, run_cli, run_job, sdk_loop_fingerprint
 
 STEPS = 120
 NO_HOT_SWAP = str(ROOT / "examples" / "policies" / "no_hot_swap.py")
-
-
-@pytest.fixture(scope="module")
-def elastic(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """The issue's acceptance run: a spare waits, but the user's policy forbids hot-swap."""
-    where = tmp_path_factory.mktemp("elastic")
-    result, report = run_job(
-        where,
-        "--spares",
-        "1",
-        "--policy",
-        NO_HOT_SWAP,
-        "--chaos",
-        "lose:host=3@step=40,spare:+1@step=60",
-        steps=STEPS,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert report is not None
-    return where, report
 
 
 def test_a_healthy_run_reports_no_straggler_and_decides_nothing(tmp_path):

@@ -50,15 +50,25 @@ def test_a_schedule_draws_the_models_rate_on_hosts_of_the_job_in_time_order():
 
 
 def test_with_no_failure_the_only_badput_is_the_saves():
-    result = Simulation(job(), COSTS, PolicyEngine()).run([], DAY)
+    result = Simulation(job(), COSTS, PolicyEngine()).run([], DAY, start={})
     cycle = 10 * COSTS.step_seconds
     assert result.goodput == pytest.approx(cycle / (cycle + COSTS.snapshot()), rel=1e-5)
     assert set(result.badput_seconds()) == {Badput.CHECKPOINT_SAVE}
 
 
+def test_the_first_start_is_booked_by_the_cost_model_unless_given():
+    result = Simulation(job(), COSTS, PolicyEngine()).run([], DAY)
+    booked = result.badput_seconds()
+    assert booked[Badput.TPU_INITIALIZATION] == pytest.approx(COSTS.distributed_init_seconds, abs=0.1)
+    assert booked[Badput.PROGRAM_STARTUP] == pytest.approx(COSTS.program_compile_seconds, abs=0.1)
+    measured = Simulation(job(), COSTS, PolicyEngine()).run([], DAY, start={Badput.OTHER: 3.0})
+    assert measured.badput_seconds()[Badput.OTHER] == pytest.approx(3.0, abs=0.1)
+    assert Badput.PROGRAM_STARTUP not in measured.badput_seconds()
+
+
 def test_a_crash_costs_the_steps_since_the_last_save_and_a_restart_from_the_local_tier():
     at = 500 * (10 * COSTS.step_seconds + COSTS.snapshot()) + 55.0  # 5.5 steps after a save
-    result = Simulation(job(), COSTS, PolicyEngine()).run([crash_at(at)], DAY)
+    result = Simulation(job(), COSTS, PolicyEngine()).run([crash_at(at)], DAY, start={})
     badput = result.badput_seconds()
     assert badput[Badput.WASTED_PROGRESS] == pytest.approx(55.0, abs=0.1)
     restart = COSTS.restart_round(8) + COSTS.crash_detect_seconds
