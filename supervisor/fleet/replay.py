@@ -18,6 +18,7 @@ out and named.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -56,6 +57,9 @@ class Measured:
     """What a run's report and event log say about its costs."""
 
     step_seconds: float
+    """The full world's step time."""
+    world_step_seconds: dict[int, float]
+    """Slices training -> the step time of that world (on one machine fewer hosts share its cores)."""
     start: dict[str, float]
     """The run's first start, launch to its first step, by goodput category (mean over hosts)."""
     end_seconds: float
@@ -101,9 +105,11 @@ def measure(report: dict[str, Any], path: Path, *, interval: int) -> Measured:
     steps = int(report["steps_completed"])
     if steps <= 0 or report["productive_seconds"] <= 0:
         raise UserError(f"--replay {path}: the run completed no step")
-    # A host that took part in every generation kept every step (a dropped slice's hosts kept fewer).
-    step_seconds = max(float(h["productive_seconds"]) for h in report["hosts"]) / steps
     timelines = _timelines(report, path)
+    by_world = world_step_seconds(report, timelines)
+    step_seconds = by_world.get(max(by_world, default=0), 0.0) or (
+        max(float(h["productive_seconds"]) for h in report["hosts"]) / steps
+    )
     start: defaultdict[str, float] = defaultdict(float)
     ends = []
     for timeline in timelines.values():
@@ -122,7 +128,7 @@ def measure(report: dict[str, Any], path: Path, *, interval: int) -> Measured:
     peer: list[float] = []
     for fault in report["faults"]:
         if fault.get("detected_as") and fault.get("detection_seconds") is not None:
-            detection[fault["detected_as"]].append(float(fault["detection_seconds"]))
+            detection[_detected_as(fault, report)].append(float(fault["detection_seconds"]))
         hosts = [h for h in (fault.get("breakdown") or {}).get("hosts", []) if "total" in h]
         if not hosts:
             continue
@@ -137,6 +143,7 @@ def measure(report: dict[str, Any], path: Path, *, interval: int) -> Measured:
     saves = max(1, steps // interval)
     return Measured(
         step_seconds=step_seconds,
+        world_step_seconds=by_world,
         start=dict(start),
         end_seconds=max(0.0, float(report["wall_seconds"]) - statistics.fmean(ends)) if ends else 0.0,
         detection={kind: statistics.fmean(seconds) for kind, seconds in detection.items()},
@@ -146,21 +153,68 @@ def measure(report: dict[str, Any], path: Path, *, interval: int) -> Measured:
     )
 
 
-def cost_model(measured: Measured, *, step_seconds: float) -> CostModel:
-    """A cost model of the measured recoveries (shard_gb 1: the rates are 1 / the seconds)."""
+def _detected_as(fault: dict[str, Any], report: dict[str, Any]) -> str:
+    """What the fault was detected as; `leader_lost` for a lost host that held the lead (the others
+    waited for its lease)."""
+    kind = str(fault["detected_as"])
+    if kind == "host_lost" and fault.get("detected_at") is not None:
+        for change in report.get("leader_changes", []):
+            if change.get("from_host") == fault["host"] and abs(change["at"] - fault["detected_at"]) < 1.0:
+                return "leader_lost"
+    return kind
+
+
+def world_step_seconds(report: dict[str, Any], timelines: dict[int, HostTimeline]) -> dict[int, float]:
+    """Each world's step time (by the number of slices training): the mean time between consecutive
+    steps while it trained (gaps over three times the median left out: saves, restarts), scaled so
+    that the steps kept add up to the productive seconds of the host that took part in every world."""
+    worlds = report.get("world") or []
+    if not worlds:
+        return {}
+    bounds = [float(w["t"]) for w in worlds] + [float(report["wall_seconds"])]
+    ends = [int(w["step"]) for w in worlds[1:]] + [int(report["steps_completed"])]
+    gaps: defaultdict[int, list[float]] = defaultdict(list)
+    kept: defaultdict[int, int] = defaultdict(int)
+    for index, world in enumerate(worlds):
+        slices = len(world["slices"])
+        kept[slices] += max(0, ends[index] - int(world["step"]))
+        for timeline in timelines.values():
+            points = sorted(timeline.steps)
+            gaps[slices] += [
+                t1 - t0
+                for (t0, s0), (t1, s1) in itertools.pairwise(points)
+                if s1 == s0 + 1 and bounds[index] <= t0 and t1 < bounds[index + 1]
+            ]
+    means = {}
+    for slices, found in gaps.items():
+        if found:
+            limit = 3 * statistics.median(found)
+            means[slices] = statistics.fmean(g for g in found if g < limit)
+    if not means:
+        return {}
+    full = means[max(means)]
+    means = {slices: means.get(slices, full) for slices in kept}
+    productive = max(float(h["productive_seconds"]) for h in report["hosts"])
+    scale = productive / max(1e-9, sum(kept[s] * means[s] for s in kept))
+    return {slices: mean * scale for slices, mean in means.items()}
+
+
+def cost_model(measured: Measured, *, step_seconds: float, defaults: CostModel) -> CostModel:
+    """A cost model of the measured recoveries (shard_gb 1: the rates are 1 / the seconds); a fault
+    kind the run never detected keeps `defaults`' detection (the job's spec: its hang timeout)."""
     parts, detection = measured.parts, measured.detection
 
     def rate(seconds: float | None) -> float:
         return 1.0 / max(seconds or 0.0, 1e-6)
 
-    any_detection = statistics.fmean(detection.values()) if detection else 0.0
     return CostModel(
         step_seconds=step_seconds,
         shard_gb=1.0,
-        crash_detect_seconds=detection.get("crash", any_detection),
-        hang_floor_seconds=detection.get("hang", any_detection),
-        hang_factor=0.0,
-        lost_detect_seconds=detection.get("host_lost", any_detection),
+        crash_detect_seconds=detection.get("crash", defaults.crash_detect_seconds),
+        hang_floor_seconds=detection.get("hang", defaults.hang_floor_seconds),
+        hang_factor=0.0 if "hang" in detection else defaults.hang_factor,
+        lost_detect_seconds=detection.get("host_lost", defaults.lost_detect_seconds),
+        leader_lost_detect_seconds=detection.get("leader_lost", defaults.leader_lost_detect_seconds),
         restart_round_base_seconds=parts.get("round", 0.0),
         restart_round_per_host_seconds=0.0,
         distributed_init_seconds=parts.get("distributed_init", 0.0),
@@ -210,7 +264,16 @@ def replay(
     source = measured
     if costs_from is not None:
         source = measure(read_report(costs_from), costs_from, interval=interval)
-    costs = cost_model(source, step_seconds=measured.step_seconds)
+    health = spec.health
+    defaults = CostModel(
+        step_seconds=measured.step_seconds,
+        hang_floor_seconds=health.hang_timeout_floor_seconds,
+        hang_factor=health.hang_timeout_factor,
+        lost_detect_seconds=0.05,  # locally a lost machine's connection closes at once
+        crash_detect_seconds=0.05,
+        leader_lost_detect_seconds=3.7,  # the local lease (3 s) and an election: docs/simulator.md
+    )
+    costs = cost_model(source, step_seconds=measured.step_seconds, defaults=defaults)
     host_slices = [int(h["slice"]) for h in report["hosts"]]
     slices = max(host_slices) + 1
     job = Job(
@@ -224,7 +287,14 @@ def replay(
     )
     failures, skipped = failures_of(report)
     steps = int(report["steps_completed"])
-    predicted = Simulation(job, costs, PolicyEngine.from_spec(spec.policy), name="predicted").run(
+    simulation = Simulation(
+        job,
+        costs,
+        PolicyEngine.from_spec(spec.policy),
+        name="predicted",
+        step_seconds_by_slices=measured.world_step_seconds,
+    )
+    predicted = simulation.run(
         failures,
         100 * float(report["wall_seconds"]) + 3600,
         start=measured.start,

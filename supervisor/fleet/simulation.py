@@ -116,6 +116,11 @@ class Simulation:
     state: machine.RestartState = field(default_factory=machine.RestartState)
     worlds_run: set[tuple[int, ...]] = field(default_factory=set)
     result: Result | None = None
+    step_seconds_by_slices: dict[int, float] = field(default_factory=dict)
+    """A world's step time where it differs from the cost model's (a replay measures each world's:
+    on one machine fewer hosts share its cores)."""
+    leader: int = 0
+    """The host whose supervisor leads: losing its machine is detected when its lease runs out."""
     _hosts_of_world: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
     def __post_init__(self) -> None:
@@ -220,19 +225,23 @@ class Simulation:
             if until < end:
                 self._set_steps(float(step))  # exact: no rounding left over
 
+    def _step_seconds(self) -> float:
+        """The step time of the world that trains now."""
+        return self.step_seconds_by_slices.get(len(self.active), self.costs.step_seconds)
+
     def _interval(self) -> int:
         return self.job.interval if self.mode is Mode.SLICEKEEPER else self.job.persistent_interval
 
     def _steps_after(self, seconds: float) -> float:
         """The steps done after training `seconds` from now: a step every step_seconds, a blocking
         save each time a checkpoint step is passed (not the one a restore started from)."""
-        c, interval, done = self.costs, self._interval(), self.steps
+        c, interval, done, step = self.costs, self._interval(), self.steps, self._step_seconds()
         to_boundary = (math.floor(done / interval) + 1) * interval - done
-        if seconds <= to_boundary * c.step_seconds:
-            return done + seconds / c.step_seconds
-        seconds -= to_boundary * c.step_seconds
-        cycles, rest = divmod(seconds, c.snapshot() + interval * c.step_seconds)
-        return done + to_boundary + cycles * interval + max(0.0, rest - c.snapshot()) / c.step_seconds
+        if seconds <= to_boundary * step:
+            return done + seconds / step
+        seconds -= to_boundary * step
+        cycles, rest = divmod(seconds, c.snapshot() + interval * step)
+        return done + to_boundary + cycles * interval + max(0.0, rest - c.snapshot()) / step
 
     def _seconds_to_step(self, step: float) -> float:
         """How long training takes from now to `step` steps done (0 when they are)."""
@@ -240,13 +249,13 @@ class Simulation:
             return 0.0
         interval = self._interval()
         saves = max(0, math.ceil(step / interval) - 1 - math.floor(self.steps / interval))
-        return (step - self.steps) * self.costs.step_seconds + saves * self.costs.snapshot()
+        return (step - self.steps) * self._step_seconds() + saves * self.costs.snapshot()
 
     def _train(self, seconds: float) -> None:
         if seconds <= 0:
             return
         reached = self._steps_after(seconds)
-        productive = (reached - self.steps) * self.costs.step_seconds
+        productive = (reached - self.steps) * self._step_seconds()
         self._book(Category.PRODUCTIVE, productive)
         self._book(Category.CHECKPOINT_SAVE, seconds - productive)
         self._set_steps(reached)
@@ -263,7 +272,7 @@ class Simulation:
 
     def _roll_back_to(self, step: int) -> None:
         """Steps trained after `step` are thrown away: their time was wasted."""
-        lost = max(0.0, self.steps - step) * self.costs.step_seconds * self._active_chips()
+        lost = max(0.0, self.steps - step) * self._step_seconds() * self._active_chips()
         assert self.result is not None
         self.result.chip_seconds[Category.PRODUCTIVE] -= lost
         self.result.chip_seconds[Category.WASTED_PROGRESS] += lost
@@ -347,7 +356,13 @@ class Simulation:
 
     def _unannounced(self, failure: Failure) -> None:
         effect = failure.category.effect
-        self._stall(Category.INFRASTRUCTURE_RECOVERY, self._detect(effect))
+        hit = self._hosts_hit(failure)
+        if effect is Effect.HOST_LOST and self.leader in hit:
+            # The leader's machine: the others notice when its lease runs out, and one of them leads.
+            self._stall(Category.INFRASTRUCTURE_RECOVERY, self.costs.leader_lost_detect_seconds)
+            self.leader = min((h for h in self._world_hosts() if h not in hit), default=self.leader)
+        else:
+            self._stall(Category.INFRASTRUCTURE_RECOVERY, self._detect(effect))
         kind = FaultKind.CHECKPOINT_INVALID if effect is Effect.CORRUPT else FaultKind(str(effect))
         if not self._stop(failure.host, kind, failure.category.name):
             return

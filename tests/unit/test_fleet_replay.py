@@ -125,3 +125,13 @@ def test_faults_the_simulator_does_not_model_are_named_and_left_out(tmp_path):
     found, skipped = failures_of(json.loads(report_with(tmp_path, faults).read_text()))
     assert [(f.step, f.category.effect) for f in found] == [(30, Effect.CRASH), (50, Effect.CAPACITY)]
     assert skipped == ["slow on host 2 at step 40 (detected as straggler)"]
+
+
+def test_a_smaller_world_trains_at_its_own_measured_step_time():
+    """On one machine fewer hosts share its cores: a replay gives each world its step time."""
+    lost = [at_step(30, Effect.HOST_LOST, host=3)]
+    same = Simulation(local_job(), COSTS, PolicyEngine()).run(lost, 1e6, start={}, until_step=100)
+    faster = Simulation(local_job(), COSTS, PolicyEngine(), step_seconds_by_slices={1: STEP / 2}).run(
+        lost, 1e6, start={}, until_step=100
+    )
+    assert same.seconds - faster.seconds == pytest.approx(80 * STEP / 2, abs=1e-3)  # restored 20 -> 100

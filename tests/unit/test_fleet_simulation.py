@@ -171,3 +171,19 @@ def test_the_benchmark_prints_a_row_and_the_figures_of_each_size(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:4] == ["chips", "days", "failures", "goodput"]
     assert lines[1].split()[0] == "512" and json.loads(lines[2])["chips"] == 512
+
+
+def test_losing_the_leaders_machine_waits_for_its_lease_and_another_host_leads():
+    def recovery(*hosts: int) -> float:
+        lost = [
+            Failure(5_000.0 * (i + 1), h, Category("faulty chip", 0.0, Effect.HOST_LOST))
+            for i, h in enumerate(hosts)
+        ]
+        result = Simulation(job(spares=4), COSTS, PolicyEngine()).run(lost, DAY, start={})
+        return result.badput_seconds(3)[Badput.INFRASTRUCTURE_RECOVERY]
+
+    difference = COSTS.leader_lost_detect_seconds - COSTS.lost_detect_seconds
+    assert recovery(0) - recovery(3) == pytest.approx(difference, abs=1e-3)
+    # Host 1 leads after host 0: its loss waits for the lease too; host 0's new machine does not lead.
+    assert recovery(0, 1) - recovery(0, 3) == pytest.approx(difference, abs=1e-3)
+    assert recovery(0, 0) - recovery(0, 3) == pytest.approx(0.0, abs=1e-3)
