@@ -70,6 +70,8 @@ def _simulate(args: argparse.Namespace) -> int:
         return 0
     if args.costs_from is not None:
         raise UserError("--costs-from goes with --replay")
+    if args.report is not None and not args.report.parent.is_dir():
+        raise UserError(f"--report {args.report}: {args.report.parent} is not a directory")
     costs = with_settings(CostModel(step_seconds=args.step_seconds), args.cost)
     figures = project(
         scenario(
@@ -82,7 +84,8 @@ def _simulate(args: argparse.Namespace) -> int:
             spares=args.spares,
             seed=args.seed,
             max_restarts=args.max_restarts,
-        )
+        ),
+        report=args.report,
     )
     print(json.dumps(figures) if args.json else table(figures))
     return 0
@@ -309,6 +312,13 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="REPORT.json",
         help="with --replay: take every recovery cost from this other run instead",
+    )
+    simulate.add_argument(
+        "--report",
+        type=Path,
+        metavar="PATH",
+        help="also write slicekeeper's simulated run as a run's report (its page and policy event log "
+        "beside it)",
     )
     simulate.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     simulate.set_defaults(handler=_simulate)

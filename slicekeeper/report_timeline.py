@@ -163,6 +163,19 @@ def _clock(seconds: float, minutes: bool) -> str:
     return f"{seconds:g} s"
 
 
+TIME_UNITS = ((2 * 86_400, 86_400, "d"), (3 * 3_600, 3_600, "h"))
+"""(axis length from which, unit seconds, name): a simulated run of weeks is labelled in days."""
+
+
+def time_ticks(end: float, count: int = 10) -> list[tuple[float, str]]:
+    """Round times from 0 to `end` with their labels: days or hours on a long axis (a simulated run),
+    `m:ss` from three minutes, seconds below."""
+    for longer_than, unit, name in TIME_UNITS:
+        if end >= longer_than:
+            return [(t * unit, f"{t:g} {name}") for t in nice_ticks(end / unit, count)]
+    return [(t, _clock(t, minutes=end >= 180)) for t in nice_ticks(end, count)]
+
+
 def _thinned(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """At most the first and the last point of each pixel column (a long run has far more steps than
     the chart has pixels), in order."""
@@ -342,7 +355,7 @@ def timeline(report: dict[str, Any], timelines: dict[int, HostTimeline]) -> Time
         top=top,
         progress_bottom=progress_bottom,
         lanes_bottom=lanes_bottom,
-        x_ticks=[Tick(x(t), _clock(t, minutes=end >= 180)) for t in nice_ticks(end, 10)],
+        x_ticks=[Tick(x(t), label) for t, label in time_ticks(end)],
         y_ticks=[Tick(y(s), f"{s:g}") for s in nice_ticks(top_step, 5)],
         lines=lines,
         lanes=lanes,

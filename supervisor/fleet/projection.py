@@ -12,11 +12,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor.fleet.costs import CostModel
 from slicekeeper.supervisor.fleet.failures import FailureModel, schedule
-from slicekeeper.supervisor.fleet.simulation import Job, Mode, Result, Simulation, young_interval_steps
+from slicekeeper.supervisor.fleet.outcome import Job, Mode, Result
+from slicekeeper.supervisor.fleet.simulation import Simulation, young_interval_steps
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 
 from slicekeeper.api import TrainingJob
@@ -90,8 +92,10 @@ def _job(s: Scenario, spares: int) -> Job:
     )
 
 
-def project(s: Scenario) -> dict[str, Any]:
-    """Run the product and both baselines on the same failures; the figures as one JSON object."""
+def project(s: Scenario, report: Path | None = None) -> dict[str, Any]:
+    """Run the product and both baselines on the same failures; the figures as one JSON object.
+    `report`: the product's run is also written there as a run's report, with its policy event log
+    and page beside it (supervisor.fleet.report_file)."""
     started = time.perf_counter()
     job = _job(s, s.spares)
     seconds = s.days * 86_400
@@ -107,7 +111,7 @@ def project(s: Scenario) -> dict[str, Any]:
         job, s.costs, None, mode=Mode.PERSISTENT_RESTART, name="restart from persistent"
     ).run(failures, seconds)
     rate = s.failures.per_chip_day * job.chips / 86_400
-    return {
+    figures = {
         "job": s.training_job.metadata.name,
         "chips": job.chips,
         "hosts": job.shape.host_count,
@@ -128,6 +132,27 @@ def project(s: Scenario) -> dict[str, Any]:
         "runs": {r.name: _figures(r) for r in (product, no_spares, baseline)},
         "wall_seconds": round(time.perf_counter() - started, 2),
     }
+    if report is not None:
+        figures["report"] = _write_report(s, product, figures, report)
+    return figures
+
+
+def _write_report(s: Scenario, product: Result, figures: dict[str, Any], path: Path) -> dict[str, str]:
+    """The product's run as a report file, its policy event log and its page; their paths."""
+    from slicekeeper.supervisor.fleet import report_file
+
+    from slicekeeper.report_page import write_page
+
+    simulated = {k: v for k, v in figures.items() if k not in ("runs", "wall_seconds")}
+    report = report_file.simulated_report(
+        product, job=s.training_job.metadata.name, step_seconds=s.costs.step_seconds, simulated=simulated
+    )
+    written, events = report_file.write(report, product, path)
+    try:
+        page = write_page({**report, "events_log": str(events)}, written)
+    except OSError as error:
+        raise UserError(f"--report {path}: cannot write the page: {error}") from None
+    return {"report": str(written), "events_log": str(events), "page": str(page)}
 
 
 def _figures(result: Result) -> dict[str, Any]:
@@ -170,4 +195,6 @@ def table(figures: dict[str, Any]) -> str:
     ]
     if figures["failure_reason"]:
         lines.append(f"  the job failed: {figures['failure_reason']}")
+    if "report" in figures:
+        lines += [f"  {name.replace('_', ' ')}: {where}" for name, where in figures["report"].items()]
     return "\n".join(lines)

@@ -27,7 +27,8 @@ from typing import Any
 
 from slicekeeper.supervisor.fleet.costs import CostModel
 from slicekeeper.supervisor.fleet.failures import Category, Effect, Failure
-from slicekeeper.supervisor.fleet.simulation import Job, Simulation
+from slicekeeper.supervisor.fleet.outcome import Job
+from slicekeeper.supervisor.fleet.simulation import Simulation
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 
 from slicekeeper.api import TrainingJob

@@ -19,82 +19,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from slicekeeper.supervisor.fleet.costs import CostModel
 from slicekeeper.supervisor.fleet.failures import Effect, Failure
+from slicekeeper.supervisor.fleet.outcome import Job, Mode, Result
+from slicekeeper.supervisor.fleet.policy_events import policy_events
 from slicekeeper.supervisor.leader import restart_machine as machine
 from slicekeeper.supervisor.leader.journal import JobState
-from slicekeeper.supervisor.leader.restart_rule import RestartRule
 
 from slicekeeper import policy
 from slicekeeper.goodput import Category
 from slicekeeper.policy.engine import PolicyEngine
 from slicekeeper.policy.events import FaultKind
-from slicekeeper.shape import JobShape
 
 EPOCH = 1_800_000_000.0
 """Simulated time 0 as Unix time, for the policy's budget windows."""
-
-
-class Mode(StrEnum):
-    SLICEKEEPER = "slicekeeper"
-    """The product: in-job restarts from the local tier, hot-swaps from the peer tier, the policy."""
-    PERSISTENT_RESTART = "restart from persistent"
-    """What most jobs do today: every pod recreated, every host restored from the persistent tier, a
-    lost machine waited for."""
-
-
-@dataclass(frozen=True)
-class Job:
-    shape: JobShape
-    min_slices: int
-    interval: int
-    """Steps between local saves (spec.checkpoint.interval)."""
-    persistent_interval: int
-    """Steps between persistent saves (the restart-from-persistent baseline's checkpoints)."""
-    spares: int
-    rule: RestartRule
-    new_machines: bool = True
-    """In a cluster a lost host gets a new machine (later) even with no spare standing by, and a
-    dropped slice's machines come back; a local run (a replay) has only its spares."""
-
-    @property
-    def chips(self) -> int:
-        return self.shape.host_count * self.shape.devices_per_host
-
-
-@dataclass
-class Result:
-    name: str
-    seconds: float
-    chips: int
-    chip_seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
-    decisions: Counter[str] = field(default_factory=Counter)
-    recoveries: dict[str, list[float]] = field(default_factory=dict)
-    """Fault kind -> seconds from each failure to training again."""
-    failures: int = 0
-    failure_reason: str | None = None
-    steps: float = 0.0
-    """Steps done at the end."""
-
-    @property
-    def goodput(self) -> float:
-        return self.chip_seconds[Category.PRODUCTIVE] / (self.chips * self.seconds)
-
-    def badput_seconds(self, digits: int = 1) -> dict[str, float]:
-        """Each category's chip-seconds as seconds of the whole job (they add up with the productive
-        time to the simulated span)."""
-        return {
-            c: round(v / self.chips, digits)
-            for c, v in sorted(self.chip_seconds.items())
-            if c != Category.PRODUCTIVE and v > 0
-        }
-
-    def mean_recovery(self) -> dict[str, float]:
-        return {k: round(sum(v) / len(v), 1) for k, v in sorted(self.recoveries.items()) if v}
 
 
 @dataclass
@@ -147,6 +87,10 @@ class Simulation:
         self.result = Result(self.name, seconds, self.job.chips)
         for category, spent in (start if start is not None else self._first_start()).items():
             self._stall(category, spent)
+        slices = sorted(self.active)
+        self.result.worlds.append(
+            {"t": self.now, "step": 0, "generation": 0, "slices": slices, "hosts": self.job.shape.host_count}
+        )
         for failure in failures:
             if self.state.over:
                 break
@@ -295,14 +239,30 @@ class Simulation:
             self._machine_back()
             return
         self.result.failures += 1
-        started = self.now
+        started, step = self.now, int(self.steps)
         if self.mode is Mode.PERSISTENT_RESTART:
-            self._restart_from_persistent(failure)
+            kind, detection = self._restart_from_persistent(failure)
         elif effect is Effect.MAINTENANCE:
-            self._announced(failure)
+            kind, detection = self._announced(failure)
         else:
-            self._unannounced(failure)
+            kind, detection = self._unannounced(failure)
         self.result.recoveries.setdefault(str(effect), []).append(self.now - started)
+        resumed = None if self.state.over else self.now
+        self.result.faults.append(
+            {
+                "kind": str(effect),
+                "host": failure.host,
+                "step": step,
+                "fired_at": started,
+                "detected_as": kind.value,
+                "detected_at": started + detection,
+                "resumed_at": resumed,
+                "productive_at": None,
+                "detection_seconds": round(detection, 3),
+                "recovery_seconds": None if resumed is None else round(resumed - started - detection, 3),
+                "detail": failure.category.name,
+            }
+        )
 
     def _detect(self, effect: Effect) -> float:
         c = self.costs
@@ -313,81 +273,54 @@ class Simulation:
             Effect.CORRUPT: c.crash_detect_seconds,
         }.get(effect, 0.0)
 
-    def _events(self, failure: Failure) -> list[policy.Event]:
-        """The policy events a failure is decided as (a whole slice's: one per host)."""
-        t, step, generation = EPOCH + self.now, int(self.steps), self.state.generation
-        effect, name = failure.category.effect, failure.category.name
-        hosts = self._hosts_hit(failure)
-        if effect is Effect.CRASH:
-            return [
-                policy.Crash(t=t, step=step, generation=generation, host=hosts[0], exit_code=1, detail=name)
-            ]
-        if effect is Effect.HANG:
-            silent = self.costs.hang_detect()
-            return [policy.Hang(t=t, step=step, generation=generation, host=hosts[0], silent_seconds=silent)]
-        if effect is Effect.CORRUPT:
-            return [
-                policy.CheckpointInvalid(
-                    t=t,
-                    step=step,
-                    generation=generation,
-                    host=hosts[0],
-                    reason="nonfinite_loss",
-                    checkpoint_step=step,
-                )
-            ]
-        if effect is Effect.MAINTENANCE:
-            return [
-                policy.AnnouncedLoss(
-                    t=t,
-                    step=step,
-                    generation=generation,
-                    host=h,
-                    cause="maintenance",
-                    seconds_left=3600.0,
-                    saved_step=step,
-                )
-                for h in hosts
-            ]
-        return [
-            policy.HostLost(t=t, step=step, generation=generation, host=h, machine=f"machine-{h}")
-            for h in hosts
-        ]
+    def _events_of(self, failure: Failure) -> list[policy.Event]:
+        return policy_events(
+            failure,
+            self._hosts_hit(failure),
+            t=EPOCH + self.now,
+            step=int(self.steps),
+            generation=self.state.generation,
+            hang_seconds=self.costs.hang_detect(),
+        )
 
-    def _unannounced(self, failure: Failure) -> None:
+    def _unannounced(self, failure: Failure) -> tuple[FaultKind, float]:
+        """Detected, stopped, rolled back to the newest good save, decided on, restarted."""
         effect = failure.category.effect
         hit = self._hosts_hit(failure)
+        detection = self._detect(effect)
         if effect is Effect.HOST_LOST and self.leader in hit:
             # The leader's machine: the others notice when its lease runs out, and one of them leads.
-            self._stall(Category.INFRASTRUCTURE_RECOVERY, self.costs.leader_lost_detect_seconds)
+            detection = self.costs.leader_lost_detect_seconds
             self.leader = min((h for h in self._world_hosts() if h not in hit), default=self.leader)
-        else:
-            self._stall(Category.INFRASTRUCTURE_RECOVERY, self._detect(effect))
+        self._stall(Category.INFRASTRUCTURE_RECOVERY, detection)
         kind = FaultKind.CHECKPOINT_INVALID if effect is Effect.CORRUPT else FaultKind(str(effect))
         if not self._stop(failure.host, kind, failure.category.name):
-            return
+            return kind, detection
         restore = self.local_step
         if effect is Effect.CORRUPT:  # the newest step holds the bad state too
             restore = max(0, self.local_step - self.job.interval)
         self._roll_back_to(restore)
-        replaced = self._decide_all(self._events(failure))
+        replaced = self._decide_all(self._events_of(failure))
         self._start(replaced)
+        return kind, detection
 
-    def _announced(self, failure: Failure) -> None:
+    def _announced(self, failure: Failure) -> tuple[FaultKind, float]:
         """Saved at the notice (one snapshot), then decided on, then restarted from the saved step."""
         self._stall(Category.CHECKPOINT_SAVE, self.costs.snapshot())
         self.local_step = int(self.steps)
-        if not self._stop(failure.host, FaultKind.ANNOUNCED_LOSS, failure.category.name):
-            return
-        replaced = self._decide_all(self._events(failure))
-        self._roll_back_to(self.local_step)
-        self._start(replaced)
+        if self._stop(failure.host, FaultKind.ANNOUNCED_LOSS, failure.category.name):
+            replaced = self._decide_all(self._events_of(failure))
+            self._roll_back_to(self.local_step)
+            self._start(replaced)
+        return FaultKind.ANNOUNCED_LOSS, 0.0
 
     def _stop(self, host: int, kind: FaultKind, detail: str) -> bool:
         """The stop through the real state machine; False when its rule failed the job."""
         world = self._world_hosts()
         event = machine.FaultStop(host, kind, detail, EPOCH + self.now, frozenset(world), world)
         self.state, _ = machine.transition(self.state, event, self.job.rule)
+        assert self.result is not None
+        self.result.restarts[kind.value] += 1
         return self.state.phase is JobState.STOPPING
 
     # --- decisions ----------------------------------------------------------------------------
@@ -405,7 +338,7 @@ class Simulation:
     def _decide(self, event: policy.Event) -> policy.Action:
         assert self.engine is not None and self.result is not None
         self._spares_back()
-        decision, _ = self.engine.decide(
+        decision, context = self.engine.decide(
             event,
             now=EPOCH + self.now,
             step=int(self.steps),
@@ -416,11 +349,12 @@ class Simulation:
             scores={},
             world=self._world(),
         )
-        self.result.decisions[decision.action.name] += 1
+        self.result.decided(decision, context, step=int(self.steps), generation=self.state.generation)
         return decision.action
 
     def _decide_all(self, events: list[policy.Event]) -> set[int]:
         """The policy's decisions on `events`, applied; the hosts handed to spares."""
+        assert self.result is not None
         replaced: set[int] = set()
         for event in events:
             host = getattr(event, "host", None)
@@ -430,6 +364,16 @@ class Simulation:
             if isinstance(action, policy.Wait):
                 self._stall(Category.INFRASTRUCTURE_RECOVERY, action.seconds)
                 action = self._decide(dataclasses.replace(event, t=EPOCH + self.now))
+            if isinstance(action, policy.ReplaceHost):
+                swap = len(self.result.hot_swaps)
+                self.result.hot_swaps.append(
+                    {
+                        "host": action.host,
+                        "spare": swap,
+                        "machine": f"spare-{swap}" if self.spares > 0 else f"new-machine-{swap}",
+                        "generation": self.state.generation,
+                    }
+                )
             if isinstance(action, policy.ReplaceHost) and self.spares > 0:
                 self.spares -= 1
                 self.spare_returns.append(self.now + self.costs.replacement_seconds)
@@ -440,6 +384,7 @@ class Simulation:
             elif isinstance(action, policy.ScaleDown) and host is not None:
                 dropped = set(action.slices) or {self.job.shape.slice_of(host)}
                 if len(self.active - dropped) >= self.job.min_slices:
+                    self._scaled("down", self.active - dropped, event.kind.value)
                     self.active -= dropped
                     if self.job.new_machines:
                         self.slice_returns += [self.now + self.costs.replacement_seconds] * len(dropped)
@@ -449,6 +394,23 @@ class Simulation:
             elif isinstance(action, (policy.RestartInJob, policy.Ignore)):
                 pass
         return replaced
+
+    def _scaled(self, kind: str, to: set[int], reason: str) -> None:
+        assert self.result is not None
+        per = self.job.shape.hosts_per_slice
+        self.result.scale_events.append(
+            {
+                "t": self.now,
+                "kind": kind,
+                "step": int(self.steps),
+                "generation": self.state.generation,
+                "from_slices": sorted(self.active),
+                "to_slices": sorted(to),
+                "from_hosts": len(self.active) * per,
+                "to_hosts": len(to) * per,
+                "reason": reason,
+            }
+        )
 
     def _spares_back(self) -> None:
         while self.spare_returns and self.spare_returns[0] <= self.now:
@@ -471,7 +433,7 @@ class Simulation:
         dropped = set(range(self.job.shape.slices)) - self.active
         if not dropped:
             return
-        decision, _ = self.engine.decide(
+        decision, context = self.engine.decide(
             event,
             now=EPOCH + self.now,
             step=int(self.steps),
@@ -481,7 +443,7 @@ class Simulation:
             world=dataclasses.replace(self._world(), restorable_slices=1),
         )
         assert self.result is not None
-        self.result.decisions[decision.action.name] += 1
+        self.result.decided(decision, context, step=int(self.steps), generation=self.state.generation)
         if not isinstance(decision.action, policy.ScaleUp):
             return
         # A planned stop: the job trains on to its next checkpoint step and restarts from it.
@@ -502,6 +464,7 @@ class Simulation:
         )
         self.state, _ = machine.transition(self.state, stop, self.job.rule)
         self._roll_back_to(self.local_step)
+        self._scaled("up", self.active | {min(dropped)}, "capacity_returned")
         self.active.add(min(dropped))
         self._start(set(self.job.shape.hosts_of(min(dropped))))
 
@@ -529,18 +492,17 @@ class Simulation:
         self._stall(
             Category.PROGRAM_STARTUP, c.program_compile_seconds if first_time else c.program_load_seconds
         )
-        self.state, _ = machine.replay(
-            self.state, [machine.Started(self.state.generation + 1), machine.Progressed()], self.job.rule
-        )
+        self._started()
 
-    def _restart_from_persistent(self, failure: Failure) -> None:
+    def _restart_from_persistent(self, failure: Failure) -> tuple[FaultKind, float]:
         """The baseline: every pod recreated (a lost machine waited for), every host restored from the
         persistent tier's newest checkpoint."""
         c = self.costs
         effect = failure.category.effect
-        self._stall(Category.INFRASTRUCTURE_RECOVERY, max(self._detect(effect), c.lost_detect_seconds))
+        detection = max(self._detect(effect), c.lost_detect_seconds)
+        self._stall(Category.INFRASTRUCTURE_RECOVERY, detection)
         if not self._stop(failure.host, FaultKind.HOST_LOST, failure.category.name):
-            return
+            return FaultKind.HOST_LOST, detection
         restore = self.persistent_step
         if effect is Effect.CORRUPT:
             restore = max(0, restore - self.job.persistent_interval)
@@ -558,9 +520,27 @@ class Simulation:
         self._stall(Category.TRAINING_PREP, c.prep_seconds)
         self._stall(Category.CHECKPOINT_RESTORE, c.restore(c.persistent_gb_per_second))
         self._stall(Category.PROGRAM_STARTUP, c.program_compile_seconds)
+        self._started()
+        return FaultKind.HOST_LOST, detection
+
+    def _started(self) -> None:
+        """The next generation trains: the state machine hears it, the report's world its slices."""
         self.state, _ = machine.replay(
             self.state, [machine.Started(self.state.generation + 1), machine.Progressed()], self.job.rule
         )
+        assert self.result is not None
+        self.result.generations = self.state.generation + 1
+        slices = sorted(self.active)
+        if not self.result.worlds or self.result.worlds[-1]["slices"] != slices:
+            self.result.worlds.append(
+                {
+                    "t": self.now,
+                    "step": int(self.steps),
+                    "generation": self.state.generation,
+                    "slices": slices,
+                    "hosts": len(slices) * self.job.shape.hosts_per_slice,
+                }
+            )
 
 
 def young_interval_steps(costs: CostModel, failures_per_second: float) -> float:

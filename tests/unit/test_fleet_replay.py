@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from slicekeeper.supervisor.fleet.costs import CostModel
 from slicekeeper.supervisor.fleet.failures import Category, Effect, Failure
+from slicekeeper.supervisor.fleet.outcome import Job
 from slicekeeper.supervisor.fleet.replay import failures_of, read_report, replay
-from slicekeeper.supervisor.fleet.simulation import Job, Simulation
+from slicekeeper.supervisor.fleet.simulation import Simulation
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 
 from slicekeeper.api import load_training_job

@@ -14,7 +14,8 @@ import pytest
 from slicekeeper.supervisor.fleet import failures as fleet_failures
 from slicekeeper.supervisor.fleet.costs import CostModel, with_settings
 from slicekeeper.supervisor.fleet.failures import Category, Effect, Failure, failure_model, schedule
-from slicekeeper.supervisor.fleet.simulation import Job, Mode, Simulation
+from slicekeeper.supervisor.fleet.outcome import Job, Mode
+from slicekeeper.supervisor.fleet.simulation import Simulation
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 
 from slicekeeper.errors import UserError
