@@ -60,34 +60,45 @@ def _simulate(args: argparse.Namespace) -> int:
     from slicekeeper.supervisor.fleet.costs import CostModel, with_settings
     from slicekeeper.supervisor.fleet.failures import failure_model
     from slicekeeper.supervisor.fleet.projection import project, scenario, table
+    from slicekeeper.supervisor.fleet.sweep import parse, sweep, sweep_table
 
     job = _with_checked_policy(load_training_job(args.file), job_file=args.file, policy=args.policy)
     if args.replay is not None:
-        from slicekeeper.supervisor.fleet.replay import comparison, replay
-
-        figures = replay(job, args.replay, costs_from=args.costs_from, spares=args.spares)
-        print(json.dumps(figures) if args.json else comparison(figures))
-        return 0
+        return _simulate_replay(args, job)
     if args.costs_from is not None:
         raise UserError("--costs-from goes with --replay")
+    if args.sweep and args.report is not None:
+        raise UserError("--report goes with a single simulation, not --sweep")
     if args.report is not None and not args.report.parent.is_dir():
         raise UserError(f"--report {args.report}: {args.report.parent} is not a directory")
-    costs = with_settings(CostModel(step_seconds=args.step_seconds), args.cost)
-    figures = project(
-        scenario(
-            job,
-            chips=args.chips,
-            slices=args.slices,
-            days=args.days,
-            failures=failure_model(args.failures),
-            costs=costs,
-            spares=args.spares,
-            seed=args.seed,
-            max_restarts=args.max_restarts,
-        ),
-        report=args.report,
+    swept = parse(args.sweep)
+    chosen = scenario(
+        job,
+        chips=args.chips,
+        slices=args.slices,
+        days=args.days,
+        failures=failure_model(args.failures),
+        costs=with_settings(CostModel(step_seconds=args.step_seconds), args.cost),
+        spares=args.spares,
+        seed=args.seed,
+        max_restarts=args.max_restarts,
     )
-    print(json.dumps(figures) if args.json else table(figures))
+    if swept:
+        figures = sweep(chosen, swept, progress=not args.json)
+        print(json.dumps(figures) if args.json else sweep_table(figures))
+    else:
+        figures = project(chosen, report=args.report)
+        print(json.dumps(figures) if args.json else table(figures))
+    return 0
+
+
+def _simulate_replay(args: argparse.Namespace, job: TrainingJob) -> int:
+    from slicekeeper.supervisor.fleet.replay import comparison, replay
+
+    if args.sweep or args.report is not None:
+        raise UserError("--replay predicts one recorded run: no --sweep or --report with it")
+    figures = replay(job, args.replay, costs_from=args.costs_from, spares=args.spares)
+    print(json.dumps(figures) if args.json else comparison(figures))
     return 0
 
 
@@ -312,6 +323,14 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="REPORT.json",
         help="with --replay: take every recovery cost from this other run instead",
+    )
+    simulate.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="NAME=V,V,...",
+        help="run every combination of these settings on the same failures and print each goodput and "
+        "the best (checkpoint.interval, spares, cost.NAME; e.g. checkpoint.interval=5,10,20,spares=0,64)",
     )
     simulate.add_argument(
         "--report",

@@ -76,7 +76,8 @@ def scenario(
     )
 
 
-def _job(s: Scenario, spares: int) -> Job:
+def job_of(s: Scenario, spares: int) -> Job:
+    """The scenario's job as the simulator runs it, with `spares`."""
     spec = s.training_job.spec
     shape = s.training_job.slice_shape
     persistent = (
@@ -97,7 +98,7 @@ def project(s: Scenario, report: Path | None = None) -> dict[str, Any]:
     `report`: the product's run is also written there as a run's report, with its policy event log
     and page beside it (supervisor.fleet.report_file)."""
     started = time.perf_counter()
-    job = _job(s, s.spares)
+    job = job_of(s, s.spares)
     seconds = s.days * 86_400
     failures = schedule(
         s.failures, chips=job.chips, host_count=job.shape.host_count, seconds=seconds, seed=s.seed
@@ -105,7 +106,7 @@ def project(s: Scenario, report: Path | None = None) -> dict[str, Any]:
     engine = PolicyEngine.from_spec(s.training_job.spec.policy)
     product = Simulation(job, s.costs, engine).run(failures, seconds)
     no_spares = Simulation(
-        _job(s, 0), s.costs, PolicyEngine.from_spec(s.training_job.spec.policy), name="no spares"
+        job_of(s, 0), s.costs, PolicyEngine.from_spec(s.training_job.spec.policy), name="no spares"
     ).run(failures, seconds)
     baseline = Simulation(
         job, s.costs, None, mode=Mode.PERSISTENT_RESTART, name="restart from persistent"
