@@ -39,6 +39,7 @@ from slicekeeper.policy.context import (
     World,
     check_action,
 )
+from slicekeeper.policy.costs import RecoveryCosts
 from slicekeeper.policy.events import (
     EVENT_TYPES,
     FAULT_KINDS,
@@ -79,6 +80,7 @@ __all__ = [
     "Ignore",
     "Level",
     "Policy",
+    "RecoveryCosts",
     "ReplaceHost",
     "RestartInJob",
     "ScaleDown",

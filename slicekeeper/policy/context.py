@@ -32,6 +32,7 @@ from slicekeeper.policy.actions import (
     Wait,
 )
 from slicekeeper.policy.codec import fields_from_json, fields_to_json, mapping, typed
+from slicekeeper.policy.costs import RecoveryCosts, expected_cost
 from slicekeeper.policy.events import (
     FAULT_KINDS,
     CapacityReturned,
@@ -189,6 +190,8 @@ class Context:
     scores: Mapping[int, float]
     world: World
     stragglers: tuple[int, ...] = ()
+    costs: RecoveryCosts | None = None
+    """What recoveries cost in this job, where the leader knows (see `expected_cost`)."""
 
     def __post_init__(self) -> None:
         missing = [str(level) for level in Level if level not in self.budgets]
@@ -237,6 +240,11 @@ class Context:
         """How many earlier faults `host` had (see `faults`)."""
         return len(self.faults(host=host, within_seconds=within_seconds))
 
+    def expected_cost(self, action: Action, host: int | None = None) -> float | None:
+        """Seconds of the whole job's training `action` is expected to lose (slicekeeper.policy.costs),
+        `host` the host the event is about; None when this context has no recovery costs."""
+        return None if self.costs is None else expected_cost(action, self, host)
+
     def can_restart(self) -> bool:
         return self.left(Level.RESTART) >= 1
 
@@ -264,6 +272,8 @@ class Context:
             world=self.world.to_json(),
             stragglers=list(self.stragglers),
         )
+        if self.costs is not None:
+            record["costs"] = self.costs.to_json()
         return record
 
     @staticmethod
@@ -291,6 +301,7 @@ class Context:
             scores=score_map,
             world=World.from_json(record.get("world")),
             stragglers=typed(record.get("stragglers", []), tuple[int, ...], "context.stragglers"),
+            costs=None if record.get("costs") is None else RecoveryCosts.from_json(record["costs"]),
         )
 
 

@@ -52,10 +52,9 @@ class EscalationLadder:
         return self._fault(event, context)
 
     def on_host_lost(self, event: HostLost, context: Context) -> Action:
-        if context.can_replace(event.host):
-            return ReplaceHost(host=event.host)
-        if context.can_scale_down([context.world.slice_of(event.host)]):
-            return ScaleDown()
+        options = _replace_or_scale_down(event, context)
+        if options:
+            return _cheapest(options, context, event.host)
         return Fail(
             reason=f"host {event.host} lost: cannot replace it ({_why_not_replace(event, context)}) "
             f"nor scale down ({_why_not_scale_down(event, context)})"
@@ -70,12 +69,11 @@ class EscalationLadder:
     def on_announced_loss(self, event: AnnouncedLoss, context: Context) -> Action:
         # The machine goes soon: hand its host to a spare now, from the step saved on the notice,
         # rather than lose it later (the same as a lost host, but ahead of time); with no spare and
-        # no slice to spare, the job trains on until the loss comes.
-        if context.can_replace(event.host):
-            return ReplaceHost(host=event.host)
-        if context.can_scale_down([context.world.slice_of(event.host)]):
-            return ScaleDown()
-        return Ignore()
+        # no slice to spare, the job trains on until the loss comes. Where the costs are known, the
+        # cheaper of the two (a scale-down beats waiting minutes for a machine when a slice is a
+        # small share of the job).
+        options = _replace_or_scale_down(event, context)
+        return _cheapest(options, context, event.host) if options else Ignore()
 
     def on_capacity_returned(self, event: CapacityReturned, context: Context) -> Action:
         return ScaleUp() if context.can_scale_up() else Ignore()
@@ -89,6 +87,10 @@ class EscalationLadder:
         if crash_loop and context.can_replace(host):
             return ReplaceHost(host=host)
         if context.can_restart():
+            # A host that faulted before is likely to again: where a swap is expected to cost less
+            # than restarting it (and its next faults), it goes before the crash loop.
+            if context.can_replace(host):
+                return _cheapest([RestartInJob(), ReplaceHost(host=host)], context, host)
             return RestartInJob()
         if context.can_replace(host):
             return ReplaceHost(host=host)
@@ -100,6 +102,23 @@ class EscalationLadder:
             f"{restart.window_seconds:g} s, spec.policy.budgets.restart); cannot replace the host "
             f"({_why_not_replace(event, context)}) nor scale down ({_why_not_scale_down(event, context)})"
         )
+
+
+def _replace_or_scale_down(event: HostEvent, context: Context) -> list[Action]:
+    """The remedies for a host whose machine is gone or going, in the ladder's order."""
+    options: list[Action] = []
+    if context.can_replace(event.host):
+        options.append(ReplaceHost(host=event.host))
+    if context.can_scale_down([context.world.slice_of(event.host)]):
+        options.append(ScaleDown())
+    return options
+
+
+def _cheapest(options: list[Action], context: Context, host: int) -> Action:
+    """The option expected to cost the least (the first on a tie); the first where costs are unknown."""
+    if context.costs is None:
+        return options[0]
+    return min(options, key=lambda action: context.expected_cost(action, host) or 0.0)
 
 
 def _why_not_replace(event: HostEvent, context: Context) -> str:

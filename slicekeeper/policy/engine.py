@@ -40,6 +40,7 @@ from slicekeeper.policy import (
     Fail,
     Level,
     Policy,
+    RecoveryCosts,
     World,
     check_action,
 )
@@ -262,6 +263,7 @@ class PolicyEngine:
         scores: Mapping[int, float],
         world: World,
         stragglers: tuple[int, ...] = (),
+        costs: RecoveryCosts | None = None,
     ) -> Context:
         """The context of a decision now: the given facts plus this engine's history and budgets."""
         now = time.time() if now is None else now
@@ -275,6 +277,7 @@ class PolicyEngine:
             scores=scores,
             world=world,
             stragglers=stragglers,
+            costs=costs,
         )
 
     def evaluate(self, event: Event, context: Context) -> Decision:
@@ -354,6 +357,7 @@ class PolicyEngine:
         scores: Mapping[int, float],
         world: World,
         stragglers: tuple[int, ...] = (),
+        costs: RecoveryCosts | None = None,
     ) -> tuple[Decision, Context]:
         """Decide `event` now, record the decision; returns it with the context it was made in.
 
@@ -368,6 +372,7 @@ class PolicyEngine:
                 scores=scores,
                 world=world,
                 stragglers=stragglers,
+                costs=costs,
             )
             decision = self.evaluate(event, context)
             self.record(decision)

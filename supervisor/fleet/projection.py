@@ -1,8 +1,9 @@
 """`slicekeeper simulate`: the job at its real size, the same failures for the product and for the
 baselines, and the table (or one JSON object) that compares them.
 
-Three runs on one failure schedule: slicekeeper as the job's spec configures it (its spares, its
-policy), the same with no spares, and the restart-from-persistent baseline (every pod recreated and
+Five runs on one failure schedule: slicekeeper as the job's spec configures it (its spares, its
+policy, told what each remedy costs: context.expected_cost), the same with the plain ladder (no
+costs), both again with no spares, and the restart-from-persistent baseline (every pod recreated and
 every host restored from the persistent tier at each failure: what most jobs do today). Young's
 optimum checkpoint interval for the model's failure rate is printed beside the job's.
 """
@@ -26,6 +27,8 @@ from slicekeeper.errors import UserError
 from slicekeeper.policy.engine import PolicyEngine
 from slicekeeper.shape import JobShape
 
+WIDTH = 25
+"""A run's column in the table (its name is at most 23 characters)."""
 NO_CAP = 10**9
 """A simulated job's restart cap unless `--max-restarts` gives one: spec.health.maxRestarts is a
 local run's guard; a job of weeks bounds its remedies by the policy's budgets per window."""
@@ -108,6 +111,16 @@ def project(s: Scenario, report: Path | None = None) -> dict[str, Any]:
     no_spares = Simulation(
         job_of(s, 0), s.costs, PolicyEngine.from_spec(s.training_job.spec.policy), name="no spares"
     ).run(failures, seconds)
+    plain = Simulation(
+        job, s.costs, PolicyEngine.from_spec(s.training_job.spec.policy), name="plain ladder", priced=False
+    ).run(failures, seconds)
+    plain_no_spares = Simulation(
+        job_of(s, 0),
+        s.costs,
+        PolicyEngine.from_spec(s.training_job.spec.policy),
+        name="no spares, plain ladder",
+        priced=False,
+    ).run(failures, seconds)
     baseline = Simulation(
         job, s.costs, None, mode=Mode.PERSISTENT_RESTART, name="restart from persistent"
     ).run(failures, seconds)
@@ -125,12 +138,12 @@ def project(s: Scenario, report: Path | None = None) -> dict[str, Any]:
         "checkpoint_interval_steps": job.interval,
         "young_interval_steps": round(young_interval_steps(s.costs, rate), 1),
         "goodput": round(product.goodput, 4),
-        "baselines": {r.name: round(r.goodput, 4) for r in (baseline, no_spares)},
+        "baselines": {r.name: round(r.goodput, 4) for r in (baseline, no_spares, plain, plain_no_spares)},
         "badput_seconds": product.badput_seconds(),
         "decisions": dict(sorted(product.decisions.items())),
         "mean_recovery_seconds": product.mean_recovery(),
         "failure_reason": product.failure_reason,
-        "runs": {r.name: _figures(r) for r in (product, no_spares, baseline)},
+        "runs": {r.name: _figures(r) for r in (product, plain, no_spares, plain_no_spares, baseline)},
         "wall_seconds": round(time.perf_counter() - started, 2),
     }
     if report is not None:
@@ -175,14 +188,14 @@ def table(figures: dict[str, Any]) -> str:
         f"{figures['days']:g} days, {figures['step_seconds']:g} s steps, failures {figures['failures']}: "
         f"{figures['failure_count']:,} in all",
         "",
-        f"  {'':<26}" + "".join(f"{name:>26}" for name in runs),
-        f"  {'goodput':<26}" + "".join(f"{r['goodput']:>26.4f}" for r in runs.values()),
+        f"  {'':<26}" + "".join(f"{name:>{WIDTH}}" for name in runs),
+        f"  {'goodput':<26}" + "".join(f"{r['goodput']:>{WIDTH}.4f}" for r in runs.values()),
     ]
     categories = sorted({c for r in runs.values() for c in r["badput_seconds"]})
     for category in categories:
         lines.append(
             f"  {category + ' (h)':<26}"
-            + "".join(f"{r['badput_seconds'].get(category, 0.0) / 3600:>26.1f}" for r in runs.values())
+            + "".join(f"{r['badput_seconds'].get(category, 0.0) / 3600:>{WIDTH}.1f}" for r in runs.values())
         )
     decisions = ", ".join(f"{k} {v}" for k, v in figures["decisions"].items()) or "none"
     recovery = ", ".join(f"{k} {v:g} s" for k, v in figures["mean_recovery_seconds"].items()) or "none"

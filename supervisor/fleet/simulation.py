@@ -61,6 +61,8 @@ class Simulation:
     on one machine fewer hosts share its cores)."""
     leader: int = 0
     """The host whose supervisor leads: losing its machine is detected when its lease runs out."""
+    priced: bool = True
+    """The policy is told what each remedy costs (context.expected_cost); False: the plain ladder."""
     _hosts_of_world: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
     def __post_init__(self) -> None:
@@ -348,9 +350,27 @@ class Simulation:
             spares=self.spares or int(self.job.new_machines),
             scores={},
             world=self._world(),
+            costs=self._recovery_costs(),
         )
         self.result.decided(decision, context, step=int(self.steps), generation=self.state.generation)
         return decision.action
+
+    def _recovery_costs(self) -> policy.RecoveryCosts | None:
+        """The cost model's prices of the remedies now, for the policy's expected costs."""
+        if not self.priced:
+            return None
+        c, hosts = self.costs, len(self._world_hosts())
+        restart = (
+            c.restart_round(hosts) + c.distributed_init_seconds + c.prep_seconds + c.program_load_seconds
+        )
+        return policy.RecoveryCosts(
+            restart_seconds=restart + c.restore(c.local_gb_per_second),
+            swap_seconds=restart + c.restore(c.peer_gb_per_second),
+            replace_wait_seconds=0.0 if self.spares > 0 else c.replacement_seconds,
+            compile_seconds=c.program_compile_seconds,
+            capacity_return_seconds=c.replacement_seconds,
+            lost_work_seconds=self.job.interval * self._step_seconds() / 2,
+        )
 
     def _decide_all(self, events: list[policy.Event]) -> set[int]:
         """The policy's decisions on `events`, applied; the hosts handed to spares."""

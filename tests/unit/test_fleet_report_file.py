@@ -31,7 +31,8 @@ def simulated():
             20_000.0, 6, Category("faulty chip", 0.0, Effect.HOST_LOST)
         ),  # no spare back yet: new machine
     ]
-    return Simulation(job, CostModel(replacement_seconds=30_000.0), PolicyEngine()).run(failures, DAY)
+    costs = CostModel(replacement_seconds=30_000.0)
+    return Simulation(job, costs, PolicyEngine(), priced=False).run(failures, DAY)  # waits for a machine
 
 
 def test_the_report_has_every_key_of_a_real_runs_report_and_its_faults_and_decisions():

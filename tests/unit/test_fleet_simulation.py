@@ -161,7 +161,12 @@ def test_simulate_prints_one_json_object_with_the_baselines():
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout)
     assert figures.keys() >= {"goodput", "baselines", "badput_seconds", "decisions"}
-    assert set(figures["baselines"]) == {"restart from persistent", "no spares"}
+    assert set(figures["baselines"]) == {
+        "restart from persistent",
+        "no spares",
+        "plain ladder",
+        "no spares, plain ladder",
+    }
     assert figures["chips"] == 4096 and 0 < figures["goodput"] <= 1
 
 
@@ -188,3 +193,26 @@ def test_losing_the_leaders_machine_waits_for_its_lease_and_another_host_leads()
     # Host 1 leads after host 0: its loss waits for the lease too; host 0's new machine does not lead.
     assert recovery(0, 1) - recovery(0, 3) == pytest.approx(difference, abs=1e-3)
     assert recovery(0, 0) - recovery(0, 3) == pytest.approx(0.0, abs=1e-3)
+
+
+def test_with_no_spare_the_priced_ladder_scales_down_when_a_slice_is_a_small_share_of_the_job():
+    """Expected costs (context.expected_cost) against the plain ladder, which always waits for a new
+    machine: dropping one slice of 64 for the 300 s a machine takes costs far less than stopping the
+    whole job for it; with two slices, half the job idles and waiting 30 s for a machine wins."""
+    lost = [Failure(5_000.0, 3, Category("faulty chip", 0.0, Effect.HOST_LOST))]
+    many = job(slices=64, spares=0)
+    priced = Simulation(many, COSTS, PolicyEngine()).run(lost, DAY)
+    plain = Simulation(many, COSTS, PolicyEngine(), priced=False).run(lost, DAY)
+    assert priced.decisions["scale_down"] == 1 and plain.decisions == {"replace": 1}
+    assert priced.goodput > plain.goodput  # the gain the prices buy
+    quick = with_settings(COSTS, ["replacement_seconds=30"])
+    two = Simulation(job(slices=2, spares=0), quick, PolicyEngine()).run(lost, DAY)
+    assert two.decisions == {"replace": 1}
+
+
+def test_a_host_that_faulted_before_is_swapped_at_its_second_fault_when_a_spare_stands_by():
+    crashes = [crash_at(5_000.0, host=1), crash_at(6_000.0, host=1)]  # within the restart window
+    priced = Simulation(job(spares=2), COSTS, PolicyEngine()).run(crashes, DAY)
+    plain = Simulation(job(spares=2), COSTS, PolicyEngine(), priced=False).run(crashes, DAY)
+    assert priced.decisions == {"restart": 1, "replace": 1}
+    assert plain.decisions == {"restart": 2}  # the plain ladder waits for the third (a crash loop)

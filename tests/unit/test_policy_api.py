@@ -316,6 +316,7 @@ PUBLIC_NAMES = (
     "Ignore",
     "Level",
     "Policy",
+    "RecoveryCosts",
     "ReplaceHost",
     "RestartInJob",
     "ScaleDown",
