@@ -63,7 +63,7 @@ class Simulation:
     """The host whose supervisor leads: losing its machine is detected when its lease runs out."""
     priced: bool = True
     """The policy is told what each remedy costs (context.expected_cost); False: the plain ladder."""
-    _hosts_of_world: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+    _hosts_of_world: tuple[tuple[int, ...], tuple[int, ...], frozenset[int]] = ((), (), frozenset())
 
     def __post_init__(self) -> None:
         self.active = set(range(self.job.shape.slices))
@@ -136,8 +136,14 @@ class Simulation:
         """The hosts of the active slices (kept while they stay the same: 25,000 of them)."""
         key = tuple(sorted(self.active))
         if self._hosts_of_world[0] != key:
-            self._hosts_of_world = (key, self.job.shape.hosts_in(key))
+            hosts = self.job.shape.hosts_in(key)
+            self._hosts_of_world = (key, hosts, frozenset(hosts))
         return self._hosts_of_world[1]
+
+    def _live(self) -> frozenset[int]:
+        """The same hosts as a set: every one of them is connected (a lost one is replaced at once)."""
+        self._world_hosts()
+        return self._hosts_of_world[2]
 
     # --- training -----------------------------------------------------------------------------
     def _active_chips(self) -> int:
@@ -319,7 +325,7 @@ class Simulation:
     def _stop(self, host: int, kind: FaultKind, detail: str) -> bool:
         """The stop through the real state machine; False when its rule failed the job."""
         world = self._world_hosts()
-        event = machine.FaultStop(host, kind, detail, EPOCH + self.now, frozenset(world), world)
+        event = machine.FaultStop(host, kind, detail, EPOCH + self.now, self._live(), world)
         self.state, _ = machine.transition(self.state, event, self.job.rule)
         assert self.result is not None
         self.result.restarts[kind.value] += 1
@@ -478,7 +484,7 @@ class Simulation:
             FaultKind.CAPACITY_RETURNED,
             "scale-up",
             EPOCH + self.now,
-            frozenset(world),
+            self._live(),
             world,
             planned=True,
         )
@@ -495,9 +501,9 @@ class Simulation:
             return
         c = self.costs
         world = self._world_hosts()
-        readiness = machine.Readiness(frozenset(world), world)
+        readiness = machine.Readiness(self._live(), world)
         self.state, commands = machine.transition(
-            self.state, machine.StopAcked(frozenset(world), self.state.generation, readiness), self.job.rule
+            self.state, machine.StopAcked(self._live(), self.state.generation, readiness), self.job.rule
         )
         if not any(isinstance(command, machine.StartGeneration) for command in commands):
             return
@@ -532,9 +538,9 @@ class Simulation:
             wait = max(wait, c.replacement_seconds)
         self._stall(Category.INFRASTRUCTURE_RECOVERY, wait)
         world = self._world_hosts()
-        readiness = machine.Readiness(frozenset(world), world)
+        readiness = machine.Readiness(self._live(), world)
         self.state, _ = machine.transition(
-            self.state, machine.StopAcked(frozenset(world), self.state.generation, readiness), self.job.rule
+            self.state, machine.StopAcked(self._live(), self.state.generation, readiness), self.job.rule
         )
         self._stall(Category.TPU_INITIALIZATION, c.distributed_init_seconds)
         self._stall(Category.TRAINING_PREP, c.prep_seconds)
