@@ -88,8 +88,9 @@ class EscalationLadder:
             return ReplaceHost(host=host)
         if context.can_restart():
             # A host that faulted before is likely to again: where a swap is expected to cost less
-            # than restarting it (and its next faults), it goes before the crash loop.
-            if context.can_replace(host):
+            # than restarting it (and its next faults), it goes before the crash loop. A first fault
+            # is restarted: a spare is not spent on a host with no record.
+            if context.faults_on(host, window) and context.can_replace(host):
                 return _cheapest([RestartInJob(), ReplaceHost(host=host)], context, host)
             return RestartInJob()
         if context.can_replace(host):

@@ -294,6 +294,7 @@ def replay(
         PolicyEngine.from_spec(spec.policy),
         name="predicted",
         step_seconds_by_slices=measured.world_step_seconds,
+        priced=False,  # a run's leader does not tell its policy what remedies cost (docs/policy.md)
     )
     predicted = simulation.run(
         failures,
