@@ -63,6 +63,8 @@ class Simulation:
     """The host whose supervisor leads: losing its machine is detected when its lease runs out."""
     priced: bool = True
     """The policy is told what each remedy costs (context.expected_cost); False: the plain ladder."""
+    keep_log: bool = False
+    """Keep every decision with its context (the policy event log beside a report)."""
     _hosts_of_world: tuple[tuple[int, ...], tuple[int, ...], frozenset[int]] = ((), (), frozenset())
 
     def __post_init__(self) -> None:
@@ -86,7 +88,7 @@ class Simulation:
         """The job over `seconds` with `failures`. `start`: the first start's seconds by category (by
         default the cost model's distributed init, prep and compile). `until_step`: the job ends when
         it has done that many steps (a replayed run ended there), `end_seconds` later."""
-        self.result = Result(self.name, seconds, self.job.chips)
+        self.result = Result(self.name, seconds, self.job.chips, keep_log=self.keep_log)
         for category, spent in (start if start is not None else self._first_start()).items():
             self._stall(category, spent)
         slices = sorted(self.active)
