@@ -63,10 +63,10 @@ class Result:
     """Fault kind -> the restarts it caused (the report's `restarts`)."""
     faults: list[dict[str, Any]] = field(default_factory=list)
     """Each failure as the report lists a fault: when it came, was detected, training went on."""
-    keep_log: bool = False
+    keep_records: bool = False
     decision_log: list[dict[str, Any]] = field(default_factory=list)
-    """Each decision with its context, as the leader's policy event log has them (with `keep_log`
-    only: a context holds the world's slices, 12,500 of them at 100,000 chips)."""
+    """Each decision with its context, as the leader's policy event log has them (with `keep_records`
+    only, as the worlds and scale events: each holds the world's slices, 12,500 at 100,000 chips)."""
     decision_records: list[dict[str, Any]] = field(default_factory=list)
     """Each decision as the report lists it."""
     worlds: list[dict[str, Any]] = field(default_factory=list)
@@ -88,7 +88,7 @@ class Result:
 
     def decided(self, decision: Decision, context: Context, *, step: int, generation: int) -> None:
         self.decisions[decision.action.name] += 1
-        if self.keep_log:
+        if self.keep_records:
             self.decision_log.append(log_record(decision, context))
         self.decision_records.append(
             {

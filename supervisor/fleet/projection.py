@@ -107,7 +107,7 @@ def project(s: Scenario, report: Path | None = None) -> dict[str, Any]:
         s.failures, chips=job.chips, host_count=job.shape.host_count, seconds=seconds, seed=s.seed
     )
     engine = PolicyEngine.from_spec(s.training_job.spec.policy)
-    product = Simulation(job, s.costs, engine, keep_log=report is not None).run(failures, seconds)
+    product = Simulation(job, s.costs, engine, keep_records=report is not None).run(failures, seconds)
     no_spares = Simulation(
         job_of(s, 0), s.costs, PolicyEngine.from_spec(s.training_job.spec.policy), name="no spares"
     ).run(failures, seconds)

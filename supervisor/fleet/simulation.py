@@ -63,8 +63,9 @@ class Simulation:
     """The host whose supervisor leads: losing its machine is detected when its lease runs out."""
     priced: bool = True
     """The policy is told what each remedy costs (context.expected_cost); False: the plain ladder."""
-    keep_log: bool = False
-    """Keep every decision with its context (the policy event log beside a report)."""
+    keep_records: bool = False
+    """Keep what a report lists: every decision with its context (the policy event log beside it),
+    the worlds and the scale events with their slices."""
     _hosts_of_world: tuple[tuple[int, ...], tuple[int, ...], frozenset[int]] = ((), (), frozenset())
 
     def __post_init__(self) -> None:
@@ -88,13 +89,19 @@ class Simulation:
         """The job over `seconds` with `failures`. `start`: the first start's seconds by category (by
         default the cost model's distributed init, prep and compile). `until_step`: the job ends when
         it has done that many steps (a replayed run ended there), `end_seconds` later."""
-        self.result = Result(self.name, seconds, self.job.chips, keep_log=self.keep_log)
+        self.result = Result(self.name, seconds, self.job.chips, keep_records=self.keep_records)
         for category, spent in (start if start is not None else self._first_start()).items():
             self._stall(category, spent)
-        slices = sorted(self.active)
-        self.result.worlds.append(
-            {"t": self.now, "step": 0, "generation": 0, "slices": slices, "hosts": self.job.shape.host_count}
-        )
+        if self.keep_records:
+            self.result.worlds.append(
+                {
+                    "t": self.now,
+                    "step": 0,
+                    "generation": 0,
+                    "slices": sorted(self.active),
+                    "hosts": self.job.shape.host_count,
+                }
+            )
         for failure in failures:
             if self.state.over:
                 break
@@ -425,6 +432,8 @@ class Simulation:
 
     def _scaled(self, kind: str, to: set[int], reason: str) -> None:
         assert self.result is not None
+        if not self.keep_records:
+            return
         per = self.job.shape.hosts_per_slice
         self.result.scale_events.append(
             {
@@ -558,6 +567,8 @@ class Simulation:
         )
         assert self.result is not None
         self.result.generations = self.state.generation + 1
+        if not self.keep_records:
+            return
         slices = sorted(self.active)
         if not self.result.worlds or self.result.worlds[-1]["slices"] != slices:
             self.result.worlds.append(

@@ -32,10 +32,12 @@ def simulated():
         ),  # no spare back yet: new machine
     ]
     costs = CostModel(replacement_seconds=30_000.0)
-    return Simulation(job, costs, PolicyEngine(), priced=False).run(failures, DAY)  # waits for a machine
+    return Simulation(job, costs, PolicyEngine(), priced=False, keep_records=True).run(
+        failures, DAY
+    )  # waits for a machine
 
 
-def test_the_report_has_every_key_of_a_real_runs_report_and_its_faults_and_decisions():
+def test_the_report_has_every_key_of_a_real_runs_report_and_its_faults_and_decisions(tmp_path):
     result = simulated()
     report = report_file.simulated_report(result, job="sim", step_seconds=10.0, simulated={"chips": 32})
     real = build_report(job_name="x", started_at=0.0, wall_seconds=1.0, summary={}, hosts=[])
@@ -47,6 +49,8 @@ def test_the_report_has_every_key_of_a_real_runs_report_and_its_faults_and_decis
     ]
     assert [d["action"]["name"] for d in report["decisions"]] == ["replace", "restart", "replace"]
     assert report["hot_swaps"]["hosts"] == [3, 6]
+    assert [w["slices"] for w in report["world"]] == [[0, 1, 2, 3]]  # no scale-down: one world
+    assert len(report_file.write(report, result, tmp_path / "r.json")[1].read_text().splitlines()) == 3
     assert report["restarts"] == {"crash": 1, "host_lost": 2}
     assert report["goodput"] == round(result.goodput, 4)
     text = format_report(report)
