@@ -13,8 +13,10 @@ import logging
 
 import kopf
 from slicekeeper.operator.cluster import Cluster, client_configuration
+from slicekeeper.operator.creation import DEFAULT_CONCURRENCY
 from slicekeeper.operator.handlers import register
 from slicekeeper.operator.metrics import METRICS_PORT, OperatorMetrics
+from slicekeeper.operator.rate_limit import DEFAULT_BURST, DEFAULT_QPS, TokenBucket
 
 from slicekeeper.errors import UserError
 
@@ -29,8 +31,12 @@ def run(
     metrics_port: int = METRICS_PORT,
     *,
     log_level: str = "info",
+    api_qps: float | None = None,
+    api_burst: int | None = None,
+    create_concurrency: int | None = None,
 ) -> int:
-    """Run until stopped; `metrics_port` 0 serves the metrics on a free port (logged)."""
+    """Run until stopped; `metrics_port` 0 serves the metrics on a free port (logged). The API limits
+    (None: their defaults): operator/rate_limit.py and operator/creation.py."""
     level = getattr(logging, log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     registry = kopf.OperatorRegistry()
@@ -43,7 +49,16 @@ def run(
     else:
         kopf.on.login(registry=registry)(kopf.login_via_client)
     metrics = OperatorMetrics()
-    register(registry, Cluster(client_configuration(server), metrics=metrics))
+    qps, burst = DEFAULT_QPS if api_qps is None else api_qps, api_burst or DEFAULT_BURST
+    if qps < 0:
+        raise UserError(f"--api-qps {qps}: must not be negative (0: no limit)")
+    cluster = Cluster(
+        client_configuration(server),
+        metrics=metrics,
+        limiter=TokenBucket(qps, burst),
+        concurrency=create_concurrency or DEFAULT_CONCURRENCY,
+    )
+    register(registry, cluster)
     try:
         port = metrics.serve(metrics_port)
     except OSError as error:  # in use, or not ours to bind

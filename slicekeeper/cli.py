@@ -179,7 +179,16 @@ def _operator(args: argparse.Namespace) -> int:
         raise UserError(
             f"the operator needs its extra: pip install 'slicekeeper[operator]' ({error})"
         ) from None
-    return run(args.namespace, args.server, args.liveness, args.metrics_port, log_level=args.log_level)
+    return run(
+        args.namespace,
+        args.server,
+        args.liveness,
+        args.metrics_port,
+        log_level=args.log_level,
+        api_qps=args.api_qps,
+        api_burst=args.api_burst,
+        create_concurrency=args.create_concurrency,
+    )
 
 
 def _checkpoint_list(args: argparse.Namespace) -> int:
@@ -390,6 +399,19 @@ def parser() -> argparse.ArgumentParser:
         default=9464,
         help="port of the operator's Prometheus metrics, /metrics on every address (default: 9464; "
         "0: a free port, logged)",
+    )
+    operator.add_argument(
+        "--api-qps",
+        type=float,
+        help="client-side limit on the operator's API requests a second (default 200; 0: none)",
+    )
+    operator.add_argument(
+        "--api-burst", type=_whole, help="requests the limit lets through at once (default 400)"
+    )
+    operator.add_argument(
+        "--create-concurrency",
+        type=_whole,
+        help="creates in flight at once, in slow-start batches of 1, 2, 4, ... (default 32)",
     )
     operator.set_defaults(handler=_operator)
     _checkpoint_commands(commands)

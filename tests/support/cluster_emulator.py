@@ -42,8 +42,10 @@ one object a fetch, patch or delete names (in tests/support/emulator_reads.py).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import copy
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -135,6 +137,15 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
         self.refusals: list[tuple[str, str, int]] = []
         """(method, path, status) of the requests to refuse, each once (`refuse_once`)."""
         self.faults: list[BaseException] = []
+        self.latency = 0.0
+        """Seconds every request waits before it is served (a busy or distant API server)."""
+        self.throttled = 0
+        """The next this many pod creates are answered 429 with `Retry-After: retry_after`."""
+        self.retry_after = 1
+        self.pod_creates: list[tuple[float, str, int]] = []
+        """(time, pod name, status) of every pod create: when it came, for which pod, how it was
+        answered (0: served)."""
+        self.creates_in_flight = self.most_creates_in_flight = 0
         self._latest = 0
         self._by_uid: dict[str, ObjectKey] = {}
         self._dependents: dict[str, set[ObjectKey]] = collections.defaultdict(set)
@@ -143,6 +154,30 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
     # --- requests -------------------------------------------------------------------------------
     async def _handle(self, request: rendering.Request) -> Any:
         """Commit a write, then let kmock's reactions answer (they read the committed object back)."""
+        pod_create = request.method == enums.method.POST and request.url.path.endswith("/pods")
+        if not pod_create:
+            return await self._serve(request)
+        self.creates_in_flight += 1
+        self.most_creates_in_flight = max(self.most_creates_in_flight, self.creates_in_flight)
+        name = str(((request.data or {}).get("metadata") or {}).get("name"))
+        try:
+            if self.throttled > 0:
+                self.throttled -= 1
+                self.pod_creates.append((time.monotonic(), name, 429))
+                await asyncio.sleep(self.latency)
+                return aiohttp.web.json_response(
+                    {"kind": "Status", "status": "Failure", "reason": "TooManyRequests", "code": 429},
+                    status=429,
+                    headers={"Retry-After": str(self.retry_after)},
+                )
+            self.pod_creates.append((time.monotonic(), name, 0))
+            return await self._serve(request)
+        finally:
+            self.creates_in_flight -= 1
+
+    async def _serve(self, request: rendering.Request) -> Any:
+        if self.latency:
+            await asyncio.sleep(self.latency)
         if self.unavailable:
             raise KubernetesError(
                 status=503, reason="ServiceUnavailable", message="the API server is restarting"

@@ -160,15 +160,19 @@ async def eventually(check: Callable[[], Any], timeout: float = 20.0, what: str 
 
 
 @contextlib.asynccontextmanager
-async def operator(kube: Kube) -> AsyncIterator[Cluster]:
-    """The real operator (kopf, our handlers) running against the emulator until the block ends."""
+async def operator(kube: Kube, *, concurrency: int | None = None) -> AsyncIterator[Cluster]:
+    """The real operator (kopf, our handlers) running against the emulator until the block ends;
+    `concurrency`: its creates in flight (default: the operator's)."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(server=kube.url, insecure=True)
 
-    cluster = Cluster(client_configuration(server=kube.url))
+    configuration = client_configuration(server=kube.url)
+    cluster = (
+        Cluster(configuration) if concurrency is None else Cluster(configuration, concurrency=concurrency)
+    )
     register(registry, cluster, status_interval=0.5)
     settings = kopf.OperatorSettings()
     settings.watching.reconnect_backoff = 0.1

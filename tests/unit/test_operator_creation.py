@@ -1,0 +1,92 @@
+"""Creating a job's pods as Kubernetes controllers do (operator/creation.py, operator/rate_limit.py):
+slow-start batches of 1, 2, 4, ... with at most `concurrency` in flight, stopping at a batch with a
+failure; every request through a token bucket of `qps` a second, `burst` deep."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from slicekeeper.operator.creation import batches, create_in_batches
+from slicekeeper.operator.rate_limit import TokenBucket
+
+
+def test_batches_double_up_to_the_limit():
+    assert [len(b) for b in batches(range(100), 16)] == [1, 2, 4, 8, 16, 16, 16, 16, 16, 5]
+    assert list(batches([], 8)) == []
+
+
+class Recorder:
+    """A create that takes a little while and notes how many run at once."""
+
+    def __init__(self, fail: set[int] = frozenset(), there: set[int] = frozenset()) -> None:
+        self.fail, self.there = fail, there
+        self.made: list[int] = []
+        self.in_flight = self.most = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, item: int) -> bool:
+        with self._lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        time.sleep(0.01)
+        with self._lock:
+            self.in_flight -= 1
+            self.made.append(item)
+        if item in self.fail:
+            raise RuntimeError(f"refused {item}")
+        return item not in self.there
+
+
+def test_every_item_is_created_with_at_most_the_concurrency_in_flight():
+    create = Recorder(there={3, 4})
+    assert create_in_batches(range(40), create, concurrency=8) == 38  # two were there (409)
+    assert sorted(create.made) == list(range(40))
+    assert 1 < create.most <= 8  # concurrent, and bounded
+
+
+def test_a_failed_batch_stops_the_creation_and_its_error_is_raised():
+    """Items 3-6 are the third batch (1, 2, 4): item 5 fails, so 7 and later are never tried."""
+    create = Recorder(fail={5})
+    with pytest.raises(RuntimeError, match="refused 5"):
+        create_in_batches(range(40), create, concurrency=8)
+    assert sorted(create.made) == list(range(7))
+
+
+def test_one_at_a_time_is_the_negative_control_of_concurrency():
+    create = Recorder()
+    create_in_batches(range(10), create, concurrency=1)
+    assert create.most == 1
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_the_bucket_lets_a_burst_through_then_paces_at_its_rate():
+    clock = FakeClock()
+    bucket = TokenBucket(qps=10.0, burst=5, clock=clock, sleep=clock.sleep)
+    waits = [bucket.take() for _ in range(8)]
+    assert waits[:5] == [0.0] * 5  # the burst
+    assert waits[5:] == pytest.approx([0.1, 0.1, 0.1])  # then one every 1/qps
+    clock.now += 10.0  # a quiet spell refills it, up to the burst
+    assert [bucket.take() for _ in range(5)] == [0.0] * 5
+    assert bucket.take() == pytest.approx(0.1)
+
+
+def test_a_zero_rate_is_no_limit_and_a_bad_one_is_refused():
+    clock = FakeClock()
+    bucket = TokenBucket(qps=0.0, burst=1, clock=clock, sleep=clock.sleep)
+    assert sum(bucket.take() for _ in range(1000)) == 0.0
+    with pytest.raises(ValueError, match="qps >= 0 and burst >= 1"):
+        TokenBucket(qps=-1.0, burst=1)
