@@ -39,6 +39,8 @@ class BenchEmulator(ClusterEmulator):
     async def _handle(self, request: rendering.Request) -> Any:
         self.arrivals[request.id] = time.monotonic()
         response = await super()._handle(request)  # raises on 404 / 409: nothing changed
+        if getattr(response, "status", 200) >= 300:  # a 429 of the emulator's throttle
+            return response
         if request.resource == PODS and request.namespace == NAMESPACE:
             if request.action == enums.action.CREATE:
                 self.live_pods += 1

@@ -21,6 +21,10 @@ class Figures:
     slices: int
     hosts_per_slice: int
     seconds_to_all_pods: float = 0.0
+    seconds_to_all_pods_at_50ms: float = 0.0
+    """The same with the emulator answering every request 50 ms late (concurrency, not CPU, the limit)."""
+    cpu_ms_per_pod: float = 0.0
+    """Operator CPU milliseconds per pod while the pods were created."""
     pods_per_second: float = 0.0
     requests_per_pod: float = 0.0
     writes_per_pod: float = 0.0
@@ -121,3 +125,19 @@ def targets(results: list[Figures]) -> list[str]:
     else:
         lines.append(f"memory target: not measured (needs a size of {MEMORY_TARGET_HOSTS} hosts)")
     return lines
+
+
+def summary(f: Figures) -> dict[str, float | int]:
+    """The size's headline figures, as one JSON line (issue 31's names)."""
+    return {
+        "hosts": f.hosts,
+        "pods_seconds": round(f.seconds_to_all_pods, 2),
+        "pods_seconds_at_50ms": round(f.seconds_to_all_pods_at_50ms, 2),
+        "cpu_ms_per_pod": round(f.cpu_ms_per_pod, 3),
+        "restart_serving_seconds": round(f.restart_seconds, 2),
+        "peak_rss_mib": round(
+            max(f.operator_peak_mib, f.operator_peak_mib_deleted, f.operator_peak_mib_restart)
+        ),
+        "writes_per_hot_swap": f.hot_swap_writes,
+        "requests_per_pod": round(f.requests_per_pod, 3),
+    }

@@ -94,8 +94,9 @@ class Run:
         return dict(self.emulator.job(self.name).get("status") or {})
 
     # -- the phases ---------------------------------------------------------------------------------
-    async def create(self, process: asyncio.subprocess.Process, log: Path, record: bool = True) -> None:
-        """Apply the job; wait for every pod; the requests it took (into the figures if `record`)."""
+    async def create(self, process: asyncio.subprocess.Process, log: Path, record: bool = True) -> float:
+        """Apply the job; wait for every pod; the requests it took (into the figures if `record`); the
+        seconds from the apply to the last pod."""
         f, emulator, pid = self.figures, self.emulator, process.pid
         tally = Tally(emulator, start=len(emulator._requests))
         path = f"{self.url}/apis/slicekeeper.dev/v1alpha1/namespaces/{NAMESPACE}/trainingjobs"
@@ -119,10 +120,16 @@ class Run:
 
         await wait_for(all_pods, 120 + 0.2 * self.shape.hosts, "every pod", progress)
         if not record:
-            print(f"    all {self.shape.hosts} pods again in {time.monotonic() - started:.1f} s", flush=True)
+            seconds = time.monotonic() - started
+            print(
+                f"    all {self.shape.hosts} pods again in {seconds:.1f} s (the emulator answering"
+                f" {1000 * emulator.latency:.0f} ms late)",
+                flush=True,
+            )
             await self.settled(len(emulator._requests), "the operator settled after the creation")
-            return
+            return seconds
         f.seconds_to_all_pods = time.monotonic() - started
+        f.cpu_ms_per_pod = 1000 * (cpu_seconds(pid) - cpu_before[0]) / self.shape.hosts
         f.creation_operator_cpu_share = (cpu_seconds(pid) - cpu_before[0]) / f.seconds_to_all_pods
         f.creation_emulator_cpu_share = (own_cpu_seconds() - cpu_before[1]) / f.seconds_to_all_pods
         f.operator_peak_mib_submitted = mib(proc_status_kib(pid, "VmHWM"))
@@ -149,6 +156,7 @@ class Run:
 
         await wait_for(reconciled, self.settle_timeout, "the Created event and status.slicesTotal")
         await self.settled(tally.end, "the operator settled after the creation")
+        return f.seconds_to_all_pods
 
     async def hot_swap(self) -> None:
         """Bind one pod to a node, then fail it as the kubelet would; the operator's writes until it is

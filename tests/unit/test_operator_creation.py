@@ -90,3 +90,23 @@ def test_a_zero_rate_is_no_limit_and_a_bad_one_is_refused():
     assert sum(bucket.take() for _ in range(1000)) == 0.0
     with pytest.raises(ValueError, match="qps >= 0 and burst >= 1"):
         TokenBucket(qps=-1.0, burst=1)
+
+
+def test_the_scale_benchmark_prints_the_issues_headline_figures():
+    from benchmarks.operator_scale_figures import Figures, summary
+
+    figures = Figures(hosts=100, tpu_type="v5p-64", slices=25, hosts_per_slice=4, seconds_to_all_pods=2.0)
+    figures.seconds_to_all_pods_at_50ms, figures.cpu_ms_per_pod, figures.hot_swap_writes = 3.0, 0.8, 4
+    figures.operator_peak_mib, figures.operator_peak_mib_restart = 200.0, 300.0
+    line = summary(figures)
+    assert set(line) == {
+        "hosts",
+        "pods_seconds",
+        "pods_seconds_at_50ms",
+        "cpu_ms_per_pod",
+        "restart_serving_seconds",
+        "peak_rss_mib",
+        "writes_per_hot_swap",
+        "requests_per_pod",
+    }
+    assert line["peak_rss_mib"] == 300 and line["pods_seconds_at_50ms"] == 3.0
