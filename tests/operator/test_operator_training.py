@@ -106,15 +106,14 @@ async def test_a_job_trains_in_pods_survives_node_losses_and_scales_down_and_bac
         step = await trains_past(kube, cluster, 5)
         assert status(kube)["phase"] == "Running" and status(kube)["slicesReady"] == 2
         placed = {name: pod["spec"]["nodeName"] for name, pod in kube.pods(NS).items()}
-        assert placed == {
-            "tiny-lm-s0-w0": "a-0",
-            "tiny-lm-s0-w1": "a-1",
-            "tiny-lm-s1-w0": "b-0",
-            "tiny-lm-s1-w1": "b-1",
-        }
+        # Each slice on its own pool, one pod a node (which node of the pool: the order the pods
+        # came in, which the operator's concurrent creation does not fix).
+        assert {placed["tiny-lm-s0-w0"], placed["tiny-lm-s0-w1"]} == {"a-0", "a-1"}
+        assert {placed["tiny-lm-s1-w0"], placed["tiny-lm-s1-w1"]} == {"b-0", "b-1"}
 
-        # Node b-1 dies: host 3 is hot-swapped onto b-2, the spare node of its slice's pool.
-        assert await cluster.lose_node("b-1") == ["tiny-lm-s1-w1"]
+        # Host 3's node dies: host 3 is hot-swapped onto b-2, the spare node of its slice's pool.
+        lost = placed["tiny-lm-s1-w1"]
+        assert await cluster.lose_node(lost) == ["tiny-lm-s1-w1"]
         moved = await eventually(
             lambda: (
                 (kube.pods(NS).get("tiny-lm-s1-w1") or {}).get("spec", {}).get("nodeName") == "b-2"
@@ -122,7 +121,7 @@ async def test_a_job_trains_in_pods_survives_node_losses_and_scales_down_and_bac
             ),
             what="host 3's pod on b-2",
         )
-        assert moved["metadata"]["annotations"]["slicekeeper.dev/avoid-nodes"] == "b-1"
+        assert moved["metadata"]["annotations"]["slicekeeper.dev/avoid-nodes"] == lost
         step = await trains_past(kube, cluster, step)
         assert "HotSwap" in reasons(kube)
         assert status(kube)["restarts"]["host_lost"] >= 1 and status(kube)["restarts"]["replace"] == 1
