@@ -38,7 +38,6 @@ import queue
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from slicekeeper.supervisor.ports import free_port
 
 from benchmarks.control_plane_members import Stats
 from slicekeeper import credentials
@@ -61,12 +62,6 @@ FD_MARGIN = 64
 
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:

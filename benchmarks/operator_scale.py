@@ -85,7 +85,7 @@ from kmock._internal.apps import Server
 from benchmarks.operator_scale_emulator import USER_AGENT, BenchEmulator
 from benchmarks.operator_scale_figures import Figures, summary, table, targets
 from benchmarks.operator_scale_job import CHIPS_PER_HOST, shape_for
-from benchmarks.operator_scale_process import mib, proc_status_kib, running_operator
+from benchmarks.operator_scale_process import OPERATOR_ARGS, mib, proc_status_kib, running_operator
 from benchmarks.operator_scale_run import Run
 
 DEFAULT_SIZES = (64, 1000, 25000)
@@ -159,10 +159,17 @@ def main(argv: list[str] | None = None) -> int:
         help="restart the operator with the job's pods there, and wait this long for it to resume the job"
         " (default: %(default)s s; 0: no restart)",
     )
+    parser.add_argument(
+        "--operator-arg",
+        action="append",
+        default=[],
+        help="an argument for the operator, e.g. --operator-arg=--api-qps=0 (repeatable)",
+    )
     parser.add_argument("--json", type=Path, help="save the figures here")
     parser.add_argument("--keep-logs", type=Path, help="keep the operator's logs in this folder")
     args = parser.parse_args(argv)
     sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
+    OPERATOR_ARGS[:] = args.operator_arg
     results: list[Figures] = []
     with tempfile.TemporaryDirectory(prefix="operator-scale-") as tmp:
         workdir = args.keep_logs or Path(tmp)

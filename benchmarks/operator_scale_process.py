@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,13 +20,9 @@ from resource import RUSAGE_SELF
 from resource import getrusage as resource_usage
 from typing import Any
 
+from slicekeeper.supervisor.ports import free_port
+
 PROGRESS_SECONDS = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def proc_status_kib(pid: int, key: str) -> int:
@@ -53,13 +48,17 @@ def mib(kib: int) -> float:
     return kib / 1024
 
 
+OPERATOR_ARGS: list[str] = []
+"""More arguments for every operator the benchmark starts (`--operator-arg`)."""
+
+
 @contextlib.asynccontextmanager
 async def running_operator(url: str, log: Path) -> AsyncIterator[asyncio.subprocess.Process]:
     port = free_port()
     with log.open("w") as out:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "slicekeeper.cli", "operator", "--server", url,
-            "--liveness", f"http://127.0.0.1:{port}/healthz", "--metrics-port", "0",
+            "--liveness", f"http://127.0.0.1:{port}/healthz", "--metrics-port", "0", *OPERATOR_ARGS,
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from slicekeeper.supervisor.ports import free_port
 
 from tests.support.prometheus import tool
 
@@ -65,13 +65,6 @@ def _ready(url: str) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def running_prometheus(where: Path, target_files: list[str], rule_files: list[Path]) -> Iterator[Prometheus]:
     """Prometheus scraping the file_sd targets `target_files` (globs) every second and evaluating
@@ -87,7 +80,7 @@ def running_prometheus(where: Path, target_files: list[str], rule_files: list[Pa
         ],
     }
     (where / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     log = (where / "prometheus.log").open("w")
     process = subprocess.Popen(
         [

@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import json
 import re
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +19,7 @@ from slicekeeper.supervisor.checkpoints.peer_tier import (
     push_replica,
     replica_holders,
 )
+from slicekeeper.supervisor.ports import free_port
 
 from slicekeeper import shard_folder
 from slicekeeper.shard_folder import CorruptCheckpoint, Manifest, ShardFile
@@ -30,12 +30,6 @@ OWNER = 3
 
 def leftovers(directory: Path) -> list[Path]:
     return sorted(directory.rglob("*.tmp")) if directory.exists() else []
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @asynccontextmanager

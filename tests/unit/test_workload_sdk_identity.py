@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from slicekeeper.supervisor.ports import free_port
 from slicekeeper.workload import sdk
 from slicekeeper.workload.sdk import HostIdentity, connect
 
@@ -147,9 +148,7 @@ DISTRIBUTED_ARGS = {
 def test_the_other_processes_get_their_arguments_once_the_coordinator_listens(framework):
     # A refused first connection costs JAX's gRPC client a 1 s reconnect backoff, and torch's
     # TCPStore client a backoff of its own: wait instead.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # below the ephemeral range: a client retrying early never meets itself
     address, listening = f"127.0.0.1:{port}", threading.Event()
 
     def listen_later() -> None:
