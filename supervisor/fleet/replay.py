@@ -1,13 +1,14 @@
 """`slicekeeper simulate JOB.yaml --replay REPORT.json`: a recorded run through the simulator, the
 predicted goodput beside the measured one.
 
-What a replay takes from the run (its report and the event log beside it): the hosts and slices, the
-faults and the steps they came at, the spares that joined, the step time (productive seconds per step
-kept), the run's own start (launch to the first step, by category) and end (the last step to the
-report), and the costs of its recoveries: detection per fault kind, the stop-and-start round, the
-workload's distributed init, prep, restore (local and peer) and program load, the blocking part of a
-save. `--costs-from OTHER.json` takes every recovery cost from another run instead: the prediction
-then uses nothing this run measured about its recoveries, which is the test of the cost model.
+What a replay takes from the run (its report, and the hosts' event logs in its run directory): the hosts
+and slices, the faults and the steps they came at, the spares that joined, the step time (productive
+seconds per step kept), the run's own start (launch to the first step, by category) and end (the last
+step to the report), and the costs of its recoveries: detection per fault kind, the stop-and-start
+round, the workload's distributed init, prep, restore (local and peer) and program load, the blocking
+part of a save. `--costs-from OTHER.json` takes every recovery cost from another run instead: the
+prediction then uses nothing this run measured about its recoveries, which is the test of the cost
+model.
 
 What it predicts: the steps trained again after each fault (from the checkpoint interval and where the
 fault came), the policy's decisions (the real engine and the user's policy) and the world they leave,
@@ -89,15 +90,16 @@ def read_report(path: Path) -> dict[str, Any]:
 
 
 def _timelines(report: dict[str, Any], path: Path) -> dict[int, HostTimeline]:
-    log = report.get("events_log")
-    if not log or not Path(log).is_file():
+    """Each host's steps, from the event logs in the run's directory (`run_dir`)."""
+    run_dir = report.get("run_dir")
+    if not run_dir or not Path(run_dir).is_dir():
         raise UserError(
-            f"--replay {path}: its event log ({log or 'events_log'}) is missing: a replay needs each "
-            "host's steps (keep the .events.jsonl file beside the report)"
+            f"--replay {path}: its run directory ({run_dir or 'run_dir'}) is missing: a replay needs "
+            "each host's event log there (`slicekeeper run --work-dir DIR` keeps it where you choose)"
         )
     timelines = {h: t for h, t in read_timelines(report).items() if t.steps}
     if not timelines:
-        raise UserError(f"--replay {path}: its event log has no step of any host")
+        raise UserError(f"--replay {path}: the event logs in {run_dir} hold no step of any host")
     return timelines
 
 

@@ -42,7 +42,8 @@ def parse(specs: list[str]) -> dict[str, list[float]]:
             token = token.strip()
             if "=" in token:
                 name, _, token = token.partition("=")
-                if name not in SETTINGS and name.removeprefix("cost.") not in cost_fields | {""}:
+                cost = name.startswith("cost.") and name.removeprefix("cost.") in cost_fields
+                if name not in SETTINGS and not cost:
                     raise UserError(
                         f"--sweep {spec!r}: '{name}' is not one of {', '.join(SETTINGS)} or cost.NAME "
                         f"(NAME a cost model field: {', '.join(sorted(cost_fields))})"

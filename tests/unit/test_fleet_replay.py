@@ -100,10 +100,13 @@ def report_with(tmp_path: Path, faults: list[dict[str, object]], **changes: obje
     return path
 
 
-def test_a_report_without_its_event_log_is_refused_naming_the_log(tmp_path):
-    path = report_with(tmp_path, [])
+def test_a_report_whose_run_directory_is_gone_is_refused_naming_it(tmp_path):
+    path = report_with(tmp_path, [], run_dir=str(tmp_path / "gone"))
     job = load_training_job(ROOT / "examples" / "trainingjob.yaml")
-    with pytest.raises(UserError, match=r"event log \(.*report\.events\.jsonl\) is missing"):
+    with pytest.raises(UserError, match=r"run directory \(.*gone\) is missing"):
+        replay(job, path)
+    (tmp_path / "gone").mkdir()  # there, but no host's event log in it
+    with pytest.raises(UserError, match=r"hold no step of any host"):
         replay(job, path)
 
 

@@ -33,6 +33,8 @@ def test_settings_are_parsed_name_by_name():
     [
         ("budget=3", "'budget' is not one of"),
         ("cost.warp_factor=9", "'cost.warp_factor' is not one of"),
+        ("step_seconds=5", "'step_seconds' is not one of"),  # a cost field needs its cost. prefix
+        ("cost.=5", "'cost.' is not one of"),
         ("spares=two", "'two' is not a number (for spares)"),
         ("checkpoint.interval=0", "checkpoint.interval cannot be 0"),
         ("5,10", "expected NAME=VALUE"),
