@@ -4,6 +4,8 @@ errors, and every connection without them refused, counted, said once per peer, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import ssl
 import stat
 from collections.abc import Callable
@@ -170,3 +172,40 @@ def test_only_tls_1_3_is_spoken(own: Path):
     tls = JobTls(own)
     assert tls.server.minimum_version == tls.client.minimum_version == ssl.TLSVersion.TLSv1_3
     assert tls.server.verify_mode == tls.client.verify_mode == ssl.CERT_REQUIRED
+
+
+def _handshake_in_memory(server_context: ssl.SSLContext, client_context: ssl.SSLContext) -> ssl.SSLObject:
+    """A whole handshake between the two contexts, and the client's read of what followed it."""
+    to_server, to_client, from_server, from_client = (ssl.MemoryBIO() for _ in range(4))
+    server = server_context.wrap_bio(to_server, from_server, server_side=True)
+    client = client_context.wrap_bio(to_client, from_client, server_side=False)
+    for _ in range(10):
+        for side in (client, server):
+            with contextlib.suppress(ssl.SSLWantReadError):
+                side.do_handshake()
+            to_server.write(from_client.read())
+            to_client.write(from_server.read())
+    with contextlib.suppress(ssl.SSLWantReadError):
+        client.read(1)  # the session tickets, if the server sent any
+    return client
+
+
+@pytest.mark.parametrize("tickets", [None, 2], ids=["job's server", "negative control: OpenSSL's default"])
+def test_the_server_issues_no_session_ticket(own: Path, tickets: int | None):
+    """No client of a job resumes a session, and two tickets were 40 % of a handshake's CPU on the
+    server, which a new leader pays once for every member (benchmarks/tls_handshake.py)."""
+    tls = JobTls(own)
+    if tickets is not None:
+        tls.server.num_tickets = tickets
+    client = _handshake_in_memory(tls.server, tls.client)
+    assert client.version() == "TLSv1.3" and client.getpeercert() is not None
+    assert client.session is not None and client.session.has_ticket is (tickets is not None)
+
+
+def test_the_handshake_benchmark_prices_each_variant(capsys: pytest.CaptureFixture[str]):
+    from benchmarks import tls_handshake
+
+    assert tls_handshake.main(["--handshakes", "3", "--rounds", "1"]) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for variant in tls_handshake.VARIANTS:
+        assert figures[variant]["server_ms"] > 0 and figures[variant]["client_ms"] > 0
