@@ -168,3 +168,37 @@ def test_a_replacement_timeout_that_passes_while_the_leader_is_fenced_decides_no
         await shut(leader, members)
 
     run(scenario)
+
+
+def test_a_leader_ending_while_hosts_are_being_lost_ends_quietly(monkeypatch):
+    """A leader process ending (its pod deleted, the job over) while the losses of hosts it just
+    heard of wait their turn: their connection handlers are cancelled inside their `finally`.
+    Python 3.11's stream server then reported each one as an "Exception in callback" with a
+    traceback: at a 10,000-host benchmark's end, 9,991 of them, 230,000 lines of log."""
+    entered = asyncio.Event()
+
+    async def waiting_its_turn(self: remediation.Remediation, host: int, machine: str) -> None:
+        entered.set()
+        await asyncio.Event().wait()  # the turn of the decisions, never given
+
+    monkeypatch.setattr(remediation.Remediation, "host_lost", waiting_its_turn)
+    reported: list[str] = []
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: reported.append(context["message"])
+        )
+        leader, members = await running_job(hosts=2)
+        members[1].close()
+        await asyncio.wait_for(entered.wait(), 5)
+        handlers = [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "_connection"]  # type: ignore[union-attr]
+        assert len(handlers) == 2
+        for task in handlers:  # as asyncio.run's teardown does
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        await asyncio.sleep(0)  # the tasks' done callbacks
+        await leader.close()
+        members[0].close()
+
+    run(scenario)
+    assert reported == []
