@@ -45,6 +45,7 @@ from typing import Any, cast
 
 import kopf
 from slicekeeper.operator.cluster import LIST_PAGE_SIZE, PLURAL, VERSION, Cluster
+from slicekeeper.operator.diffbase import JobsOnlyDiffBase
 from slicekeeper.operator.hot_swap import AVOID_ANNOTATION, replacement, replacement_reason, terminated_state
 from slicekeeper.operator.image_check import unusable_image
 from slicekeeper.operator.job_status import (
@@ -54,6 +55,7 @@ from slicekeeper.operator.job_status import (
     derive,
     with_condition,
 )
+from slicekeeper.operator.log_summary import SUMMARY_SECONDS, JobActivity
 from slicekeeper.operator.notices import (
     DEFAULT_GRACE_SECONDS,
     NOTICE_ANNOTATION,
@@ -62,7 +64,7 @@ from slicekeeper.operator.notices import (
     node_signal,
     notice_change,
 )
-from slicekeeper.operator.pod_store import PodStore
+from slicekeeper.operator.pod_store import JobKey, PodStore
 from slicekeeper.operator.render import GROUP, LABEL_JOB, LABEL_SLICE, manifests, render
 
 from slicekeeper import credentials, protocol
@@ -142,10 +144,16 @@ def _indexed(jobs: kopf.Index[tuple[str, str], kopf.Body]) -> list[tuple[str, st
 
 
 def register(
-    registry: kopf.OperatorRegistry, cluster: Cluster, status_interval: float = STATUS_INTERVAL_SECONDS
+    registry: kopf.OperatorRegistry,
+    cluster: Cluster,
+    status_interval: float = STATUS_INTERVAL_SECONDS,
+    summary_interval: float = SUMMARY_SECONDS,
 ) -> None:
-    """Put every handler on `registry`, acting on the cluster through `cluster`, counting in its metrics."""
+    """Put every handler on `registry`, acting on the cluster through `cluster`, counting in its metrics;
+    what it does for each job is logged in a line per job at most every `summary_interval` seconds
+    (operator/log_summary.py)."""
     store = PodStore()
+    activity = JobActivity(summary_interval)
     metrics = cluster.metrics
     metrics.read_pods_from(store.placed)
 
@@ -159,6 +167,8 @@ def register(
         # kopf's first listing of the pods a page at a time, as they come: in one piece, 25,000 pods
         # (about 100 MB of JSON) took a restarted operator to 790 MiB; paged, 220 MiB.
         settings.watching.chunk_size = LIST_PAGE_SIZE
+        # No diff base for the pods' and nodes' events, which no change handler reads (operator/diffbase.py).
+        settings.persistence.diffbase_storage = JobsOnlyDiffBase(settings.persistence.diffbase_storage)
 
     @kopf.index(GROUP, VERSION, PLURAL, id="jobs", registry=registry)
     def jobs(*, body: kopf.Body, **_: Any) -> dict[tuple[str, str], kopf.Body]:
@@ -188,6 +198,7 @@ def register(
             return
         kinds = ("Secret", "Service", "ConfigMap", "NetworkPolicy", "Pod")
         created = _create_missing(body, job, kinds=kinds, pods=job_pods(body))
+        activity.note(_where(body), "children created", created)
         if phase in (None, "Invalid", "Suspended"):
             patch.status["phase"] = "Pending"
         if phase == "Suspended":
@@ -205,6 +216,9 @@ def register(
     @kopf.timer(GROUP, VERSION, PLURAL, interval=status_interval, registry=registry)
     @metrics.timed("timer")
     def keep(*, body: kopf.Body, patch: kopf.Patch, status: kopf.Status, **_: Any) -> None:
+        line = activity.summary(_where(body))
+        if line is not None:
+            logger.info(line)
         if status.get("phase") in (*FINAL_PHASES, None):
             return
         job = _job(body)
@@ -221,12 +235,14 @@ def register(
         for pod in pods:  # level-based too: a node that went NotReady before its pods were known
             if not store.node_ready(pod["spec"]["nodeName"]):
                 cluster.delete_pod(namespace, pod["metadata"]["name"])
+                activity.note((namespace, name), "pods deleted (node not ready)")
                 continue
             seen, signal = slice_signals.get(_slice_of(pod), (False, None))
             if seen:  # (a pod that reached an announcing node after the node's event)
                 _give_notice(pod, signal)
         if len(pods) < job.total_hosts:
-            _create_missing(body, job, kinds=("Pod",), pods=pods)
+            created = _create_missing(body, job, kinds=("Pod",), pods=pods)
+            activity.note((namespace, name), "pods created", created)
         derived = derive(job, pods, dict(status))
         for key, value in derived.status.items():
             if status.get(key) != value:  # at rest nothing changes, and nothing is written
@@ -250,6 +266,7 @@ def register(
         owner = next(iter(jobs.get((namespace, body.metadata.labels[LABEL_JOB]), [])), None)
         if owner is None or owner.metadata.get("deletionTimestamp"):
             return  # the job is gone or going: its pods go with it
+        activity.note(_where(owner), "pod events")
         if (owner.get("status") or {}).get("phase") in FINAL_PHASES or _suspended(owner):
             return  # a suspended job's pods were deleted on purpose
         pod = dict(body)
@@ -298,6 +315,9 @@ def register(
     def cleanup(*, body: kopf.Body, **_: Any) -> None:
         cluster.delete_children(*_where(body))
         store.forget_job(*_where(body))
+        line = activity.forget(_where(body))
+        if line is not None:
+            logger.info(line)
 
     def _create_missing(
         body: kopf.Body, job: TrainingJob, kinds: tuple[str, ...], pods: list[dict[str, Any]]
@@ -340,6 +360,7 @@ def register(
         kopf.adopt(fresh, owner=owner, strict=False)
         if cluster.create(fresh):  # (not when it was there already: a retried handler)
             metrics.hot_swaps.labels(namespace=fresh["metadata"]["namespace"]).inc()
+            activity.note(_where(owner), "pods replaced")
             avoided = fresh["metadata"]["annotations"].get(AVOID_ANNOTATION, "none")
             _post(
                 owner,
@@ -372,6 +393,7 @@ def register(
         if change is None:
             return
         cluster.annotate_pod(metadata["namespace"], metadata["name"], {NOTICE_ANNOTATION: change.value})
+        activity.note(_job_of(pod), "notices given" if change.value else "notices withdrawn")
         logger.debug(
             "pod %s/%s: notice %s", metadata["namespace"], metadata["name"], change.value or "withdrawn"
         )
@@ -397,6 +419,12 @@ def register(
             *_where(owner), {"phase": "Failed", "conditions": with_condition(conditions, failed)}
         )
         _post_warning(owner, reason="JobFailed", message=message)
+
+
+def _job_of(pod: dict[str, Any]) -> JobKey:
+    """(namespace, job name) of one of a job's pods (the job's label)."""
+    metadata = pod["metadata"]
+    return str(metadata["namespace"]), str(metadata["labels"][LABEL_JOB])
 
 
 def _slice_of(pod: dict[str, Any]) -> str | None:

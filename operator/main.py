@@ -15,6 +15,7 @@ import kopf
 from slicekeeper.operator.cluster import Cluster, client_configuration
 from slicekeeper.operator.creation import DEFAULT_CONCURRENCY
 from slicekeeper.operator.handlers import register
+from slicekeeper.operator.log_summary import quiet_routine
 from slicekeeper.operator.metrics import METRICS_PORT, OperatorMetrics
 from slicekeeper.operator.rate_limit import DEFAULT_BURST, DEFAULT_QPS, TokenBucket
 
@@ -39,6 +40,7 @@ def run(
     (None: their defaults): operator/rate_limit.py and operator/creation.py."""
     level = getattr(logging, log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_routine(level)  # kopf's line per pod event: DEBUG (operator/log_summary.py)
     registry = kopf.OperatorRegistry()
     if server is not None:
 
