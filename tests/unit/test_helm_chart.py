@@ -63,6 +63,7 @@ MATRIX: dict[str, dict[str, Any]] = {
             "dashboards": {"namespace": "grafana", "folder": "Training"},
         }
     },
+    "flow-schema": {"operator": {"api": {"flowSchema": {"enabled": True, "concurrencyShares": 50}}}},
     "supervisors-elsewhere": {
         "supervisors": {
             "namespaces": ["team-a", "team-b"],
@@ -130,6 +131,27 @@ def test_the_values_reach_the_operator_deployment():
     assert pod["imagePullSecrets"] == [{"name": "registry"}]
 
 
+def test_the_operator_gets_a_priority_level_of_its_own_only_when_asked():
+    assert not [o for o in chart.objects() if o["apiVersion"].startswith("flowcontrol.")]
+    objects = chart.objects(MATRIX["flow-schema"])
+    level = next(o for o in objects if o["kind"] == "PriorityLevelConfiguration")
+    schema = next(o for o in objects if o["kind"] == "FlowSchema")
+    account = next(o for o in objects if o["kind"] == "ServiceAccount")
+    deployment = chart.the("Deployment")["spec"]["template"]["spec"]
+    assert deployment["serviceAccountName"] == account["metadata"]["name"]
+    [rule] = schema["spec"]["rules"]
+    assert rule["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "serviceAccount": {"name": account["metadata"]["name"], "namespace": chart.NAMESPACE},
+        }
+    ]
+    assert schema["spec"]["priorityLevelConfiguration"]["name"] == level["metadata"]["name"]
+    assert level["spec"]["limited"]["nominalConcurrencyShares"] == 50
+    assert level["spec"]["limited"]["limitResponse"]["type"] == "Queue"
+    assert schema["spec"]["matchingPrecedence"] < 9000  # before the built-in service-accounts schema
+
+
 def test_the_supervisors_namespaces_get_their_role_and_the_policy_can_be_left_out():
     objects = chart.objects(MATRIX["supervisors-elsewhere"])
     roles = {(o["kind"], o["metadata"].get("namespace")) for o in objects if o["kind"] == "Role"}
@@ -150,6 +172,10 @@ def test_the_supervisors_namespaces_get_their_role_and_the_policy_can_be_left_ou
             "at '/supervisors/namespaces/0': 'Team_A' does not match",
         ),
         ({"operator": {"logLevel": 3}}, "at '/operator/logLevel'"),
+        (
+            {"operator": {"api": {"flowSchema": {"lendablePercent": 101}}}},
+            "at '/operator/api/flowSchema/lendablePercent': maximum: got 101, want 100",
+        ),
     ],
     ids=[
         "negative-replicas",
@@ -159,6 +185,7 @@ def test_the_supervisors_namespaces_get_their_role_and_the_policy_can_be_left_ou
         "pull-policy",
         "namespace",
         "type",
+        "lendable-percent",
     ],
 )
 def test_bad_values_are_refused_with_the_schemas_message(values, message):
