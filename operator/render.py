@@ -306,6 +306,9 @@ class RenderedJob:
             protocol.ENV_CONFIG_DIR: CONFIG_DIR,
             protocol.ENV_CREDENTIALS_DIR: CREDENTIALS_DIR,
         }
+        uid = (self.job.metadata.model_extra or {}).get("uid")
+        if uid:  # (a job read from the API server; `slicekeeper render` of a file has none)
+            env[protocol.ENV_JOB_UID] = str(uid)
         if layout.shape.slices > 1:
             env |= {
                 protocol.ENV_MEGASCALE_NUM_SLICES: str(layout.shape.slices),

@@ -312,7 +312,7 @@ class PodSite(Site):
         """On the job's coordination.k8s.io Lease (named after the job, in the pod's namespace)."""
         namespace = os.environ.get(protocol.ENV_POD_NAMESPACE) or "default"
         job = self.plan.layout.job_name
-        return cluster_election(lease_name(job), namespace, own, job)
+        return cluster_election(lease_name(job), namespace, own, job, os.environ.get(protocol.ENV_JOB_UID))
 
     @property
     def leader_wait(self) -> float:

@@ -201,16 +201,34 @@ class _NotFound:
 class KubernetesLeaseLock(LeaseLock):  # type: ignore[misc]
     """kubernetes' Lease lock, counting the holder changes in `spec.leaseTransitions` (the term),
     which the library's lock leaves alone, and creating the Lease labelled with its job (`labels`:
-    the admission policy lets only that job's pods write it)."""
+    the admission policy lets only that job's pods write it) and owned by it (`owner`: the
+    TrainingJob's name and uid; the garbage collector deletes the Lease with the job)."""
 
     def __init__(
-        self, name: str, namespace: str, identity: str, labels: dict[str, str] | None = None
+        self,
+        name: str,
+        namespace: str,
+        identity: str,
+        labels: dict[str, str] | None = None,
+        owner: tuple[str, str] | None = None,
     ) -> None:
         super().__init__(name, namespace, identity)
         self.labels = dict(labels or {})
+        self.owner = owner
 
     def create(self, name: str, namespace: str, election_record: LeaderElectionRecord) -> bool:
-        metadata = client.V1ObjectMeta(name=name, labels=self.labels or None)
+        owners = None
+        if self.owner is not None:
+            job, uid = self.owner
+            owners = [
+                client.V1OwnerReference(
+                    api_version=protocol.TRAININGJOB_API_VERSION,
+                    kind=protocol.TRAININGJOB_KIND,
+                    name=job,
+                    uid=uid,
+                )
+            ]
+        metadata = client.V1ObjectMeta(name=name, labels=self.labels or None, owner_references=owners)
         body = client.V1Lease(metadata=metadata, spec=self.get_lease_spec(election_record))
         try:
             self.lease_reference = self.api_instance.create_namespaced_lease(namespace, body)
@@ -424,14 +442,17 @@ def read_lease_file(path: Path) -> Lease | None:
     return Lease.of(record.holder_identity, lock.transitions + 1, time.time())
 
 
-def cluster_election(lease_name: str, namespace: str, holder: Holder, job: str) -> Election:
+def cluster_election(
+    lease_name: str, namespace: str, holder: Holder, job: str, job_uid: str | None = None
+) -> Election:
     """In a pod: the client configured from the pod's service account (or KUBECONFIG, as the fake
-    kubelet's pods have it)."""
+    kubelet's pods have it); the Lease owned by the job when its uid is known."""
     from kubernetes import config
 
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    lock = KubernetesLeaseLock(lease_name, namespace, holder.identity(), {protocol.LABEL_JOB: job})
+    owner = (job, job_uid) if job_uid else None
+    lock = KubernetesLeaseLock(lease_name, namespace, holder.identity(), {protocol.LABEL_JOB: job}, owner)
     return Election(lock, CLUSTER_TIMING)

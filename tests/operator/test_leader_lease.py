@@ -8,6 +8,7 @@ must each be based on the lease as it is, or the API server refuses them.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from kubernetes import client, config
 from slicekeeper.supervisor.leader.election import Election, Holder, KubernetesLeaseLock, Timing
 
 from slicekeeper import protocol
-from tests.support.operator_example import NS
+from tests.support.operator_example import NS, example
 from tests.support.operator_harness import Kube, emulated_cluster
 
 pytestmark = pytest.mark.asyncio
@@ -76,3 +77,42 @@ async def test_a_leader_that_renewed_releases_its_lease_and_the_next_takes_it_at
         assert lease["spec"]["holderIdentity"] == second.identity
         assert lease["spec"]["leaseTransitions"] == 2 and second.term == 3  # released, then taken
         assert not await first.step()  # it gave the lease up: never again
+
+
+@pytest.mark.parametrize("owned", [True, False], ids=["owned by the job", "negative control: no owner"])
+async def test_the_jobs_lease_goes_with_the_job(tmp_path: Path, owned: bool):
+    """Deleting a TrainingJob leaves nothing behind: the garbage collector deletes the Lease its
+    supervisors created, through the owner reference each pod's uid variable lets them set."""
+    async with emulated_cluster(watch_seconds=None) as kube:
+        use_emulated_api_server(kube, tmp_path)
+        await kube.apply(example())
+        job = kube.job(NS, "tiny-lm")
+        owner = ("tiny-lm", job["metadata"]["uid"]) if owned else None
+        holder = Holder("a-0", 0, "10.0.0.0:8490")
+        lock = KubernetesLeaseLock(LEASE, NS, holder.identity(), {protocol.LABEL_JOB: "tiny-lm"}, owner)
+        assert await Election(lock, FAST).step()
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{LEASE}"
+        references = (await kube.request("GET", path))["metadata"].get("ownerReferences")
+        if owned:
+            assert references == [
+                {
+                    "apiVersion": protocol.TRAININGJOB_API_VERSION,
+                    "kind": protocol.TRAININGJOB_KIND,
+                    "name": "tiny-lm",
+                    "uid": job["metadata"]["uid"],
+                }
+            ]
+        await kube.delete_job(NS, "tiny-lm")
+        leases = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
+
+        async def names() -> list[str]:
+            return [lease["metadata"]["name"] for lease in (await kube.request("GET", leases))["items"]]
+
+        if owned:
+            deadline = asyncio.get_running_loop().time() + 10
+            while await names() and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.1)
+            assert await names() == []
+        else:
+            await asyncio.sleep(1)
+            assert await names() == [LEASE]  # left behind

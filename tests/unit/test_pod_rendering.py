@@ -9,7 +9,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from slicekeeper.operator.cluster import VERSION
 from slicekeeper.operator.render import (
+    GROUP,
     KUEUE_COUNT_ANNOTATION,
     KUEUE_GROUP_LABEL,
     KUEUE_QUEUE_LABEL,
@@ -161,6 +163,20 @@ def test_the_users_environment_is_kept_but_cannot_override_the_workers_identity(
     )
     env = env_of(next(rendered.pods()))
     assert env["TPU_WORKER_ID"] == "0" and env["A"] == "b"
+
+
+def test_a_job_read_from_the_api_server_gives_its_pods_its_uid_for_the_lease_owner():
+    read = parse_training_job(
+        {
+            "apiVersion": protocol.TRAININGJOB_API_VERSION,
+            "kind": protocol.TRAININGJOB_KIND,
+            "metadata": {"name": "llm", "namespace": "research", "uid": "0b1c-77"},
+            "spec": {"tpu": {"type": "v5p-16"}},
+        }
+    )
+    assert env_of(next(render(read).pods()))[protocol.ENV_JOB_UID] == "0b1c-77"
+    assert protocol.ENV_JOB_UID not in env_of(next(render(job({"type": "v5p-16"})).pods()))  # a file's
+    assert f"{GROUP}/{VERSION}" == protocol.TRAININGJOB_API_VERSION  # the kind the operator serves
 
 
 # --- the other children -------------------------------------------------------------------------
