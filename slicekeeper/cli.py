@@ -188,6 +188,9 @@ def _operator(args: argparse.Namespace) -> int:
         api_qps=args.api_qps,
         api_burst=args.api_burst,
         create_concurrency=args.create_concurrency,
+        leader_election=args.leader_election,
+        lease_namespace=args.leader_election_namespace,
+        lease_seconds=args.leader_election_lease_seconds,
     )
 
 
@@ -412,6 +415,21 @@ def parser() -> argparse.ArgumentParser:
         "--create-concurrency",
         type=_whole,
         help="creates in flight at once, in slow-start batches of 1, 2, 4, ... (default 32)",
+    )
+    operator.add_argument(
+        "--leader-election",
+        action="store_true",
+        help="act only while holding the Lease slicekeeper-operator (for several replicas)",
+    )
+    operator.add_argument(
+        "--leader-election-namespace",
+        help="the Lease's namespace (default: the operator's own, else default)",
+    )
+    operator.add_argument(
+        "--leader-election-lease-seconds",
+        type=_whole,
+        default=15,
+        help="how long a replica waits for an unrenewed Lease before it takes over (default 15)",
     )
     operator.set_defaults(handler=_operator)
     _checkpoint_commands(commands)

@@ -63,6 +63,8 @@ MATRIX: dict[str, dict[str, Any]] = {
             "dashboards": {"namespace": "grafana", "folder": "Training"},
         }
     },
+    "two-replicas": {"operator": {"replicas": 2, "leaderElection": {"leaseSeconds": 10}}},
+    "no-leader-election": {"operator": {"leaderElection": {"enabled": False}}},
     "flow-schema": {"operator": {"api": {"flowSchema": {"enabled": True, "concurrencyShares": 50}}}},
     "supervisors-elsewhere": {
         "supervisors": {
@@ -124,11 +126,40 @@ def test_the_values_reach_the_operator_deployment():
     private = MATRIX["private-image"]
     container = _container(private)
     assert container["image"] == "registry.example.com/sk:1.2.3" and container["imagePullPolicy"] == "Always"
-    assert container["env"] == private["operator"]["extraEnv"]
+    assert container["env"][1:] == private["operator"]["extraEnv"]  # after the replica's POD_NAME
     assert "--liveness=http://0.0.0.0:9808/healthz" in container["args"]
     assert {"name": "healthz", "containerPort": 9808} in container["ports"]
     pod = chart.the("Deployment", values=private)["spec"]["template"]["spec"]
     assert pod["imagePullSecrets"] == [{"name": "registry"}]
+
+
+def test_replicas_elect_the_one_that_acts_and_keep_one_through_a_drain():
+    def pdbs(values: dict[str, Any]) -> list[chart.Manifest]:
+        return [o for o in chart.objects(values) if o["kind"] == "PodDisruptionBudget"]
+
+    two = MATRIX["two-replicas"]
+    args = _container(two)["args"]
+    assert "--leader-election" in args and "--leader-election-lease-seconds=10" in args
+    assert f"--leader-election-namespace={chart.NAMESPACE}" in args
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in _container(two)[
+        "env"
+    ]
+    deployment = chart.the("Deployment", values=two)["spec"]
+    assert deployment["replicas"] == 2 and deployment["strategy"]["type"] == "RollingUpdate"
+    [pdb] = pdbs(two)
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment["selector"]["matchLabels"]
+    role = chart.the("Role", "slicekeeper-operator", values=two)
+    assert {tuple(r["verbs"]) for r in role["rules"]} == {("get", "update"), ("create",)}
+    assert not pdbs({})  # one replica: a budget of one would block every drain
+    alone = MATRIX["no-leader-election"]
+    assert not [a for a in _container(alone)["args"] if a.startswith("--leader-election")]
+    assert chart.the("Deployment", values=alone)["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [
+        o
+        for o in chart.objects(alone)
+        if o["kind"] == "Role" and o["metadata"]["name"] == "slicekeeper-operator"
+    ]
 
 
 def test_the_operator_gets_a_priority_level_of_its_own_only_when_asked():
@@ -154,7 +185,11 @@ def test_the_operator_gets_a_priority_level_of_its_own_only_when_asked():
 
 def test_the_supervisors_namespaces_get_their_role_and_the_policy_can_be_left_out():
     objects = chart.objects(MATRIX["supervisors-elsewhere"])
-    roles = {(o["kind"], o["metadata"].get("namespace")) for o in objects if o["kind"] == "Role"}
+    roles = {
+        (o["kind"], o["metadata"].get("namespace"))
+        for o in objects
+        if o["kind"] == "Role" and o["metadata"]["name"] == "slicekeeper-supervisor"
+    }
     assert roles == {("Role", "team-a"), ("Role", "team-b")}
     assert not [o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")]
 
@@ -163,7 +198,11 @@ def test_the_supervisors_namespaces_get_their_role_and_the_policy_can_be_left_ou
     ("values", "message"),
     [
         ({"operator": {"replicas": -1}}, "at '/operator/replicas': minimum: got -1, want 0"),
-        ({"operator": {"replicas": 2}}, "at '/operator/replicas': maximum: got 2, want 1"),
+        ({"operator": {"replicas": 4}}, "at '/operator/replicas': maximum: got 4, want 3"),
+        (
+            {"operator": {"replicas": 2, "leaderElection": {"enabled": False}}},
+            "at '/operator/leaderElection/enabled': value must be true",
+        ),
         ({"operator": {"replica": 1}}, "at '/operator': additional properties 'replica' not allowed"),
         ({"imageTag": "1.0"}, "additional properties 'imageTag' not allowed"),
         ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy': value must be one of"),
@@ -179,7 +218,8 @@ def test_the_supervisors_namespaces_get_their_role_and_the_policy_can_be_left_ou
     ],
     ids=[
         "negative-replicas",
-        "two-replicas",
+        "four-replicas",
+        "two-replicas-without-election",
         "unknown-key",
         "unknown-top-key",
         "pull-policy",

@@ -50,12 +50,20 @@ def test_every_object_is_valid_against_its_schema():
     assert chart.invalid(chart.objects()) == {}
 
 
-def test_one_replica_replaced_by_recreate_never_two_operators_at_once():
+def test_never_two_operators_acting_at_once():
+    """By default one replica, elected on the operator's Lease before it acts: a rolling update's new
+    pod stands by until the old one's Lease runs out. Without the election: one replica, Recreate."""
     spec = deployment()["spec"]
     assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert "--leader-election" in container()["args"]
     labels = spec["template"]["metadata"]["labels"]
     assert spec["selector"]["matchLabels"].items() <= labels.items()
+    alone = deployment({"operator": {"leaderElection": {"enabled": False}}})["spec"]
+    assert alone["strategy"] == {"type": "Recreate"}
 
 
 def test_the_liveness_probe_asks_where_kopf_serves_it():

@@ -13,6 +13,7 @@ from slicekeeper.api import load_training_job
 from tests.support import chart
 from tests.support.cli_runs import ROOT
 
+SUPERVISOR = "slicekeeper-supervisor"
 PLURALS = {
     "Service": ("", "services"),
     "ConfigMap": ("", "configmaps"),
@@ -27,6 +28,10 @@ def documents(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
 
 def rules_of(kind: str, name: str) -> list[dict[str, Any]]:
     return next(d["rules"] for d in documents() if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def bindings_of(name: str, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return [d for d in documents(values) if d["kind"] == "RoleBinding" and d["metadata"]["name"] == name]
 
 
 def allows(rules: list[dict[str, Any]], resource: str, verb: str, group: str = "") -> bool:
@@ -66,7 +71,7 @@ def test_the_supervisor_may_only_read_watch_and_mark_pods_and_hold_its_jobs_leas
 
 def test_the_pods_run_as_the_supervisors_service_account():
     pod = next(render(load_training_job(ROOT / "examples" / "trainingjob.yaml")).pods())
-    binding = next(d for d in documents() if d["kind"] == "RoleBinding")
+    binding = bindings_of(SUPERVISOR)[0]
     assert binding["subjects"][0]["name"] == pod["spec"]["serviceAccountName"]
 
 
@@ -110,6 +115,19 @@ def test_the_operator_may_block_its_jobs_deletion_on_the_children_it_adopts():
                 assert allows(rules, "trainingjobs/finalizers", "update", group), child["kind"]
 
 
+def test_the_operators_replicas_may_take_and_renew_their_lease_and_nothing_else_in_its_namespace():
+    """Leader election among operator replicas (operator/leader_election.py): the Lease
+    slicekeeper-operator read and renewed by name, created once; no other lease, no delete."""
+    rules = rules_of("Role", "slicekeeper-operator")
+    assert allows(rules, "leases", "create", "coordination.k8s.io")
+    for verb in ("get", "update"):
+        assert allows(rules, "leases", verb, "coordination.k8s.io")
+        assert all(r.get("resourceNames") == ["slicekeeper-operator"] for r in rules if verb in r["verbs"])
+    for verb in ("list", "watch", "patch", "delete"):
+        assert not allows(rules, "leases", verb, "coordination.k8s.io"), verb
+    assert {r["resources"][0] for r in rules} == {"leases"}
+
+
 def test_every_namespace_that_runs_jobs_gets_the_supervisors_account_role_and_binding():
     values = {"supervisors": {"namespaces": ["research", "prod"], "serviceAccountName": "trainer"}}
     found = {
@@ -118,5 +136,7 @@ def test_every_namespace_that_runs_jobs_gets_the_supervisors_account_role_and_bi
     for namespace in ("research", "prod"):
         assert {("ServiceAccount", namespace), ("Role", namespace), ("RoleBinding", namespace)} <= found
     assert ("Role", "default") not in found
-    bindings = [d for d in documents(values) if d["kind"] == "RoleBinding"]
+    operator = [d for d in documents(values) if d["kind"] == "Role" and d["metadata"]["name"] != SUPERVISOR]
+    assert [d["metadata"]["name"] for d in operator] == ["slicekeeper-operator"]  # its Lease (test above)
+    bindings = bindings_of(SUPERVISOR, values)
     assert {b["subjects"][0]["name"] for b in bindings} == {"trainer"}
