@@ -246,11 +246,22 @@ class Cluster:
         return True
 
     def delete_pod(self, namespace: str, name: str) -> bool:
-        """Delete the pod now (no grace: its host is being replaced); False when it was gone."""
+        """Delete the pod now (no grace: its host is being replaced); False when it was gone. The
+        answer (the pod as deleted) is not decoded into the client's models: that was 0.2 ms of CPU
+        for each of a job's pods deleted (py-spy, benchmarks/operator_scale.py at 5,000 hosts)."""
         self._wrote()
-        return _done_unless(
-            lambda: self._core.delete_namespaced_pod(name, namespace, grace_period_seconds=0), already=404
-        )
+
+        def delete() -> None:
+            response = cast(  # unread, as `_preload_content=False` asks (the client's type says a model)
+                urllib3.BaseHTTPResponse,
+                self._core.delete_namespaced_pod(
+                    name, namespace, grace_period_seconds=0, _preload_content=False
+                ),
+            )
+            response.drain_conn()
+            response.release_conn()
+
+        return _done_unless(delete, already=404)
 
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None]) -> bool:
         """Merge `annotations` into the pod's (None removes one); False when the pod was gone."""
