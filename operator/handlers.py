@@ -167,6 +167,9 @@ def register(
         # kopf's first listing of the pods a page at a time, as they come: in one piece, 25,000 pods
         # (about 100 MB of JSON) took a restarted operator to 790 MiB; paged, 220 MiB.
         settings.watching.chunk_size = LIST_PAGE_SIZE
+        # Only the jobs' pods, selected by the API server: kopf's filters on the handlers are its own,
+        # so without this it lists and watches every pod of the cluster.
+        settings.watching.label_selectors[("v1", "pods")] = LABEL_JOB
         # No diff base for the pods' and nodes' events, which no change handler reads (operator/diffbase.py).
         settings.persistence.diffbase_storage = JobsOnlyDiffBase(settings.persistence.diffbase_storage)
 

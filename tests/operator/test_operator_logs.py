@@ -1,6 +1,6 @@
-"""The operator's log at a job's scale (operator/log_summary.py): no line per pod event at INFO, one
-summary line for the job instead; with the filter off (the negative control) kopf says a line for
-every event of every pod."""
+"""The operator at a job's scale, seen from outside: its log (operator/log_summary.py) has no line per
+pod event at INFO, one summary line for the job instead (with the filter off, the negative control,
+kopf says a line for every event of every pod); and it asks the API server for the jobs' pods only."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from slicekeeper.operator.log_summary import KOPF_OBJECTS_LOGGER, quiet_routine
+from slicekeeper.operator.render import LABEL_JOB
 
 from tests.support.operator_example import EXAMPLE, NS, example
 from tests.support.operator_harness import emulated_cluster, eventually, operator
@@ -49,3 +50,19 @@ async def test_a_job_of_many_pods_is_one_summary_line_not_a_line_per_pod(caplog,
 async def test_negative_control_without_the_filter_every_pod_event_is_a_line(caplog):
     records = await logged_while_created(caplog)
     assert len([r for r in records if POD_EVENT_SUCCEEDED in r.getMessage()]) >= PODS
+
+
+async def test_the_operator_lists_and_watches_only_the_jobs_pods():
+    """kopf's handler filters are its own: the API server is asked for the jobs' pods alone, so a
+    cluster's other pods (tens of thousands, at the scale the operator serves) never reach it."""
+    async with emulated_cluster() as kube:
+        other = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web-0", "namespace": NS}}
+        other["spec"] = {"containers": [{"name": "web", "image": "nginx"}]}
+        await kube.request("POST", f"/api/v1/namespaces/{NS}/pods", other)
+        async with operator(kube):
+            await kube.apply(example())
+            await eventually(lambda: len(kube.pods(NS)) == 5, what="the job's 4 pods beside web-0")
+            pods = [r for r in kube.emulator._requests if r.method == "GET" and r.url.path.endswith("/pods")]
+            selectors = {r.url.query.get("labelSelector") for r in pods}
+            # kopf's list and watch (the label's presence), the store's list of one job (its value):
+            assert selectors == {LABEL_JOB, f"{LABEL_JOB}=tiny-lm"}, [str(r.url) for r in pods]
