@@ -80,8 +80,8 @@ async def test_one_replica_acts_and_the_standby_takes_over_when_it_is_killed(tmp
             assert await answers_liveness(second)  # a standby is alive: the kubelet keeps it
             await kube.apply(example())
             await eventually(lambda: sorted(kube.pods(NS)) == NAMES, what="the job's pods", timeout=30)
-            await asyncio.sleep(2 * SUMMARY_SECONDS)  # time for an acting operator's timer to say it
-            assert acted(first)
+            await eventually(lambda: acted(first), what="A's handlers at work", timeout=6 * SUMMARY_SECONDS)
+            await asyncio.sleep(2 * SUMMARY_SECONDS)  # as long again for a second acting operator's timer
             assert not acted(second) and "holds the Lease" not in second.log.read_text()
 
             first.process.kill()  # its node gone: no goodbye, the Lease left to expire
