@@ -64,7 +64,7 @@ class OperatorLease:
         holder: str | None = None,
     ) -> None:
         self.holder = holder or identity()
-        self.namespace = namespace
+        self.where = f"{namespace}/{name}"
         lock = LeaseLock(name, namespace, self.holder)
         lock.api_instance = kubernetes.client.CoordinationV1Api(kubernetes.client.ApiClient(configuration))
         duration, deadline, retry = timing(lease_seconds)
@@ -73,14 +73,14 @@ class OperatorLease:
         )
 
     def wait_to_lead(self) -> None:
-        logger.info("operator %s: waiting for the Lease %s/%s", self.holder, self.namespace, LEASE_NAME)
+        logger.info("operator %s: waiting for the Lease %s", self.holder, self.where)
         self._election.acquire()
-        logger.info("operator %s: holds the Lease %s/%s, acting", self.holder, self.namespace, LEASE_NAME)
+        logger.info("operator %s: holds the Lease %s, acting", self.holder, self.where)
 
     def keep_leading(self, lost: Callable[[], None]) -> threading.Thread:
         def renew() -> None:
             self._election.renew_loop()  # returns only when a renewal failed for the whole deadline
-            logger.error("operator %s: lost the Lease %s/%s", self.holder, self.namespace, LEASE_NAME)
+            logger.error("operator %s: lost the Lease %s", self.holder, self.where)
             lost()
 
         thread = threading.Thread(target=renew, name="operator-lease", daemon=True)
