@@ -26,10 +26,11 @@ pod store's check asks whether a pod is there) or to a patch (a pod gone before 
 
 from __future__ import annotations
 
+import datetime
 import json
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from types import TracebackType
@@ -54,12 +55,16 @@ COLLECTIONS = {
     # The job's credentials: created once, never read back (no get, no list).
     "Secret": "/api/v1/namespaces/{namespace}/secrets",
     "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies",
+    # What the operator did for a job, said at once where it must not be lost (`post_event`).
+    "Event": "/api/v1/namespaces/{namespace}/events",
 }
 """Where the operator creates each kind it creates."""
 RETRIED_STATUSES = (429, 500, 502, 503, 504)
 LIST_PAGE_SIZE = 500
 """Pods per list request: a page is about 2 MB of JSON, a 25,000-pod job 50 pages."""
 USER_AGENT = "slicekeeper-operator"
+EVENT_MESSAGE_LIMIT = 1024
+"""Characters of an event's message the API server takes."""
 ANSWERS = frozenset({("create", 409), ("delete", 404), ("get", 404), ("patch", 404)})
 """(verb, HTTP status) that the operator takes as an answer, not an error (see the module doc)."""
 Observer = Callable[[str, str, int | None], None]
@@ -244,6 +249,35 @@ class Cluster:
                 http_resp=response, body=response.data.decode(errors="replace"), data=None
             )
         return True
+
+    def post_event(self, about: Mapping[str, Any], *, warning: bool, reason: str, message: str) -> None:
+        """A Kubernetes event on the object `about` (a TrainingJob's body), posted now, before the
+        caller's next write: kopf's `kopf.event` queues it for a task of its own, and an operator
+        killed meanwhile lost it while the writes it told of had landed."""
+        metadata = about["metadata"]
+        now = datetime.datetime.now(datetime.UTC).isoformat()
+        self.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"namespace": metadata["namespace"], "generateName": f"{metadata['name']}."},
+                "type": "Warning" if warning else "Normal",
+                "reason": reason,
+                "message": message[:EVENT_MESSAGE_LIMIT],
+                "source": {"component": USER_AGENT},
+                "reportingComponent": USER_AGENT,
+                "involvedObject": {
+                    "apiVersion": about["apiVersion"],
+                    "kind": about["kind"],
+                    "name": metadata["name"],
+                    "namespace": metadata["namespace"],
+                    "uid": metadata.get("uid"),
+                },
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            }
+        )
 
     def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete the pod now (no grace: its host is being replaced); False when it was gone. The

@@ -40,16 +40,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
 import kopf
 from slicekeeper.operator.cluster import LIST_PAGE_SIZE, PLURAL, VERSION, Cluster
 from slicekeeper.operator.diffbase import JobsOnlyDiffBase
-from slicekeeper.operator.hot_swap import AVOID_ANNOTATION, replacement, replacement_reason, terminated_state
+from slicekeeper.operator.hot_swap import (
+    AVOID_ANNOTATION,
+    host_of,
+    replacement,
+    replacement_reason,
+    terminated_state,
+)
 from slicekeeper.operator.image_check import unusable_image
 from slicekeeper.operator.job_status import (
-    HOT_SWAPS_ANNOTATION,
     SCALE_EVENTS,
     condition,
     derive,
@@ -66,6 +71,7 @@ from slicekeeper.operator.notices import (
 )
 from slicekeeper.operator.pod_store import JobKey, PodStore
 from slicekeeper.operator.render import GROUP, LABEL_JOB, LABEL_SLICE, manifests, render
+from slicekeeper.operator.replacements import Plan, Replacements
 
 from slicekeeper import credentials, protocol
 from slicekeeper.api import TrainingJob, parse_training_job
@@ -77,6 +83,7 @@ LEADER_UNREACHABLE_EXIT_CODE = protocol.EXIT_LEADER_UNREACHABLE
 """The in-pod supervisor's exit code when it could not reach the job's leader within
 spec.health.replacementTimeoutSeconds (supervisor/leader_connection.py): replace the pod, and do not
 blame its node. Any other failure of a pod is replaced too, away from its node."""
+_NODE_NOT_READY = "its node is not ready"
 LEADER_UNREACHABLE = (
     "its supervisor could not reach the job's leader within spec.health.replacementTimeoutSeconds"
 )
@@ -153,6 +160,7 @@ def register(
     what it does for each job is logged in a line per job at most every `summary_interval` seconds
     (operator/log_summary.py)."""
     store = PodStore()
+    replacing = Replacements()
     activity = JobActivity(summary_interval)
     metrics = cluster.metrics
     metrics.read_pods_from(store.placed)
@@ -235,23 +243,33 @@ def register(
                 cluster.delete_pod(namespace, pod["metadata"]["name"])
             return
         slice_signals = _slice_signals(pods)
-        for pod in pods:  # level-based too: a node that went NotReady before its pods were known
-            if not store.node_ready(pod["spec"]["nodeName"]):
-                cluster.delete_pod(namespace, pod["metadata"]["name"])
-                activity.note((namespace, name), "pods deleted (node not ready)")
-                continue
+        # Level-based too: a node that went NotReady before its pods were known.
+        unready = [
+            pod
+            for pod in pods
+            if not store.node_ready(pod["spec"]["nodeName"])
+            and not replacing.begun((namespace, name), pod["metadata"]["name"], pod["metadata"]["uid"])
+        ]
+        if unready:
+            plans = {p["metadata"]["name"]: _plan(p, _NODE_NOT_READY) for p in unready}
+            _replace((namespace, name), status, plans)
+            activity.note((namespace, name), "pods deleted (node not ready)", len(unready))
+        for pod in pods:
             seen, signal = slice_signals.get(_slice_of(pod), (False, None))
-            if seen:  # (a pod that reached an announcing node after the node's event)
+            if seen and pod not in unready:  # (a pod that reached an announcing node after the node's event)
                 _give_notice(pod, signal)
         if len(pods) < job.total_hosts:
             created = _create_missing(body, job, kinds=("Pod",), pods=pods)
             activity.note((namespace, name), "pods created", created)
+        settled = replacing.settled((namespace, name), pods, status)
+        if settled:
+            patch.status["replacing"] = settled
         derived = derive(job, pods, dict(status))
         for key, value in derived.status.items():
             if status.get(key) != value:  # at rest nothing changes, and nothing is written
                 patch.status[key] = value
-        for event in derived.events:
-            (_post_warning if event.warning else _post)(body, reason=event.reason, message=event.message)
+        for event in derived.events:  # posted before kopf patches the status that says it happened
+            cluster.post_event(body, warning=event.warning, reason=event.reason, message=event.message)
             if event.reason in SCALE_EVENTS:
                 metrics.scale_events.labels(namespace=namespace, kind=SCALE_EVENTS[event.reason]).inc()
         for leftover in derived.leftover_pods:
@@ -275,8 +293,7 @@ def register(
         pod = dict(body)
         terminated = terminated_state(pod) or {}
         if type == "DELETED":
-            why = LEADER_UNREACHABLE if _left_for_its_leader(pod) else "it was deleted"
-            await asyncio.to_thread(_hot_swap, owner, pod, why, delete=False)
+            await asyncio.to_thread(_recreate, owner, pod)
             return
         unusable = unusable_image(pod)
         if unusable is not None:  # a replacement would start the same image again
@@ -286,20 +303,28 @@ def register(
             message = terminated.get("message") or f"pod {body.metadata.name}'s supervisor failed the job"
             await asyncio.to_thread(_fail, owner, message)
             return
-        if _left_for_its_leader(pod):
-            await asyncio.to_thread(_hot_swap, owner, pod, LEADER_UNREACHABLE, delete=True)
-            return
-        reason = replacement_reason(pod)
-        if reason is not None:
-            await asyncio.to_thread(_hot_swap, owner, pod, reason, delete=True)
+        reason = LEADER_UNREACHABLE if _left_for_its_leader(pod) else replacement_reason(pod)
+        if reason is not None and not replacing.begun(
+            _where(owner), str(body.metadata.name), body.metadata.uid
+        ):
+            plans = {str(body.metadata.name): _plan(pod, reason)}
+            await asyncio.to_thread(_replace, _where(owner), owner.get("status") or {}, plans)
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
     @metrics.timed("node_event")
-    async def node_event(*, type: str | None, body: kopf.Body, **_: Any) -> None:
+    async def node_event(*, type: str | None, body: kopf.Body, **kwargs: Any) -> None:
         node = str(body.metadata.name)
         if store.observe_node(body):  # (a node deleted while NotReady too)
-            for namespace, name in store.pods_on(node):  # each pod's DELETED event re-creates it
-                await asyncio.to_thread(cluster.delete_pod, namespace, name)
+            by_job: dict[JobKey, dict[str, Plan]] = {}
+            for pod in store.summaries_on(node):
+                if replacing.begun(_job_of(pod), pod["metadata"]["name"], pod["metadata"]["uid"]):
+                    continue
+                by_job.setdefault(_job_of(pod), {})[pod["metadata"]["name"]] = _plan(pod, _NODE_NOT_READY)
+            jobs: kopf.Index[tuple[str, str], kopf.Body] = kwargs["jobs"]
+            for job_key, plans in by_job.items():  # each pod's DELETED event re-creates it
+                owner = next(iter(jobs.get(job_key, [])), None)
+                status = (owner.get("status") or {}) if owner is not None else {}
+                await asyncio.to_thread(_replace, job_key, status, plans)
             return
         if type == "DELETED":
             store.forget_node(node)
@@ -318,6 +343,7 @@ def register(
     def cleanup(*, body: kopf.Body, **_: Any) -> None:
         cluster.delete_children(*_where(body))
         store.forget_job(*_where(body))
+        replacing.forget_job(_where(body))
         line = activity.forget(_where(body))
         if line is not None:
             logger.info(line)
@@ -328,13 +354,23 @@ def register(
         """Create the children of `kinds` that do not exist: one create per pod missing from `pods`
         (a restarted operator re-creates only what went missing; a 409 means it was there)."""
         existing = {p["metadata"]["name"] for p in pods}
+        plans = replacing.plans(_where(body), body.get("status") or {})
         wanted = (
             m
             for m in _children(body, job)
             if m["kind"] in kinds and not (m["kind"] == "Pod" and m["metadata"]["name"] in existing)
         )
         created = _create_credentials(body, job) if "Secret" in kinds else 0
-        return created + cluster.create_all(wanted)
+        # A pod missing in the middle of its hot-swap (its operator stopped between the delete and
+        # the create) is created as its plan says (operator/replacements.py).
+        fresh: list[dict[str, Any]] = []
+        for manifest in wanted:
+            plan = plans.get(manifest["metadata"]["name"]) if manifest["kind"] == "Pod" else None
+            if plan is None:
+                fresh.append(manifest)
+            else:  # (said in its own HotSwap event, not counted here)
+                _create_replacement(body, job, manifest["metadata"]["name"], host_of(manifest), plan)
+        return created + cluster.create_all(fresh)
 
     def _create_credentials(body: kopf.Body, job: TrainingJob) -> int:
         """The job's credentials Secret, made for it alone, unless it exists (409: kept as it is, the
@@ -347,29 +383,51 @@ def register(
         kopf.adopt(secret, owner=body, strict=False)
         return int(cluster.create(secret))
 
-    def _hot_swap(owner: kopf.Body, pod: dict[str, Any], reason: str, *, delete: bool) -> None:
-        name = pod["metadata"]["name"]
-        if delete:
-            cluster.delete_pod(_where(owner)[0], name)  # the DELETED event brings the replacement
-            _post_warning(owner, reason="HotSwap", message=f"replacing pod {name}: {reason}")
-            return
-        job = _job(owner)
-        if _left_for_its_leader(pod):  # its node is not at fault: the new pod may go there again
-            pod = {**pod, "spec": {**(pod.get("spec") or {}), "nodeName": None}}
-        fresh = replacement(render(job, job.spec.policy.source), pod, store.announcing())
-        fresh["metadata"]["namespace"] = _where(owner)[0]
-        swaps = int((pod["metadata"].get("annotations") or {}).get(HOT_SWAPS_ANNOTATION, 0)) + 1
-        fresh["metadata"].setdefault("annotations", {})[HOT_SWAPS_ANNOTATION] = str(swaps)
+    def _replace(job: JobKey, status: Mapping[str, Any], plans: dict[str, Plan]) -> None:
+        """Begin replacing the job's pods `plans` names: the plans onto the job first (those its
+        `status` does not hold already: an operator restarted after recording them finishes them),
+        then the deletes (each pod's DELETED event creates its replacement: `_recreate`)."""
+        namespace, name = job
+        patch = replacing.begin(job, plans, status)
+        if patch:
+            cluster.patch_job_status(namespace, name, patch)
+        for pod_name in plans:
+            cluster.delete_pod(namespace, pod_name)
+            logger.debug("pod %s/%s deleted to be replaced: %s", namespace, pod_name, plans[pod_name].reason)
+
+    def _recreate(owner: kopf.Body, pod: dict[str, Any]) -> None:
+        """A job pod was deleted: create its replacement, as planned when the operator deleted it,
+        else (a user, a node's removal) replacing the pod as it last was."""
+        job_key, pod_name = _where(owner), str(pod["metadata"]["name"])
+        plan = replacing.plans(job_key, owner.get("status") or {}).get(pod_name)
+        if plan is None or plan.uid != pod["metadata"].get("uid"):
+            reason = LEADER_UNREACHABLE if _left_for_its_leader(pod) else "it was deleted"
+            plan = _plan(pod, reason)
+        _create_replacement(owner, _job(owner), pod_name, host_of(pod), plan)
+
+    def _create_replacement(owner: kopf.Body, job: TrainingJob, name: str, host: int, plan: Plan) -> int:
+        """Create pod `name` (host `host`) as `plan` says; 1 if created, 0 if it was there already.
+        Its `HotSwap` event is posted first: an operator killed after it creates the pod on its
+        restart (and says so again); one killed after the create has said it."""
+        job_key = _where(owner)
+        if not replacing.claim(job_key, name, plan):
+            return 0  # (the timer and the DELETED event's handler both found it missing)
+        rendered = render(job, job.spec.policy.source)
+        fresh = replacement(rendered, host, plan.avoid_nodes, store.announcing(), hot_swaps=plan.hot_swaps)
+        fresh["metadata"]["namespace"] = job_key[0]
         kopf.adopt(fresh, owner=owner, strict=False)
-        if cluster.create(fresh):  # (not when it was there already: a retried handler)
-            metrics.hot_swaps.labels(namespace=fresh["metadata"]["namespace"]).inc()
-            activity.note(_where(owner), "pods replaced")
-            avoided = fresh["metadata"]["annotations"].get(AVOID_ANNOTATION, "none")
-            _post(
-                owner,
-                reason="HotSwap",
-                message=f"pod {name} re-created ({reason}); avoiding nodes: {avoided}",
-            )
+        avoided = fresh["metadata"]["annotations"].get(AVOID_ANNOTATION, "none")
+        message = f"pod {name} replaced ({plan.reason}); avoiding nodes: {avoided}"
+        try:
+            cluster.post_event(owner, warning=True, reason="HotSwap", message=message)
+            if not cluster.create(fresh):  # (a retried handler)
+                return 0
+        except Exception:
+            replacing.release(job_key, name, plan)  # the next to find it missing tries again
+            raise
+        metrics.hot_swaps.labels(namespace=job_key[0]).inc()
+        activity.note(job_key, "pods replaced")
+        return 1
 
     def _slice_signals(pods: list[dict[str, Any]]) -> dict[str | None, tuple[bool, NodeSignal | None]]:
         """Per slice of the job, what its nodes announce: a host event on one VM of a multi-host TPU
@@ -433,6 +491,12 @@ def _job_of(pod: dict[str, Any]) -> JobKey:
 def _slice_of(pod: dict[str, Any]) -> str | None:
     """The slice a pod of the job serves (its label), None for one without it."""
     return cast(str | None, ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_SLICE))
+
+
+def _plan(pod: dict[str, Any], reason: str) -> Plan:
+    """How to replace `pod` (a pod or its summary): away from its node, unless its supervisor left
+    because it could not reach its leader (nothing says its node is at fault)."""
+    return Plan.of(pod, reason, node_at_fault=not _left_for_its_leader(pod))
 
 
 def _left_for_its_leader(pod: dict[str, Any]) -> bool:

@@ -26,6 +26,8 @@ REPLACE_ANNOTATION = protocol.ANNOTATION_REPLACE
 AVOID_ANNOTATION = f"{GROUP}/avoid-nodes"
 """Comma-separated nodes this host must not be scheduled on again."""
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+HOT_SWAPS_ANNOTATION = f"{GROUP}/hot-swaps"
+"""How often this host's pod was replaced (the job's `status.restarts.replace` sums it)."""
 
 
 def replacement_reason(pod: dict[str, Any]) -> str | None:
@@ -58,18 +60,26 @@ def avoided_nodes(pod: dict[str, Any]) -> list[str]:
     return nodes
 
 
-def replacement(rendered: RenderedJob, pod: dict[str, Any], going: Sequence[str] = ()) -> Manifest:
-    """A fresh pod for the same host as `pod`, kept off the nodes that host failed on and off the
-    nodes `going` (they announce their loss: a pod there would be handed over again)."""
-    host = rendered.layout.host(int(pod["metadata"]["labels"][f"{GROUP}/host"]))
-    fresh = copy.deepcopy(rendered.pod(host))
-    failed_on = avoided_nodes(pod)
+def replacement(
+    rendered: RenderedJob, host: int, failed_on: Sequence[str], going: Sequence[str] = (), *, hot_swaps: int
+) -> Manifest:
+    """A fresh pod for host `host`, its `hot_swaps`-th, kept off the nodes the host failed on
+    (`failed_on`, carried on in its annotation) and off the nodes `going` (they announce their loss:
+    a pod there would only be handed over again)."""
+    fresh = copy.deepcopy(rendered.pod(rendered.layout.host(host)))
+    annotations = fresh["metadata"].setdefault("annotations", {})
+    annotations[HOT_SWAPS_ANNOTATION] = str(hot_swaps)
     if failed_on:  # the host's history, carried on to its next replacement
-        fresh["metadata"].setdefault("annotations", {})[AVOID_ANNOTATION] = ",".join(failed_on)
-    nodes = failed_on + [node for node in going if node not in failed_on]
+        annotations[AVOID_ANNOTATION] = ",".join(failed_on)
+    nodes = list(failed_on) + [node for node in going if node not in failed_on]
     if nodes:
         required = {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": nodes}]}
         fresh["spec"]["affinity"]["nodeAffinity"] = {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [required]}
         }
     return fresh
+
+
+def host_of(pod: dict[str, Any]) -> int:
+    """The job's host a pod (or its summary) serves (its label)."""
+    return int(pod["metadata"]["labels"][f"{GROUP}/host"])

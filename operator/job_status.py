@@ -23,15 +23,14 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
-from slicekeeper.operator.render import GROUP, LABEL_SLICE, pod_name
+from slicekeeper.operator.hot_swap import HOT_SWAPS_ANNOTATION
+from slicekeeper.operator.render import LABEL_SLICE, pod_name
 
 from slicekeeper import leader_view as views
 from slicekeeper import protocol
 from slicekeeper.api import TrainingJob
 from slicekeeper.leader_view import LeaderView
 
-HOT_SWAPS_ANNOTATION = f"{GROUP}/hot-swaps"
-"""On a replacement pod: how many times its host has been replaced (status.restarts.replace sums them)."""
 SCALE_EVENTS = {"ScaleDown": "down", "ScaleUp": "up"}
 """The reasons of the events a change of `slicesActive` posts, and the kind of scaling each says."""
 COPIED = ("step", "slicesActive", "lastCheckpointStep", "lastRestore", "goodput", "paramsFingerprint")

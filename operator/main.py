@@ -18,7 +18,7 @@ from pathlib import Path
 import kopf
 from slicekeeper.operator.cluster import Cluster, client_configuration
 from slicekeeper.operator.creation import DEFAULT_CONCURRENCY
-from slicekeeper.operator.handlers import register
+from slicekeeper.operator.handlers import STATUS_INTERVAL_SECONDS, register
 from slicekeeper.operator.leader_election import (
     DEFAULT_LEASE_SECONDS,
     OperatorLease,
@@ -49,6 +49,7 @@ def run(
     leader_election: bool = False,
     lease_namespace: str | None = None,
     lease_seconds: int = DEFAULT_LEASE_SECONDS,
+    status_interval: float = STATUS_INTERVAL_SECONDS,
 ) -> int:
     """Run until stopped; `metrics_port` 0 serves the metrics on a free port (logged). The API limits
     (None: their defaults): operator/rate_limit.py and operator/creation.py. `leader_election`: act
@@ -57,6 +58,8 @@ def run(
     qps, burst = DEFAULT_QPS if api_qps is None else api_qps, api_burst or DEFAULT_BURST
     if qps < 0:
         raise UserError(f"--api-qps {qps}: must not be negative (0: no limit)")
+    if not status_interval > 0:
+        raise UserError(f"--status-interval {status_interval}: must be a positive number of seconds")
     try:
         timing(lease_seconds)
     except ValueError as error:
@@ -80,7 +83,7 @@ def run(
         limiter=TokenBucket(qps, burst),
         concurrency=create_concurrency or DEFAULT_CONCURRENCY,
     )
-    register(registry, cluster)
+    register(registry, cluster, status_interval=status_interval)
     try:
         port = metrics.serve(metrics_port)
     except OSError as error:  # in use, or not ours to bind

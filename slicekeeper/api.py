@@ -141,6 +141,15 @@ class LastRestore(Model):
     steps_replayed: int = Field(default=0, description="Steps trained again after the restore.")
 
 
+class Replacing(Model):
+    """A hot-swap the operator began: what the pod's replacement carries (operator/replacements.py)."""
+
+    uid: str | None = Field(default=None, description="The uid of the pod being replaced.")
+    avoid_nodes: list[str] = Field(default_factory=list, description="Nodes the host failed on.")
+    hot_swaps: int = Field(default=1, description="The replacement's hot-swap count.")
+    reason: str = ""
+
+
 class TrainingJobStatus(Model):
     phase: JobPhase = JobPhase.PENDING
     conditions: list[Condition] = Field(default_factory=list)
@@ -156,6 +165,11 @@ class TrainingJobStatus(Model):
     params_fingerprint: str | None = None
     """Once the job succeeded: the digest of its final parameters every host agreed on (a run with
     faults ends with the fault-free run's)."""
+    replacing: dict[str, Replacing] = Field(
+        default_factory=dict,
+        description="Pods being replaced, by name: written before the operator deletes one, taken off "
+        "once its replacement exists (an operator restarted in between creates it as planned).",
+    )
 
 
 class TrainingJob(Model):

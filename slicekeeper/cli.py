@@ -191,6 +191,7 @@ def _operator(args: argparse.Namespace) -> int:
         leader_election=args.leader_election,
         lease_namespace=args.leader_election_namespace,
         lease_seconds=args.leader_election_lease_seconds,
+        status_interval=args.status_interval,
     )
 
 
@@ -430,6 +431,12 @@ def parser() -> argparse.ArgumentParser:
         type=_whole,
         default=15,
         help="how long a replica waits for an unrenewed Lease before it takes over (default 15)",
+    )
+    operator.add_argument(
+        "--status-interval",
+        type=float,
+        default=5.0,
+        help="seconds between runs of each job's timer (its status, missing pods; default 5)",
     )
     operator.set_defaults(handler=_operator)
     _checkpoint_commands(commands)

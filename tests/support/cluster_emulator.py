@@ -47,7 +47,7 @@ import collections
 import copy
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +146,9 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
         """(time, pod name, status) of every pod create: when it came, for which pod, how it was
         answered (0: served)."""
         self.creates_in_flight = self.most_creates_in_flight = 0
+        self.after_write: Callable[[rendering.Request], None] | None = None
+        """Called with each write once it is committed, before it is answered (a test kills its
+        writer there: the write landed, the writer never heard)."""
         self._latest = 0
         self._by_uid: dict[str, ObjectKey] = {}
         self._dependents: dict[str, set[ObjectKey]] = collections.defaultdict(set)
@@ -201,11 +204,14 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
                 self.faults.append(error)
                 raise
         try:
-            return await _DirectDispatch._handle(self, request)
+            answer = await _DirectDispatch._handle(self, request)
         finally:
             if created is not None:
                 async with self._lock:
                     await self._collect_if_orphaned(created)
+        if self.after_write is not None and request.resource is not None and request.action in WRITES:
+            self.after_write(request)
+        return answer
 
     def refuse_once(self, method: str, path: str, status: int) -> None:
         """Answer the next `method` request to `path` (no query) with `status`, before anything is

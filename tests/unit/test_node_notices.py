@@ -153,18 +153,14 @@ def test_a_replacement_is_kept_off_the_nodes_that_announce_a_loss_but_does_not_r
     from tests.support.operator_example import example
 
     rendered = render(TrainingJob.model_validate(example()))
-    failed = {
-        "metadata": {"labels": {"slicekeeper.dev/host": "1"}, "annotations": {}},
-        "spec": {"nodeName": "tpu-b"},
-    }
-    fresh = replacement(rendered, failed, ["tpu-c"])
+    fresh = replacement(rendered, 1, ["tpu-b"], ["tpu-c"], hot_swaps=1)
     [term] = fresh["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
     assert term["matchExpressions"][0]["values"] == ["tpu-b", "tpu-c"]
     assert fresh["metadata"]["annotations"][AVOID_ANNOTATION] == "tpu-b"
     # Negative control: with no node announcing, only the node it failed on is avoided.
-    plain = replacement(rendered, failed)
+    plain = replacement(rendered, 1, ["tpu-b"], hot_swaps=1)
     assert plain["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ][0]["matchExpressions"][0]["values"] == ["tpu-b"]
