@@ -22,8 +22,8 @@ parse (the operator stops on the 500). Per job size, a fresh emulator and operat
    it has written nothing but the job's status for a few seconds; the scheduler's part is played by
    binding one pod to a node (a merge patch of `spec.nodeName`), then it settles again;
 4. **hot-swap writes**: that pod is marked `Failed` with a merge patch of `status.phase`, as the
-   kubelet would; the window ends when the replacement pod exists (same name, new uid), both
-   `HotSwap` events are posted, the job's `status.restarts.replace` is 1 and the operator has written
+   kubelet would; the window ends when the replacement pod exists (same name, new uid), its
+   `HotSwap` event is posted, the job's `status.restarts.replace` is 1 and the operator has written
    nothing but the job's status for a few seconds. Every write the operator made in that window is
    counted (our own patches are not: they carry our User-Agent), the periodic status patches that
    fell into it included;

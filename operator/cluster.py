@@ -41,9 +41,10 @@ import urllib3
 from kubernetes.client.rest import RESTClientObject, RESTResponse
 from slicekeeper.operator.creation import DEFAULT_CONCURRENCY, create_in_batches
 from slicekeeper.operator.metrics import NO_ANSWER, OperatorMetrics
-from slicekeeper.operator.rate_limit import DEFAULT_BURST, DEFAULT_QPS, TokenBucket
 from slicekeeper.operator.render import GROUP, LABEL_JOB, Manifest
 from urllib3.connectionpool import ConnectionPool
+
+from slicekeeper.api_rules import DEFAULT_BURST, DEFAULT_QPS, TokenBucket, retry_rules
 
 VERSION = "v1alpha1"
 PLURAL = "trainingjobs"
@@ -59,7 +60,6 @@ COLLECTIONS = {
     "Event": "/api/v1/namespaces/{namespace}/events",
 }
 """Where the operator creates each kind it creates."""
-RETRIED_STATUSES = (429, 500, 502, 503, 504)
 LIST_PAGE_SIZE = 500
 """Pods per list request: a page is about 2 MB of JSON, a 25,000-pod job 50 pages."""
 USER_AGENT = "slicekeeper-operator"
@@ -150,16 +150,7 @@ class _CountedRestClient(RESTClientObject):
 
 
 def retry_policy(observe: Observer | None = None) -> urllib3.Retry:
-    retry = _ObservedRetry(
-        total=6,
-        backoff_factor=0.2,  # 0.2, 0.4, 0.8, ... seconds
-        status_forcelist=RETRIED_STATUSES,
-        allowed_methods=None,  # POST and PATCH too: every write here is idempotent
-        respect_retry_after_header=True,  # a 429's or 503's Retry-After is waited for
-        backoff_jitter=0.2,  # up to 0.2 s more at random: many clients refused at once spread out
-        backoff_max=10.0,
-        raise_on_status=False,
-    )
+    retry = _ObservedRetry(**retry_rules())  # (slicekeeper/api_rules.py)
     retry.observe = observe
     return retry
 
@@ -188,7 +179,7 @@ class Cluster:
     writes: int = 0
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     limiter: TokenBucket = field(default_factory=lambda: TokenBucket(DEFAULT_QPS, DEFAULT_BURST))
-    """Every request takes a token first (operator/rate_limit.py): --api-qps, --api-burst."""
+    """Every request takes a token first (slicekeeper/api_rules.py): --api-qps, --api-burst."""
     concurrency: int = DEFAULT_CONCURRENCY
     """Creates in flight at once (operator/creation.py): --create-concurrency."""
     _core: kubernetes.client.CoreV1Api = field(init=False)

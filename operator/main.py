@@ -27,8 +27,8 @@ from slicekeeper.operator.leader_election import (
 )
 from slicekeeper.operator.log_summary import quiet_routine
 from slicekeeper.operator.metrics import METRICS_PORT, OperatorMetrics
-from slicekeeper.operator.rate_limit import DEFAULT_BURST, DEFAULT_QPS, TokenBucket
 
+from slicekeeper.api_rules import DEFAULT_BURST, DEFAULT_QPS, TokenBucket
 from slicekeeper.errors import UserError
 
 LIVENESS = "http://0.0.0.0:8080/healthz"
@@ -52,7 +52,7 @@ def run(
     status_interval: float = STATUS_INTERVAL_SECONDS,
 ) -> int:
     """Run until stopped; `metrics_port` 0 serves the metrics on a free port (logged). The API limits
-    (None: their defaults): operator/rate_limit.py and operator/creation.py. `leader_election`: act
+    (None: their defaults): slicekeeper/api_rules.py and operator/creation.py. `leader_election`: act
     only while holding the operator's Lease in `lease_namespace` (operator/leader_election.py); exit
     1 once it is lost."""
     qps, burst = DEFAULT_QPS if api_qps is None else api_qps, api_burst or DEFAULT_BURST

@@ -9,7 +9,8 @@ through their own pods (the Role `slicekeeper-supervisor` in charts/slicekeeper/
   kind, last checkpoint step, goodput), which the operator copies into the TrainingJob's status.
 
 The pod is named by `POD_NAME` / `POD_NAMESPACE` (the downward API). The client is configured from the
-pod's service account, or from `KUBECONFIG` outside a cluster (the test harness). A write that fails is
+pod's service account, or from `KUBECONFIG` outside a cluster (the test harness), and keeps the rules
+of slicekeeper/api_rules.py (the Lease's client is the same: `pod_api_client`). A write that fails is
 reported to the caller, never raised: training does not stop because the API server is unreachable.
 """
 
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slicekeeper import leader_view, protocol
+from slicekeeper.api_rules import SUPERVISOR_BURST, SUPERVISOR_QPS, TokenBucket, limited_client
 from slicekeeper.leader_view import LeaderView
 
 
@@ -36,13 +38,9 @@ class OwnPod:
 
     def _core(self) -> Any:
         if self._api is None:
-            from kubernetes import client, config  # the `operator` extra: only pods need it
+            from kubernetes import client  # the `operator` extra: only pods need it
 
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-            self._api = client.CoreV1Api()
+            self._api = client.CoreV1Api(pod_api_client())
         return self._api
 
     def annotate(self, annotations: dict[str, str]) -> str | None:
@@ -61,3 +59,25 @@ class OwnPod:
 
     def publish_status(self, status: LeaderView) -> str | None:
         return self.annotate({protocol.ANNOTATION_STATUS: leader_view.encode(status)})
+
+
+def pod_api_client() -> Any:
+    """The supervisor's client of the API server, one per process: configured from the pod's service
+    account (or KUBECONFIG, as the fake kubelet's pods have it), keeping slicekeeper's rules (rate
+    limit, retries with backoff, Retry-After: slicekeeper/api_rules.py)."""
+    global _client
+    if _client is None:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        limiter = TokenBucket(SUPERVISOR_QPS, SUPERVISOR_BURST)
+        # Fewer and shorter retries than the operator's: a leader's renewal must land within its
+        # deadline or give up (the lease's duration fences it either way).
+        _client = limited_client(client.Configuration.get_default_copy(), limiter, total=3, backoff_max=2.0)
+    return _client
+
+
+_client: Any = None

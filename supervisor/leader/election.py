@@ -445,14 +445,13 @@ def read_lease_file(path: Path) -> Lease | None:
 def cluster_election(
     lease_name: str, namespace: str, holder: Holder, job: str, job_uid: str | None = None
 ) -> Election:
-    """In a pod: the client configured from the pod's service account (or KUBECONFIG, as the fake
-    kubelet's pods have it); the Lease owned by the job when its uid is known."""
-    from kubernetes import config
+    """In a pod: the supervisor's client (supervisor/own_pod.py: the pod's service account, or
+    KUBECONFIG as the fake kubelet's pods have it; rate limit and retries); the Lease owned by the job
+    when its uid is known."""
+    from kubernetes import client
+    from slicekeeper.supervisor.own_pod import pod_api_client
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
     owner = (job, job_uid) if job_uid else None
     lock = KubernetesLeaseLock(lease_name, namespace, holder.identity(), {protocol.LABEL_JOB: job}, owner)
+    lock.api_instance = client.CoordinationV1Api(pod_api_client())
     return Election(lock, CLUSTER_TIMING)

@@ -1,4 +1,4 @@
-"""Creating a job's pods as Kubernetes controllers do (operator/creation.py, operator/rate_limit.py):
+"""Creating a job's pods as Kubernetes controllers do (operator/creation.py, slicekeeper/api_rules.py):
 slow-start batches of 1, 2, 4, ... with at most `concurrency` in flight, stopping at a batch with a
 failure; every request through a token bucket of `qps` a second, `burst` deep."""
 
@@ -9,7 +9,8 @@ import time
 
 import pytest
 from slicekeeper.operator.creation import batches, create_in_batches
-from slicekeeper.operator.rate_limit import TokenBucket
+
+from slicekeeper.api_rules import TokenBucket
 
 
 def test_batches_double_up_to_the_limit():

@@ -1,0 +1,124 @@
+"""The rules toward the API server (slicekeeper/api_rules.py) as a supervisor's client keeps them.
+
+Against a small HTTP server of this process that answers as a busy API server would: a 429 with
+`Retry-After: 1`, then a 500, then the pod. The supervisor's client (supervisor/own_pod.py, whose
+client the job's Lease uses too) gets its annotation through, the second attempt no sooner than the
+Retry-After said; a plain client of the library fails at the 429 (the negative control). Its rate
+limit spaces a burst of requests out: at most `burst` at once, then `qps` a second.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import kubernetes
+import pytest
+import yaml
+from slicekeeper.supervisor import own_pod
+from slicekeeper.supervisor.leader.election import Holder, cluster_election
+
+from slicekeeper.api_rules import TokenBucket, limited_client
+
+POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tiny-lm-s0-w0", "namespace": "research"}}
+
+
+class BusyApiServer(http.server.ThreadingHTTPServer):
+    def __init__(self, answers: list[int]) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.answers = answers
+        """The status of each request in turn; 200 once they are spent."""
+        self.seen: list[tuple[float, str, str]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    server: BusyApiServer
+
+    def answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        self.server.seen.append((time.monotonic(), self.command, self.path))
+        status = self.server.answers.pop(0) if self.server.answers else 200
+        body = json.dumps(POD if status == 200 else {"kind": "Status", "code": status}).encode()
+        self.send_response(status)
+        if status == 429:
+            self.send_header("Retry-After", "1")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_PATCH = do_POST = do_PUT = answer
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def busy() -> Iterator[BusyApiServer]:
+    server = BusyApiServer([429, 500])
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def kubeconfig(busy: BusyApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor's client built afresh, from a kubeconfig naming the busy server."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "busy", "cluster": {"server": busy.url}}],
+        "users": [{"name": "pod", "user": {"token": "t"}}],
+        "contexts": [{"name": "busy", "context": {"cluster": "busy", "user": "pod"}}],
+        "current-context": "busy",
+    }
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
+    # (the library reads KUBECONFIG when it is imported: a pod's process has it set by then)
+    monkeypatch.setattr(
+        kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "kubeconfig")
+    )
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setattr(own_pod, "_client", None)
+    monkeypatch.setattr(kubernetes.client.Configuration, "_default", None)
+
+
+def test_a_supervisors_annotation_waits_out_a_429_and_a_500(busy, kubeconfig):
+    pod = own_pod.OwnPod("research", "tiny-lm-s0-w0")
+    assert pod.annotate({"slicekeeper.dev/status": "{}"}) is None
+    assert [method for _, method, _ in busy.seen] == ["PATCH", "PATCH", "PATCH"]
+    first, second = busy.seen[0][0], busy.seen[1][0]
+    assert second - first >= 1.0  # the 429's Retry-After
+    # The job's Lease is read and written through the same client.
+    election = cluster_election("tiny-lm-leader", "research", Holder("node-0", 0, "10.0.0.1:8476"), "tiny-lm")
+    assert election.lock.api_instance.api_client is own_pod.pod_api_client()
+
+
+def test_negative_control_a_plain_client_gives_up_at_the_429(busy, kubeconfig):
+    kubernetes.config.load_kube_config()
+    plain = kubernetes.client.CoreV1Api()
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        plain.patch_namespaced_pod("tiny-lm-s0-w0", "research", {"metadata": {"annotations": {}}})
+    assert refused.value.status == 429
+
+
+def test_the_rate_limit_lets_a_burst_through_then_qps_a_second(busy):
+    busy.answers.clear()
+    configuration = kubernetes.client.Configuration()
+    configuration.host = busy.url
+    api = kubernetes.client.CoreV1Api(limited_client(configuration, TokenBucket(qps=5, burst=2)))
+    for _ in range(6):
+        api.read_namespaced_pod("tiny-lm-s0-w0", "research")
+    times = [t for t, _, _ in busy.seen]
+    assert len(times) == 6
+    assert times[-1] - times[0] >= (6 - 2) / 5 - 0.01  # four waited for a token each, 0.2 s apart
