@@ -45,6 +45,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
+import dataclasses
+import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -119,6 +121,22 @@ class _DirectDispatch(RawHandler):  # type: ignore[misc]
         )
 
 
+@dataclasses.dataclass
+class Trouble:
+    """An API server in trouble until `until` (monotonic): each request (but watches and the test's
+    own) waits a latency drawn from `latency`, then a share `throttled` of them is answered 429 with
+    `Retry-After: retry_after`, a share `failed` 500, before anything is committed."""
+
+    until: float
+    latency: tuple[float, float] = (1.0, 5.0)
+    throttled: float = 0.3
+    failed: float = 0.2
+    retry_after: int = 1
+    random: random.Random = dataclasses.field(default_factory=lambda: random.Random(0))
+    requests: list[tuple[float, str, str, int]] = dataclasses.field(default_factory=list)
+    """(time, method, path, status: 0 served) of each troubled request."""
+
+
 class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # type: ignore[misc]
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -146,6 +164,8 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
         """(time, pod name, status) of every pod create: when it came, for which pod, how it was
         answered (0: served)."""
         self.creates_in_flight = self.most_creates_in_flight = 0
+        self.trouble: Trouble | None = None
+        """A stretch of trouble for the API server's clients (`Trouble`), None: none."""
         self.after_write: Callable[[rendering.Request], None] | None = None
         """Called with each write once it is committed, before it is answered (a test kills its
         writer there: the write landed, the writer never heard)."""
@@ -157,6 +177,9 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
     # --- requests -------------------------------------------------------------------------------
     async def _handle(self, request: rendering.Request) -> Any:
         """Commit a write, then let kmock's reactions answer (they read the committed object back)."""
+        refused = await self._troubled(request)
+        if refused is not None:
+            return refused
         pod_create = request.method == enums.method.POST and request.url.path.endswith("/pods")
         if not pod_create:
             return await self._serve(request)
@@ -177,6 +200,30 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
             return await self._serve(request)
         finally:
             self.creates_in_flight -= 1
+
+    async def _troubled(self, request: rendering.Request) -> aiohttp.web.Response | None:
+        """During a `trouble` stretch: the request waits its latency, then is refused (429 with
+        Retry-After, or 500) or served. The test's own requests (aiohttp's User-Agent: its kubelet,
+        scheduler and user) are spared, and so are watches (their streams end and reopen anyway)."""
+        trouble = self.trouble
+        agent = str(request.headers.get("User-Agent", ""))
+        if trouble is None or time.monotonic() >= trouble.until or agent.startswith("Python/"):
+            return None
+        if request.params.get("watch") in ("true", "1"):
+            return None
+        await asyncio.sleep(trouble.random.uniform(*trouble.latency))
+        roll = trouble.random.random()
+        status = 429 if roll < trouble.throttled else 500 if roll < trouble.throttled + trouble.failed else 0
+        trouble.requests.append((time.monotonic(), request.method.value, request.url.path, status))
+        if status == 0:
+            return None
+        reason = "TooManyRequests" if status == 429 else "InternalError"
+        headers = {"Retry-After": str(trouble.retry_after)} if status == 429 else {}
+        return aiohttp.web.json_response(
+            {"kind": "Status", "status": "Failure", "reason": reason, "code": status},
+            status=status,
+            headers=headers,
+        )
 
     async def _serve(self, request: rendering.Request) -> Any:
         if self.latency:

@@ -1,0 +1,77 @@
+"""The operator against an API server in trouble: a hot-swap and a scale-down still complete.
+
+For a stretch of `STRETCH` seconds every request of the operator's (but its watches) waits 1 to 5 s,
+then three in ten are answered 429 with `Retry-After: 1` and two in ten 500 (tests/support/
+cluster_emulator.py, `Trouble`). Meanwhile a pod fails and the leader publishes that it scaled down.
+Once the stretch is over: the pod is replaced once, with its host's history (hot-swap count, the node
+avoided); the job's status says it runs on one slice; each event is posted once; the job has exactly
+its hosts' pods. The operator kept its rules while refused: its requests during the stretch are
+printed and bounded (its client's retries wait out each Retry-After and back off, so it never sent
+more than a few requests a second).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from tests.support.cluster_emulator import Trouble
+from tests.support.operator_example import NAMES, NS, example
+from tests.support.operator_harness import emulated_cluster, eventually, operator
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
+
+STRETCH = 20.0
+
+
+async def test_a_hot_swap_and_a_scale_down_complete_through_a_stretch_of_429s_500s_and_latency():
+    async with emulated_cluster() as kube, operator(kube):
+        await kube.apply(example())
+        await eventually(lambda: sorted(kube.pods(NS)) == NAMES, what="the job's pods")
+        for name in NAMES:
+            await kube.patch_pod(NS, name, {"status": {"phase": "Running"}})
+        await eventually(lambda: (kube.job(NS, "tiny-lm").get("status") or {}).get("slicesReady") == 2)
+        victim = NAMES[2]
+        old = kube.pods(NS)[victim]["metadata"]["uid"]
+
+        trouble = Trouble(until=time.monotonic() + STRETCH)
+        kube.emulator.trouble = trouble
+        await kube.patch_pod(
+            NS,
+            victim,
+            {"spec": {"nodeName": "tpu-node-7"}, "status": {"phase": "Failed", "reason": "Evicted"}},
+        )
+        view = json.dumps({"state": "running", "slicesActive": 1})
+        await kube.patch_pod(NS, NAMES[0], {"metadata": {"annotations": {"slicekeeper.dev/status": view}}})
+
+        def done() -> dict[str, Any] | None:
+            status = kube.job(NS, "tiny-lm").get("status") or {}
+            pod = kube.pods(NS).get(victim)
+            replaced = pod is not None and pod["metadata"]["uid"] != old
+            return (
+                replaced
+                and status.get("slicesActive") == 1
+                and not status.get("replacing")
+                and status.get("restarts", {}).get("replace") == 1
+                and pod
+            )
+
+        fresh = await eventually(done, timeout=STRETCH + 60, what="the hot-swap and the scale-down")
+        refused = sum(1 for *_, status in trouble.requests if status)
+        print(f"troubled requests: {len(trouble.requests)}, refused {refused}")
+        assert trouble.requests, "the operator made no request during the stretch"
+        assert refused, "no request was refused"
+        assert fresh["metadata"]["annotations"]["slicekeeper.dev/hot-swaps"] == "1"
+        assert fresh["metadata"]["annotations"]["slicekeeper.dev/avoid-nodes"] == "tpu-node-7"
+        assert sorted(kube.pods(NS)) == NAMES  # no duplicate, no other pod
+        reasons = [e["reason"] for e in kube.events(NS)]
+        assert reasons.count("HotSwap") == 1 and reasons.count("ScaleDown") == 1, reasons
+        # Bounded: each request of the stretch waited 1-5 s first, and a refusal was retried only
+        # after its Retry-After or backoff, so the operator's threads sent a few a second at most.
+        times = sorted(t for t, *_ in trouble.requests)
+        busiest = max(sum(1 for t in times if start <= t < start + 1.0) for start in times)
+        print(f"at most {busiest} troubled requests answered in one second")
+        assert busiest <= 20
