@@ -320,6 +320,7 @@ class RenderedJob:
         fields = {
             protocol.ENV_POD_NAME: "metadata.name",
             protocol.ENV_POD_NAMESPACE: "metadata.namespace",
+            protocol.ENV_POD_UID: "metadata.uid",
             protocol.ENV_POD_IP: "status.podIP",
             protocol.ENV_NODE_NAME: "spec.nodeName",
         }

@@ -16,6 +16,7 @@ reported to the caller, never raised: training does not stop because the API ser
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,16 +26,19 @@ from slicekeeper.leader_view import LeaderView
 
 
 class OwnPod:
-    def __init__(self, namespace: str, name: str) -> None:
+    def __init__(self, namespace: str, name: str, uid: str | None = None) -> None:
         self.namespace = namespace
         self.name = name
+        self.uid = uid
+        """This pod's uid, sent with every patch: a pod of the same name made since (this one's
+        replacement) is another uid, and the API server refuses the patch (409)."""
         self._api: Any = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> OwnPod | None:
         """The pod this process runs in, or None outside one (no POD_NAME)."""
         name, namespace = env.get(protocol.ENV_POD_NAME), env.get(protocol.ENV_POD_NAMESPACE)
-        return cls(namespace, name) if name and namespace else None
+        return cls(namespace, name, env.get(protocol.ENV_POD_UID) or None) if name and namespace else None
 
     def _core(self) -> Any:
         if self._api is None:
@@ -47,11 +51,12 @@ class OwnPod:
         """Merge `annotations` into this pod's; returns why it failed, or None. Blocking: call it in
         a thread from asyncio code."""
         try:
-            self._core().patch_namespaced_pod(
-                self.name, self.namespace, {"metadata": {"annotations": annotations}}
-            )
+            metadata: dict[str, Any] = {"annotations": annotations}
+            if self.uid:
+                metadata["uid"] = self.uid
+            self._core().patch_namespaced_pod(self.name, self.namespace, {"metadata": metadata})
         except Exception as error:  # any failure (import, config, HTTP) is reported, not raised
-            return f"could not annotate pod {self.namespace}/{self.name}: {error!r}"[:500]
+            return f"could not annotate pod {self.namespace}/{self.name}: {_said(error)}"[:500]
         return None
 
     def ask_replacement(self, reason: str) -> str | None:
@@ -59,6 +64,19 @@ class OwnPod:
 
     def publish_status(self, status: LeaderView) -> str | None:
         return self.annotate({protocol.ANNOTATION_STATUS: leader_view.encode(status)})
+
+
+def _said(error: Exception) -> str:
+    """What went wrong: an HTTP answer's status and message (e.g. 409 and the API server's
+    "Precondition failed: UID in precondition" for a pod replaced since), else the error."""
+    status = getattr(error, "status", None)
+    if status is None:
+        return repr(error)
+    try:
+        message = json.loads(getattr(error, "body", None) or "{}").get("message")
+    except ValueError:
+        message = None
+    return f"{status} {getattr(error, 'reason', '')}: {message or getattr(error, 'body', '')}"
 
 
 def pod_api_client() -> Any:

@@ -301,10 +301,16 @@ class PodReplacements(_Crew):
         """A pod with the host's identity registered after the job started: the operator's replacement
         (or the same host's pod again)."""
         host = report.host
+        machine = report.machine or f"host-{host}"
         old = self.members.writers.get(host)
         if old is not None and old is not writer:
-            old.close()  # a stale connection of the pod this one replaces
-        machine = report.machine or f"host-{host}"
+            # The pod this one replaces may live on (its node cut off from the API server, which
+            # deleted it): told to retire, its supervisor stops its workload and ends, before the
+            # new pod's workload starts. (Its request for a replacement then names the uid of a pod
+            # that is gone, and is refused: supervisor/own_pod.py.)
+            reason = f"host {host} was taken over by a new pod on {machine}"
+            await self.members.send_to(old, messages.Retire(generation=self.memory.generation, reason=reason))
+            old.close()
         status = HostStatus(
             state="registered",
             metrics_port=report.metrics_port,

@@ -304,6 +304,13 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
                 reason="Conflict",
                 message="the object has been modified; please apply your changes to the latest version",
             )
+        if metadata.get("uid") and metadata["uid"] != before.get("uid"):
+            raise KubernetesError(
+                status=409,
+                reason="Conflict",
+                message=f"Precondition failed: UID in precondition: {metadata['uid']}, "
+                f"UID in object meta: {before.get('uid')}",
+            )
         for field in ("uid", "name", "namespace", "creationTimestamp", "generation"):
             if field in before:
                 metadata[field] = before[field]
@@ -340,6 +347,14 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
     async def _update(self, key: ObjectKey, request: rendering.Request) -> None:
         res, old = key[0], self._objects[key].raw
         patched = self._patched(res, old, request)
+        uid = (patched.get("metadata") or {}).get("uid")
+        if uid and uid != old["metadata"].get("uid"):  # (the API server's store checks it so)
+            raise KubernetesError(
+                status=409,
+                reason="Conflict",
+                message=f"Precondition failed: UID in precondition: {uid}, "
+                f"UID in object meta: {old['metadata'].get('uid')}",
+            )
         if request.subresource == "status":
             new = {**copy.deepcopy(old), "status": patched.get("status")}
             if new["status"] is None:

@@ -35,6 +35,7 @@ def pod_env(
     fields = {
         "metadata.name": pod["metadata"]["name"],
         "metadata.namespace": pod["metadata"]["namespace"],
+        "metadata.uid": pod["metadata"]["uid"],
         "status.podIP": ip,
         "spec.nodeName": pod["spec"]["nodeName"],
     }

@@ -7,6 +7,7 @@ back (scale-up). A real Leader over TCP with fake members, two slices of two hos
 """
 
 import asyncio
+import contextlib
 
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.capacity import pod_replacements
@@ -143,6 +144,29 @@ def test_a_lost_host_whose_own_pod_comes_back_is_no_longer_awaited():
         status = leader.cluster_status()
         assert (status["slicesActive"], status["hotSwaps"], status["awaitingReplacement"]) == (2, 0, [])
         for member in everyone:
+            member.close()
+        await leader.close()
+
+    run(scenario)
+
+
+def test_a_pod_replaced_while_its_supervisor_lives_on_is_told_to_retire_before_the_new_one_starts():
+    """A node cut off from the API server goes NotReady; the operator replaces its pod elsewhere while
+    the old pod's supervisor still reaches the leader. The new pod's registration retires the old
+    supervisor (it stops its workload and ends) and closes its connection, before any start."""
+
+    async def scenario():
+        leader, members, port = await cluster_job(replacement_timeout=30)
+        replacement = await new_pod(port, 3, "node-9")
+        retire = await members[3].receive()
+        assert (retire["type"], retire["reason"]) == (
+            "retire",
+            "host 3 was taken over by a new pod on node-9",
+        )
+        with contextlib.suppress(ConnectionError):  # then its connection ends
+            assert await members[3].reader.read() == b""
+        await eventually(lambda: leader.status[3].machine == "node-9")
+        for member in [*members[:3], replacement]:
             member.close()
         await leader.close()
 

@@ -91,6 +91,7 @@ def test_the_supervisor_is_the_entrypoint_and_wraps_the_users_command():
     assert downward == {
         "POD_NAME": "metadata.name",
         "POD_NAMESPACE": "metadata.namespace",
+        "POD_UID": "metadata.uid",
         "POD_IP": "status.podIP",  # where the supervisor listens and its peers reach it
         "NODE_NAME": "spec.nodeName",
     }
