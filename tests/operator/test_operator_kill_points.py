@@ -51,7 +51,7 @@ VALUES = {
         "extraEnv": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
     }
 }
-QUIET_SECONDS = 1.2
+QUIET_SECONDS = 1.0
 """A job is settled once the operator has written nothing for this long (two of its timer runs)."""
 SETTLE_SECONDS = 60.0
 """How long a change may take to settle, an operator's restart included."""

@@ -24,7 +24,7 @@ from tests.support.operator_harness import emulated_cluster, eventually, operato
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
 
-STRETCH = 20.0
+STRETCH = 12.0
 
 
 async def test_a_hot_swap_and_a_scale_down_complete_through_a_stretch_of_429s_500s_and_latency():
