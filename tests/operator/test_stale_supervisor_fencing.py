@@ -11,16 +11,16 @@ and nothing is written. Negative control: the same write without the uid lands o
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import kubernetes
 import pytest
-import yaml
 from slicekeeper.supervisor import own_pod
 
 from slicekeeper import protocol
 from tests.support.operator_harness import Kube, emulated_cluster
+from tests.support.supervisor_client import point_supervisor_client
 
 pytestmark = pytest.mark.asyncio
 
@@ -34,26 +34,9 @@ POD = {
 
 
 @pytest.fixture
-def pod_client_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The supervisor's client (built afresh) pointed at an emulated API server, as a pod's is."""
-
-    def point(url: str) -> None:
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "emulator", "cluster": {"server": url}}],
-            "users": [{"name": "pod", "user": {"token": "t"}}],
-            "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "pod"}}],
-            "current-context": "emulator",
-        }
-        path = tmp_path / "kubeconfig"
-        path.write_text(yaml.safe_dump(config))
-        monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        monkeypatch.setattr(own_pod, "_client", None)
-        monkeypatch.setattr(kubernetes.client.Configuration, "_default", None)
-
-    return point
+def pod_client_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """Points the supervisor's client at an emulated API server, as a pod's is."""
+    return lambda url: point_supervisor_client(url, tmp_path, monkeypatch)
 
 
 async def create_pod(kube: Kube) -> dict[str, Any]:

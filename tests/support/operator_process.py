@@ -64,7 +64,7 @@ def deployment_container(values: dict[str, Any]) -> dict[str, Any]:
     return dict(container)
 
 
-def _kubeconfig(path: Path, server: str) -> Path:
+def kubeconfig(path: Path, server: str) -> Path:
     """What the pod's service account gives the operator in a cluster: where the API server is."""
     config = {
         "apiVersion": "v1",
@@ -91,7 +91,7 @@ async def operator_as_deployed(
     env = {
         "PATH": f"{bin_folder}{os.pathsep}{os.environ.get('PATH', '')}",
         "HOME": str(where),
-        "KUBECONFIG": str(_kubeconfig(where / "kubeconfig", server)),
+        "KUBECONFIG": str(kubeconfig(where / "kubeconfig", server)),
         **{
             variable["name"]: variable["value"]
             for variable in container.get("env", [])

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import kubernetes
 import pytest
-import yaml
 from slicekeeper.supervisor import own_pod
 from slicekeeper.supervisor.leader.election import Holder, cluster_election
 
 from slicekeeper.api_rules import TokenBucket, limited_client
+from tests.support.supervisor_client import point_supervisor_client
 
 POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tiny-lm-s0-w0", "namespace": "research"}}
 
@@ -75,22 +75,7 @@ def busy() -> Iterator[BusyApiServer]:
 @pytest.fixture
 def kubeconfig(busy: BusyApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The supervisor's client built afresh, from a kubeconfig naming the busy server."""
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "busy", "cluster": {"server": busy.url}}],
-        "users": [{"name": "pod", "user": {"token": "t"}}],
-        "contexts": [{"name": "busy", "context": {"cluster": "busy", "user": "pod"}}],
-        "current-context": "busy",
-    }
-    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
-    # (the library reads KUBECONFIG when it is imported: a pod's process has it set by then)
-    monkeypatch.setattr(
-        kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "kubeconfig")
-    )
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setattr(own_pod, "_client", None)
-    monkeypatch.setattr(kubernetes.client.Configuration, "_default", None)
+    point_supervisor_client(busy.url, tmp_path, monkeypatch)
 
 
 def test_a_supervisors_annotation_waits_out_a_429_and_a_500(busy, kubeconfig):
