@@ -14,7 +14,9 @@ Handlers, all idempotent (kopf retries them, and a restarted operator runs `resu
 - `spec.suspend: true`: the pods are deleted (the other children stay), phase Suspended; back to
   false, they are created again and the job resumes from its persistent checkpoint.
 - pod events (job pods only): a pod that failed, was deleted, or that its own supervisor marked for
-  replacement is hot-swapped (operator/hot_swap.py) and a Kubernetes event says so on the job. A
+  replacement is hot-swapped (operator/hot_swap.py): its plan is written on the job before the pod
+  is deleted, so that an operator killed in between finishes it (operator/replacements.py), and a
+  Kubernetes event says so on the job, posted before the create (`Cluster.post_event`). A
   supervisor exiting 1 means the job failed as a whole (its policy said so, or its budgets are
   spent): the job is marked Failed and nothing is replaced. A supervisor exiting 4 could not reach
   its leader in time: its pod is replaced, its node not avoided (nothing says the node is at fault).
