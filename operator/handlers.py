@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from typing import Any, cast
 
 import kopf
@@ -163,6 +165,9 @@ def register(
     (operator/log_summary.py)."""
     store = PodStore()
     replacing = Replacements()
+    failed: set[str | None] = set()
+    """The uids of the jobs this operator marked Failed."""
+    failing_lock = threading.Lock()
     activity = JobActivity(summary_interval)
     metrics = cluster.metrics
     metrics.read_pods_from(store.placed)
@@ -188,9 +193,26 @@ def register(
         return {_where(body): body}
 
     def job_pods(body: kopf.Body) -> list[dict[str, Any]]:
-        """The job's pods, as summaries from the store (listed from the API server on first use)."""
+        """The job's pods, as summaries from the store (listed from the API server on first use).
+
+        What that listing shows is acted on at once, as the pod events would (`_action`): after a
+        restart, a pod that failed while the operator was down is replaced once the job's listing
+        is read, not when kopf's own listing of every job's pods reaches it (at 25,000 pods, many
+        seconds later). Its event comes later still and finds the hot-swap begun."""
         namespace, name = _where(body)
-        return store.pods(namespace, name, lambda: cluster.job_pods(namespace, name))
+        actions: list[Callable[[], None]] = []
+
+        def listing() -> Iterator[dict[str, Any]]:
+            for pod in cluster.job_pods(namespace, name):
+                action = _action(body, pod) if _live(body) else None
+                if action is not None:
+                    actions.append(action)
+                yield pod
+
+        pods = store.pods(namespace, name, listing)
+        for action in actions:
+            action()
+        return pods
 
     @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
@@ -287,30 +309,41 @@ def register(
         jobs: kopf.Index[tuple[str, str], kopf.Body] = kwargs["jobs"]
         namespace, _ = _where(body)
         owner = next(iter(jobs.get((namespace, body.metadata.labels[LABEL_JOB]), [])), None)
-        if owner is None or owner.metadata.get("deletionTimestamp"):
-            return  # the job is gone or going: its pods go with it
+        if owner is None:
+            return  # the job is gone: its pods go with it
         activity.note(_where(owner), "pod events")
-        if (owner.get("status") or {}).get("phase") in FINAL_PHASES or _suspended(owner):
-            return  # a suspended job's pods were deleted on purpose
+        if not _live(owner):
+            return  # going, over, or suspended (its pods were deleted on purpose)
         pod = dict(body)
-        terminated = terminated_state(pod) or {}
         if type == "DELETED":
             await asyncio.to_thread(_recreate, owner, pod)
             return
+        action = _action(owner, pod)
+        if action is not None:
+            await asyncio.to_thread(action)
+
+    def _live(owner: kopf.Body) -> bool:
+        """The job's pods are looked after: it is neither going, nor over, nor suspended."""
+        if owner.metadata.get("deletionTimestamp"):
+            return False
+        return (owner.get("status") or {}).get("phase") not in FINAL_PHASES and not _suspended(owner)
+
+    def _action(owner: kopf.Body, pod: dict[str, Any]) -> Callable[[], None] | None:
+        """What one of the job's pods, as it is now, asks of the operator (None: nothing): fail the
+        job (its image cannot run the supervisor, or its supervisor failed the job), or replace the
+        pod (unless its hot-swap has begun: the pod's events and the job's listing both ask)."""
         unusable = unusable_image(pod)
         if unusable is not None:  # a replacement would start the same image again
-            await asyncio.to_thread(_fail, owner, unusable)
-            return
+            return partial(_fail, owner, unusable)
+        terminated = terminated_state(pod) or {}
+        name = str(pod["metadata"]["name"])
         if terminated.get("exitCode") == JOB_FAILED_EXIT_CODE:
-            message = terminated.get("message") or f"pod {body.metadata.name}'s supervisor failed the job"
-            await asyncio.to_thread(_fail, owner, message)
-            return
+            message = terminated.get("message") or f"pod {name}'s supervisor failed the job"
+            return partial(_fail, owner, message)
         reason = LEADER_UNREACHABLE if _left_for_its_leader(pod) else replacement_reason(pod)
-        if reason is not None and not replacing.begun(
-            _where(owner), str(body.metadata.name), body.metadata.uid
-        ):
-            plans = {str(body.metadata.name): _plan(pod, reason)}
-            await asyncio.to_thread(_replace, _where(owner), owner.get("status") or {}, plans)
+        if reason is None or replacing.begun(_where(owner), name, pod["metadata"].get("uid")):
+            return None
+        return partial(_replace, _where(owner), owner.get("status") or {}, {name: _plan(pod, reason)})
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
     @metrics.timed("node_event")
@@ -390,10 +423,10 @@ def register(
         `status` does not hold already: an operator restarted after recording them finishes them),
         then the deletes (each pod's DELETED event creates its replacement: `_recreate`)."""
         namespace, name = job
-        patch = replacing.begin(job, plans, status)
+        patch, to_delete = replacing.begin(job, plans, status)
         if patch:
             cluster.patch_job_status(namespace, name, patch)
-        for pod_name in plans:
+        for pod_name in to_delete:
             cluster.delete_pod(namespace, pod_name)
             logger.debug("pod %s/%s deleted to be replaced: %s", namespace, pod_name, plans[pod_name].reason)
 
@@ -476,12 +509,18 @@ def register(
             _post(body, reason="Suspended", message=f"suspended: {len(pods)} pods deleted")
 
     def _fail(owner: kopf.Body, message: str) -> None:
+        """Mark the job Failed, once (its listing and its pods' events may both tell of it)."""
+        with failing_lock:
+            if owner.metadata.get("uid") in failed:
+                return
         conditions = list((owner.get("status") or {}).get("conditions") or [])
-        failed = condition("Failed", "True", "JobFailed", message)
+        verdict = condition("Failed", "True", "JobFailed", message)
         cluster.patch_job_status(
-            *_where(owner), {"phase": "Failed", "conditions": with_condition(conditions, failed)}
+            *_where(owner), {"phase": "Failed", "conditions": with_condition(conditions, verdict)}
         )
         _post_warning(owner, reason="JobFailed", message=message)
+        with failing_lock:  # (after the patch: a failed one is tried again)
+            failed.add(owner.metadata.get("uid"))
 
 
 def _job_of(pod: dict[str, Any]) -> JobKey:

@@ -87,14 +87,19 @@ class Replacements:
         """The plan whose pod was last created (or is being created), per job and pod."""
         self._taken_off: set[tuple[JobKey, str, Plan]] = set()
 
-    def begin(self, job: JobKey, plans: Mapping[str, Plan], status: Mapping[str, Any]) -> dict[str, Any]:
-        """Hold `plans` (pod name -> plan); the status patch that records on the job those its
-        `status` does not hold already (empty: none)."""
-        with self._lock:
-            self._begun.setdefault(job, {}).update(plans)
+    def begin(
+        self, job: JobKey, plans: Mapping[str, Plan], status: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], list[str]]:
+        """Hold `plans` (pod name -> plan). Returns the status patch that records on the job those
+        neither its `status` holds already nor were begun here before (empty: none), and the pods to
+        delete: all but those begun here before (another caller deletes them)."""
         on_job = recorded(status)
-        new = {name: plan.record() for name, plan in plans.items() if on_job.get(name) != plan}
-        return {STATUS_KEY: new} if new else {}
+        with self._lock:
+            begun = self._begun.setdefault(job, {})
+            fresh = {name: plan for name, plan in plans.items() if begun.get(name) != plan}
+            begun.update(fresh)
+        new = {name: plan.record() for name, plan in fresh.items() if on_job.get(name) != plan}
+        return ({STATUS_KEY: new} if new else {}), list(fresh)
 
     def plans(self, job: JobKey, status: Mapping[str, Any]) -> dict[str, Plan]:
         """The job's plans: those recorded in `status` (a restarted operator's only source), and

@@ -89,13 +89,22 @@ class Walk:
         if len(self.writes) == self.kill_at and self.process.process.returncode is None:
             os.kill(self.process.process.pid, signal.SIGKILL)
 
-    async def start(self) -> None:
+    async def start(self, *, resumes: bool = True) -> None:
+        """Start an operator; `resumes`: wait for its resume handler's status patch (on a loaded
+        machine it can come well after a quiet second, and would be counted as the next change's)."""
         self.starts += 1
         folder = self.where / f"operator-{self.starts}"
         folder.mkdir()
         values = {"operator": {**VALUES["operator"], "livenessPort": free_port(), "metricsPort": free_port()}}
         self._context = operator_as_deployed(self.kube.url, values, folder)
+        before = len(self.writes)
         self.process = await self._context.__aenter__()
+        if resumes:
+            await eventually(
+                lambda: any('"observedGeneration"' in w for w in self.writes[before:]),
+                timeout=SETTLE_SECONDS,
+                what="the restarted operator's resume handler",
+            )
 
     async def stop(self) -> None:
         if self.process is not None:
@@ -167,7 +176,7 @@ async def test_killed_after_any_write_of_a_hot_swap_or_a_scaling_the_restarted_o
 ):
     async with emulated_cluster() as kube:
         walk = Walk(kube, tmp_path)
-        await walk.start()
+        await walk.start(resumes=False)  # (no job yet)
         try:
             await kube.apply(example())
             await eventually(lambda: sorted(pods(kube)) == NAMES, what="the job's pods", timeout=30)

@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from typing import Any
 
 import pytest
+from kmock._internal import rendering
 
 from slicekeeper import credentials
+from tests.support.cluster_emulator import Trouble
 from tests.support.operator_example import NAMES, NS, example
 from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
 from tests.support.secrets import leaked_fragments
@@ -249,6 +252,47 @@ async def test_an_operator_restart_recreates_what_went_missing_while_it_was_down
             # which the status timer may also try to create while the resume handler does (a
             # second 409): never one per pod.
             assert cluster.writes <= 6
+
+
+def kopfs_listing_of_the_pods(request: rendering.Request) -> bool:
+    """kopf's first listing of the jobs' pods (not its watch, not the operator's own listing)."""
+    agent = str(request.headers.get("User-Agent", ""))
+    watch = request.params.get("watch") in ("true", "1")
+    return agent.startswith("kopf/") and request.url.path == "/api/v1/pods" and not watch
+
+
+async def test_a_pod_failed_while_the_operator_was_down_is_replaced_before_kopfs_listing_reaches_it():
+    """The restarted operator's listing of the job (the store's first read, for the resume handler)
+    finds the failed pod and replaces it; kopf's listing, held back 8 s by the emulator here as a
+    25,000-pod listing takes its time, brings its event later, and nothing is done twice."""
+    async with emulated_cluster() as kube:
+        async with operator(kube):
+            await kube.apply(example())
+            await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
+        victim = NAMES[2]
+        old = kube.pods(NS)[victim]["metadata"]["uid"]
+        await kube.patch_pod(
+            NS,
+            victim,
+            {"spec": {"nodeName": "tpu-node-7"}, "status": {"phase": "Failed", "reason": "Evicted"}},
+        )
+        held = Trouble(until=time.monotonic() + 60, latency=(8.0, 8.0), throttled=0, failed=0)
+        held.affects = kopfs_listing_of_the_pods
+        kube.emulator.trouble = held
+        before = len(kube.writes())
+        async with operator(kube):
+            fresh = await eventually(
+                lambda: (pod := kube.pods(NS).get(victim)) and pod["metadata"]["uid"] != old and pod,
+                timeout=6.0,
+                what="the replacement, before kopf's listing is answered",
+            )
+            assert held.requests == []  # kopf's listing not answered yet
+            assert fresh["metadata"]["annotations"]["slicekeeper.dev/avoid-nodes"] == "tpu-node-7"
+            await eventually(lambda: held.requests, timeout=15, what="kopf's listing answered")
+            await asyncio.sleep(2.0)  # its events handled
+            writes = [w for w in kube.writes()[before:] if w[0] in ("pods", "events")]
+            assert sorted(writes) == [("events", "CREATE"), ("pods", "CREATE"), ("pods", "DELETE")]
+            assert [e["reason"] for e in kube.events(NS)].count("HotSwap") == 1
 
 
 async def bind_slices_to_nodes(kube: Kube) -> dict[str, str]:

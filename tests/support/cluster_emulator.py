@@ -133,6 +133,8 @@ class Trouble:
     failed: float = 0.2
     retry_after: int = 1
     random: random.Random = dataclasses.field(default_factory=lambda: random.Random(0))
+    affects: Callable[[rendering.Request], bool] | None = None
+    """Which requests are troubled (None: every one but watches and the test's own)."""
     requests: list[tuple[float, str, str, int]] = dataclasses.field(default_factory=list)
     """(time, method, path, status: 0 served) of each troubled request."""
 
@@ -206,10 +208,11 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
         Retry-After, or 500) or served. The test's own requests (aiohttp's User-Agent: its kubelet,
         scheduler and user) are spared, and so are watches (their streams end and reopen anyway)."""
         trouble = self.trouble
-        agent = str(request.headers.get("User-Agent", ""))
-        if trouble is None or time.monotonic() >= trouble.until or agent.startswith("Python/"):
+        if trouble is None or time.monotonic() >= trouble.until:
             return None
-        if request.params.get("watch") in ("true", "1"):
+        agent = str(request.headers.get("User-Agent", ""))
+        watch = request.params.get("watch") in ("true", "1")
+        if not trouble.affects(request) if trouble.affects else agent.startswith("Python/") or watch:
             return None
         await asyncio.sleep(trouble.random.uniform(*trouble.latency))
         roll = trouble.random.random()
