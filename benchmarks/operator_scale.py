@@ -41,8 +41,9 @@ parse (the operator stops on the 500). Per job size, a fresh emulator and operat
 9. **restart** (unless `--restart-timeout 0`): with that job's pods there, the
    operator is stopped and a fresh one started: seconds until it serves the job again (its first
    status patch, written by the resume handler once it has read the job's pods: kopf runs no handler
-   before its index of TrainingJobs is filled), and its peak memory. Given up after
-   `--restart-timeout` seconds.
+   before its index of TrainingJobs is filled), and its peak memory. While it was down the job's
+   last pod (the last that kopf's listing reaches) failed: seconds until it is replaced too. Given up
+   after `--restart-timeout` seconds.
 
 Job shapes: v5p hosts carry 4 chips; a size of N hosts runs N / h slices of h hosts (v5p-(8h)), h the
 largest power of two up to 16 that divides N: 64 = 4 x 16 (v5p-128), 1,000 = 125 x 8 (v5p-64),
@@ -51,7 +52,8 @@ largest power of two up to 16 that divides N: 64 = 4 x 16 (v5p-128), 1,000 = 125
 Targets: a single-host hot-swap costs at most 10 API writes, whatever the job size; a 25,000-host job
 is rendered and submitted with the operator's peak memory under 1 GiB. Each size ends with one JSON
 line of its headline figures: `hosts`, `pods_seconds`, `pods_seconds_at_50ms`, `cpu_ms_per_pod`,
-`restart_serving_seconds`, `peak_rss_mib`, `writes_per_hot_swap`, `requests_per_pod`.
+`restart_serving_seconds`, `restart_replaced_seconds`, `peak_rss_mib`, `writes_per_hot_swap`,
+`requests_per_pod`.
 
     .venv/bin/python -m benchmarks.operator_scale [--sizes 64,1000,25000] [--idle 30] [--json FILE]
         [--no-delete] [--restart-timeout 300] [--keep-logs DIR]

@@ -58,6 +58,9 @@ class Figures:
     restart_seconds: float = 0.0
     """A fresh operator started -> it has resumed the job (its first status patch); or gave up."""
     restart_resumed: bool = False
+    restart_replaced_seconds: float = 0.0
+    """A fresh operator started -> the pod that failed while it was down has been replaced (0: not
+    within the restart's timeout)."""
     restart_writes: int = 0
     restart_requests: dict[str, int] = field(default_factory=dict)
     operator_peak_mib_restart: float = 0.0
@@ -135,6 +138,7 @@ def summary(f: Figures) -> dict[str, float | int]:
         "pods_seconds_at_50ms": round(f.seconds_to_all_pods_at_50ms, 2),
         "cpu_ms_per_pod": round(f.cpu_ms_per_pod, 3),
         "restart_serving_seconds": round(f.restart_seconds, 2),
+        "restart_replaced_seconds": round(f.restart_replaced_seconds, 2),
         "peak_rss_mib": round(
             max(f.operator_peak_mib, f.operator_peak_mib_deleted, f.operator_peak_mib_restart)
         ),

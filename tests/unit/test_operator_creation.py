@@ -106,6 +106,7 @@ def test_the_scale_benchmark_prints_the_issues_headline_figures():
         "pods_seconds_at_50ms",
         "cpu_ms_per_pod",
         "restart_serving_seconds",
+        "restart_replaced_seconds",
         "peak_rss_mib",
         "writes_per_hot_swap",
         "requests_per_pod",
