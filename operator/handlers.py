@@ -424,10 +424,14 @@ def register(
         then the deletes (each pod's DELETED event creates its replacement: `_recreate`)."""
         namespace, name = job
         patch, to_delete = replacing.begin(job, plans, status)
-        if patch:
-            cluster.patch_job_status(namespace, name, patch)
-        for pod_name in to_delete:
-            cluster.delete_pod(namespace, pod_name)
+        try:
+            if patch:
+                cluster.patch_job_status(namespace, name, patch)
+            for pod_name in to_delete:
+                cluster.delete_pod(namespace, pod_name)
+        except Exception:
+            replacing.abandon(job, {pod_name: plans[pod_name] for pod_name in to_delete})
+            raise
             logger.debug("pod %s/%s deleted to be replaced: %s", namespace, pod_name, plans[pod_name].reason)
 
     def _recreate(owner: kopf.Body, pod: dict[str, Any]) -> None:

@@ -101,6 +101,14 @@ class Replacements:
         new = {name: plan.record() for name, plan in fresh.items() if on_job.get(name) != plan}
         return ({STATUS_KEY: new} if new else {}), list(fresh)
 
+    def abandon(self, job: JobKey, plans: Mapping[str, Plan]) -> None:
+        """Their deletes failed: forget `plans`, so that the next event or listing begins them again."""
+        with self._lock:
+            begun = self._begun.get(job, {})
+            for name, plan in plans.items():
+                if begun.get(name) == plan:
+                    del begun[name]
+
     def plans(self, job: JobKey, status: Mapping[str, Any]) -> dict[str, Plan]:
         """The job's plans: those recorded in `status` (a restarted operator's only source), and
         those begun here, which win (the status read may be older than their patch)."""
