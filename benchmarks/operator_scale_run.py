@@ -295,7 +295,7 @@ class Run:
                 await self.settled(start, "the restarted operator settled")
                 f.restart_resumed = True
             except TimeoutError as error:
-                f.restart_seconds = time.monotonic() - started
+                f.restart_seconds = f.restart_seconds or time.monotonic() - started
                 print(f"    restart: {error}", flush=True)
             tally = Tally(emulator, start=start, end=len(emulator._requests))
             f.restart_writes = len(tally.writes())

@@ -212,7 +212,7 @@ def register(
         pods = store.pods(namespace, name, listing)
         for action in actions:
             action()
-        return pods
+        return store.pods(namespace, name, listing) if actions else pods  # (the replaced ones gone)
 
     @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
@@ -429,6 +429,7 @@ def register(
                 cluster.patch_job_status(namespace, name, patch)
             for pod_name in to_delete:
                 cluster.delete_pod(namespace, pod_name)
+                store.deleted(namespace, name, pod_name, plans[pod_name].uid)
         except Exception:
             replacing.abandon(job, {pod_name: plans[pod_name] for pod_name in to_delete})
             raise

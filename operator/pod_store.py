@@ -131,6 +131,20 @@ class PodStore:
             self._forget(key, name)
             self._remember(key, name, pod_summary)
 
+    def deleted(self, namespace: str, job: str, name: str, uid: str | None) -> None:
+        """The operator deleted this pod (`uid`) itself: as its DELETED event will say, or would have.
+        A delete made while kopf's listing is under way may fall between the listing's snapshot and
+        the watch that follows it, and no event ever tells of it."""
+        key = (namespace, job)
+        with self._lock:
+            if self._stale(key):
+                self._observed.setdefault(key, set()).add(name)
+            stored = self._by_job.get(key, {}).get(name)
+            if uid is not None:
+                self._described.pop(uid, None)
+            if stored is not None and stored["metadata"]["uid"] in (uid, None):
+                self._forget(key, name)
+
     def pods(
         self, namespace: str, job: str, list_pods: Callable[[], Iterable[Mapping[str, Any]]]
     ) -> list[PodSummary]:
