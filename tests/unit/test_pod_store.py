@@ -88,6 +88,21 @@ class TestFirstRead:
         assert phases(store, lister) == {"llm-s0-w1": "Running"}
         assert lister.calls == 1
 
+    def test_a_pod_the_operator_deleted_leaves_at_once_though_no_event_tells_of_it(self) -> None:
+        """Deleted while kopf's listing was under way, the pod is in no listing of kopf's and no
+        DELETED event comes: the operator's word is all there is (a replacement's own ADDED event
+        puts the pod back)."""
+        store = PodStore()
+        lister = Lister([pod("llm-s0-w0", phase="Failed"), pod("llm-s0-w1")])
+        assert phases(store, lister) == {"llm-s0-w0": "Failed", "llm-s0-w1": "Running"}
+        store.deleted(NAMESPACE, JOB, "llm-s0-w0", "uid-other")  # another pod of the name: kept
+        assert "llm-s0-w0" in phases(store, lister)
+        store.deleted(NAMESPACE, JOB, "llm-s0-w0", "uid-llm-s0-w0")
+        assert phases(store, lister) == {"llm-s0-w1": "Running"}
+        store.observe("ADDED", pod("llm-s0-w0", phase="Pending", uid="uid-new"))
+        assert phases(store, lister) == {"llm-s0-w0": "Pending", "llm-s0-w1": "Running"}
+        assert lister.calls == 1
+
     def test_an_event_before_the_listing_wins_over_it(self) -> None:
         store = PodStore()
         store.observe("MODIFIED", pod("llm-s0-w0", phase="Failed"))
