@@ -39,6 +39,7 @@ from typing import Any, Self, cast
 import kubernetes
 import urllib3
 from kubernetes.client.rest import RESTClientObject, RESTResponse
+from kubernetes.watch.watch import iter_resp_lines
 from slicekeeper.operator.creation import DEFAULT_CONCURRENCY, create_in_batches
 from slicekeeper.operator.metrics import NO_ANSWER, OperatorMetrics
 from slicekeeper.operator.render import GROUP, LABEL_JOB, Manifest
@@ -62,6 +63,9 @@ COLLECTIONS = {
 """Where the operator creates each kind it creates."""
 LIST_PAGE_SIZE = 500
 """Pods per list request: a page is about 2 MB of JSON, a 25,000-pod job 50 pages."""
+WATCH_CONNECT_SECONDS = 10
+WATCH_SLACK_SECONDS = 30
+"""A watch silent this long past the end it asked for is taken as dead."""
 USER_AGENT = "slicekeeper-operator"
 EVENT_MESSAGE_LIMIT = 1024
 """Characters of an event's message the API server takes."""
@@ -69,6 +73,26 @@ ANSWERS = frozenset({("create", 409), ("delete", 404), ("get", 404), ("patch", 4
 """(verb, HTTP status) that the operator takes as an answer, not an error (see the module doc)."""
 Observer = Callable[[str, str, int | None], None]
 """Told of each HTTP request: its method, URL, and the answer's status (None: no answer came)."""
+
+
+@dataclass
+class PodWatch:
+    """A watch request's streamed answer: its events as parsed JSON, one per line."""
+
+    response: urllib3.BaseHTTPResponse
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        try:
+            for line in iter_resp_lines(self.response):
+                if line and not line.isspace():
+                    yield json.loads(line)
+        finally:
+            self.response.close()
+            self.response.release_conn()
+
+    def shutdown(self) -> None:
+        """End the watch from another thread: its reader wakes up at once."""
+        self.response.shutdown()
 
 
 def _done_unless(call: Callable[[], object], already: int) -> bool:
@@ -340,28 +364,54 @@ class Cluster:
         return deleted
 
     def job_pods(self, namespace: str, job: str) -> Iterator[dict[str, Any]]:
-        """The job's pods, listed LIST_PAGE_SIZE at a time and parsed from the raw JSON (the client's
-        models of them are never built)."""
+        """The job's pods (the finalizer's cleanup lists them to delete them)."""
+        for items, _version in self.pod_pages(namespace, f"{LABEL_JOB}={job}"):
+            yield from items
+
+    def pod_pages(self, namespace: str | None, selector: str) -> Iterator[tuple[list[dict[str, Any]], str]]:
+        """The pods `selector` picks in `namespace` (None: every namespace), LIST_PAGE_SIZE at a time
+        and parsed from the raw JSON (the client's models of them are never built): (a page's pods,
+        the listing's resourceVersion)."""
         token: str | None = None
         while True:
             response = cast(  # unread, as `_preload_content=False` asks (the client's type says a model)
                 urllib3.BaseHTTPResponse,
-                self._core.list_namespaced_pod(
-                    namespace,
-                    label_selector=f"{LABEL_JOB}={job}",
-                    limit=LIST_PAGE_SIZE,
-                    _continue=token,
-                    _preload_content=False,
+                self._pod_collection(namespace)(
+                    label_selector=selector, limit=LIST_PAGE_SIZE, _continue=token, _preload_content=False
                 ),
             )
             try:
                 page = json.loads(response.data)
             finally:
                 response.release_conn()
-            yield from page.get("items") or []
-            token = (page.get("metadata") or {}).get("continue") or None
+            metadata = page.get("metadata") or {}
+            yield page.get("items") or [], str(metadata.get("resourceVersion") or "")
+            token = metadata.get("continue") or None
             if token is None:
                 return
+
+    def watch_pods(self, namespace: str | None, selector: str, since: str, seconds: int) -> PodWatch:
+        """A watch of the pods `selector` picks, from resourceVersion `since`, with bookmarks, for at
+        most `seconds` (operator/informer.py)."""
+        response = cast(
+            urllib3.BaseHTTPResponse,
+            self._pod_collection(namespace)(
+                label_selector=selector,
+                watch=True,
+                resource_version=since,
+                allow_watch_bookmarks=True,
+                timeout_seconds=seconds,
+                _preload_content=False,
+                # A connection silent past the watch's own end is dead: the informer watches again.
+                _request_timeout=(WATCH_CONNECT_SECONDS, seconds + WATCH_SLACK_SECONDS),
+            ),
+        )
+        return PodWatch(response)
+
+    def _pod_collection(self, namespace: str | None) -> Callable[..., object]:
+        if namespace is None:
+            return self._core.list_pod_for_all_namespaces
+        return partial(self._core.list_namespaced_pod, namespace)
 
     def create_all(self, manifests: Iterable[Manifest]) -> int:
         """Create each manifest not there yet, `concurrency` at a time in slow-start batches

@@ -9,14 +9,14 @@ Handlers, all idempotent (kopf retries them, and a restarted operator runs `resu
 - a timer per job (level-based): create what is missing, and derive the status from the pods and the
   leader's view published on its pod (operator/job_status.py): phase, slices ready/active/total,
   restarts by kind, step, checkpoint, goodput, scale-down and scale-up events. A pod deleted while
-  the operator was down, or while its pod watch was cut off (kopf's re-list does not say what went),
-  is re-created here.
+  the operator was down is re-created here.
 - `spec.suspend: true`: the pods are deleted (the other children stay), phase Suspended; back to
   false, they are created again and the job resumes from its persistent checkpoint.
-- pod events (job pods only): a pod that failed, was deleted, or that its own supervisor marked for
-  replacement is hot-swapped (operator/hot_swap.py): its plan is written on the job before the pod
-  is deleted, so that an operator killed in between finishes it (operator/replacements.py), and a
-  Kubernetes event says so on the job, posted before the create (`Cluster.post_event`). A
+- pod events (job pods only, from the operator's own informers: operator/pod_informers.py): a pod
+  that failed, was deleted, or that its own supervisor marked for replacement is hot-swapped
+  (operator/hot_swap.py): its plan is written on the job before the pod is deleted, so that an
+  operator killed in between finishes it (operator/replacements.py), and a Kubernetes event says so
+  on the job, posted before the create (`Cluster.post_event`). A
   supervisor exiting 1 means the job failed as a whole (its policy said so, or its budgets are
   spent): the job is marked Failed and nothing is replaced. A supervisor exiting 4 could not reach
   its leader in time: its pod is replaced, its node not avoided (nothing says the node is at fault).
@@ -33,8 +33,9 @@ The operator's metrics (operator/metrics.py) are read from the same state (jobs 
 each pod replaced, each scale event recorded; `Cluster` counts the API requests.
 
 The handlers read pods and nodes from the operator's own store (operator/pod_store.py), kept by the
-pod and node event handlers, never from a list request per run and never from kopf indexes, whose
-filling makes a restarted operator quadratic in the pods. The only kopf index is `jobs` (few objects).
+pod informers and the node event handler, never from a list request per run and never from kopf
+indexes, whose filling makes a restarted operator quadratic in the pods. The only kopf index is
+`jobs` (few objects). kopf watches the jobs and the nodes, not the pods (operator/informer.py: why).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, cast
 
@@ -73,7 +74,8 @@ from slicekeeper.operator.notices import (
     node_signal,
     notice_change,
 )
-from slicekeeper.operator.pod_store import JobKey, PodStore
+from slicekeeper.operator.pod_informers import PodInformers
+from slicekeeper.operator.pod_store import JobKey, NotListedYet, PodStore
 from slicekeeper.operator.render import GROUP, LABEL_JOB, LABEL_SLICE, manifests, render
 from slicekeeper.operator.replacements import Plan, Replacements
 
@@ -92,6 +94,8 @@ LEADER_UNREACHABLE = (
     "its supervisor could not reach the job's leader within spec.health.replacementTimeoutSeconds"
 )
 STATUS_INTERVAL_SECONDS = 5.0
+FIRST_LISTING_WAIT_SECONDS = 60.0
+"""A job handler waits this long for the pods' first listing, then kopf runs it again a second later."""
 logger = logging.getLogger(__name__)
 FINAL_PHASES = ("Invalid", "Failed", "Succeeded")
 
@@ -159,11 +163,15 @@ def register(
     cluster: Cluster,
     status_interval: float = STATUS_INTERVAL_SECONDS,
     summary_interval: float = SUMMARY_SECONDS,
+    namespaces: Sequence[str] = (),
 ) -> None:
-    """Put every handler on `registry`, acting on the cluster through `cluster`, counting in its metrics;
-    what it does for each job is logged in a line per job at most every `summary_interval` seconds
-    (operator/log_summary.py)."""
-    store = PodStore()
+    """Put every handler on `registry`, acting on the cluster through `cluster`, counting in its metrics,
+    for the jobs in `namespaces` (none: every namespace); what it does for each job is logged in a
+    line per job at most every `summary_interval` seconds (operator/log_summary.py)."""
+    scopes: list[str | None] = list(namespaces) or [None]
+    store = PodStore(scopes)
+    job_index: list[kopf.Index[tuple[str, str], kopf.Body]] = []
+    """kopf's `jobs` index, once kopf hands it over (at startup)."""
     replacing = Replacements()
     failed: set[str | None] = set()
     """The uids of the jobs this operator marked Failed."""
@@ -175,16 +183,14 @@ def register(
     @kopf.on.startup(registry=registry)
     def configure(*, settings: kopf.OperatorSettings, **kwargs: Any) -> None:
         jobs: kopf.Index[tuple[str, str], kopf.Body] = kwargs["jobs"]  # (kopf hands startup its indexes)
+        job_index.append(jobs)
         metrics.read_jobs_from(lambda: _indexed(jobs))
         # Only our own events (remediations, invalid specs) and kopf's warnings and errors become
         # Kubernetes events: kopf's INFO logs would post one per timer run, every few seconds.
         settings.posting.level = logging.WARNING
-        # kopf's first listing of the pods a page at a time, as they come: in one piece, 25,000 pods
-        # (about 100 MB of JSON) took a restarted operator to 790 MiB; paged, 220 MiB.
+        # kopf's listings (of the nodes, of the jobs) a page at a time, as they come: in one piece,
+        # 25,000 pods (about 100 MB of JSON) had taken a restarted operator to 790 MiB; paged, 220 MiB.
         settings.watching.chunk_size = LIST_PAGE_SIZE
-        # Only the jobs' pods, selected by the API server: kopf's filters on the handlers are its own,
-        # so without this it lists and watches every pod of the cluster.
-        settings.watching.label_selectors[("v1", "pods")] = LABEL_JOB
         # No diff base for the pods' and nodes' events, which no change handler reads (operator/diffbase.py).
         settings.persistence.diffbase_storage = JobsOnlyDiffBase(settings.persistence.diffbase_storage)
 
@@ -193,26 +199,13 @@ def register(
         return {_where(body): body}
 
     def job_pods(body: kopf.Body) -> list[dict[str, Any]]:
-        """The job's pods, as summaries from the store (listed from the API server on first use).
-
-        What that listing shows is acted on at once, as the pod events would (`_action`): after a
-        restart, a pod that failed while the operator was down is replaced once the job's listing
-        is read, not when kopf's own listing of every job's pods reaches it (at 25,000 pods, many
-        seconds later). Its event comes later still and finds the hot-swap begun."""
-        namespace, name = _where(body)
-        actions: list[Callable[[], None]] = []
-
-        def listing() -> Iterator[dict[str, Any]]:
-            for pod in cluster.job_pods(namespace, name):
-                action = _action(body, pod) if _live(body) else None
-                if action is not None:
-                    actions.append(action)
-                yield pod
-
-        pods = store.pods(namespace, name, listing)
-        for action in actions:
-            action()
-        return store.pods(namespace, name, listing) if actions else pods  # (the replaced ones gone)
+        """The job's pods, as summaries from the store: the pod informers start with the first job
+        handler (kopf's `jobs` index is filled by then), whose read waits for their first listing."""
+        pod_informers.start()
+        try:
+            return store.pods(*_where(body), timeout=FIRST_LISTING_WAIT_SECONDS)
+        except NotListedYet as error:
+            raise kopf.TemporaryError(str(error), delay=1) from None
 
     @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
@@ -258,9 +251,6 @@ def register(
             return
         job = _job(body)
         namespace, name = _where(body)
-        # One of the job's pods checked against the API server per run: the store's guard against a
-        # watch gap no pod event could show (operator/pod_store.py, "Watch gaps").
-        store.verify(namespace, name, lambda pod: cluster.pod_uid(namespace, pod))
         pods = job_pods(body)
         if job.spec.suspend:
             for pod in pods:  # a deletion that failed in the update handler
@@ -299,28 +289,32 @@ def register(
         for leftover in derived.leftover_pods:
             cluster.delete_pod(namespace, leftover)
 
-    # The event handlers are coroutines: they run on kopf's event loop, and only their API calls go
-    # to a thread. A restarted operator gets an event per existing pod (25,000 for a large job);
-    # as sync handlers they queued on kopf's thread pool ahead of the job's resume handler and timer.
-    @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
     @metrics.timed("pod_event")
-    async def pod_event(*, type: str | None, body: kopf.Body, **kwargs: Any) -> None:
-        store.observe(type, body)
-        jobs: kopf.Index[tuple[str, str], kopf.Body] = kwargs["jobs"]
-        namespace, _ = _where(body)
-        owner = next(iter(jobs.get((namespace, body.metadata.labels[LABEL_JOB]), [])), None)
+    def pod_event(event_type: str | None, pod: dict[str, Any]) -> Callable[[], None] | None:
+        """What one of a job's pods asks of the operator as an event (None: a listing) shows it: the
+        pod informers' question (operator/pod_informers.py), answered in memory; they run the answer."""
+        metadata = pod["metadata"]
+        owner = _owner(str(metadata["namespace"]), str(metadata["labels"][LABEL_JOB]))
         if owner is None:
-            return  # the job is gone: its pods go with it
+            return None  # the job is gone: its pods go with it
         activity.note(_where(owner), "pod events")
         if not _live(owner):
-            return  # going, over, or suspended (its pods were deleted on purpose)
-        pod = dict(body)
-        if type == "DELETED":
-            await asyncio.to_thread(_recreate, owner, pod)
-            return
-        action = _action(owner, pod)
-        if action is not None:
-            await asyncio.to_thread(action)
+            return None  # going, over, or suspended (its pods were deleted on purpose)
+        if event_type == "DELETED":
+            return partial(_recreate, owner, pod)
+        return _action(owner, pod)
+
+    pod_informers = PodInformers(cluster, store, scopes, pod_event)
+
+    @kopf.on.cleanup(registry=registry)
+    def stop_watching_pods(**_: Any) -> None:
+        pod_informers.stop()
+
+    def _owner(namespace: str, name: str) -> kopf.Body | None:
+        """The job of that name, from kopf's index (read from an informer's thread: copied first)."""
+        if not job_index:
+            return None
+        return next(iter(list(job_index[0].get((namespace, name), ()))), None)
 
     def _live(owner: kopf.Body) -> bool:
         """The job's pods are looked after: it is neither going, nor over, nor suspended."""

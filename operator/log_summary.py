@@ -1,10 +1,11 @@
 """Quiet logs at scale: what the operator does for each pod at DEBUG, a summary line per job.
 
-kopf says "Handler '...pod_event' succeeded." at INFO for every event of every pod it hands the
-operator, and "Timer '...keep' succeeded." for every job every few seconds: creating and deleting a
-5,000-host job logged 15,004 such lines (benchmarks/operator_scale.py, operator-5000.log), a restart
-5,000 more, and a 25,000-host job five times as many, which buries the lines that matter (a failure,
-a hot-swap, a job's phase) and costs the operator CPU. `RoutineAtDebug` turns those lines into DEBUG
+kopf says "Handler '...node_event' succeeded." at INFO for every event of every node it hands the
+operator, and "Timer '...keep' succeeded." for every job every few seconds (and it said the same of
+every pod event while kopf watched the pods: creating and deleting a 5,000-host job logged 15,004
+such lines, benchmarks/operator_scale.py), which buries the lines that matter (a failure, a
+hot-swap, a job's phase) and costs the operator CPU. The operator's own pod informers (operator/
+pod_informers.py) log nothing per pod. `RoutineAtDebug` turns those lines into DEBUG
 (shown with `--log-level debug`, dropped otherwise); whatever else kopf says (a failure, a retry, a
 change handler of a job) keeps its level. In their place, `JobActivity` counts what the operator did
 for each job (pod events handled, pods created, pods replaced, notices given, pods deleted) and the
@@ -25,8 +26,8 @@ from slicekeeper.operator.pod_store import JobKey
 
 KOPF_OBJECTS_LOGGER = "kopf.objects"
 """The logger kopf says each handler's outcome on (with the object it handled)."""
-ROUTINE_HANDLERS = ("pod_event", "node_event", "keep")
-"""The handlers run per pod, per node or per job interval: their success is routine."""
+ROUTINE_HANDLERS = ("node_event", "keep")
+"""The handlers run per node or per job interval: their success is routine."""
 _ROUTINE = re.compile(
     r"^(?:Handler|Timer) '(?:[^']*\.)?(?:" + "|".join(ROUTINE_HANDLERS) + r")' succeeded\.$"
 )

@@ -83,7 +83,7 @@ def run(
         limiter=TokenBucket(qps, burst),
         concurrency=create_concurrency or DEFAULT_CONCURRENCY,
     )
-    register(registry, cluster, status_interval=status_interval)
+    register(registry, cluster, status_interval=status_interval, namespaces=namespaces)
     try:
         port = metrics.serve(metrics_port)
     except OSError as error:  # in use, or not ours to bind

@@ -121,8 +121,8 @@ def pod(name: str, node_name: str) -> dict[str, Any]:
 
 def test_the_store_remembers_what_each_node_announced_and_which_pods_run_there():
     store = PodStore()
-    store.observe(None, pod("llm-s0-w0", "tpu-a"))
-    store.observe(None, pod("llm-s0-w1", "tpu-b"))
+    store.observe("ADDED", pod("llm-s0-w0", "tpu-a"))
+    store.observe("ADDED", pod("llm-s0-w1", "tpu-b"))
     assert store.node_signal("tpu-a") == (False, None)  # not seen yet: nothing to judge by
     assert store.observe_signal("tpu-a", MAINTENANCE) is None
     assert store.observe_signal("tpu-b", None) is None

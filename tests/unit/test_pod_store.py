@@ -1,17 +1,15 @@
-"""The operator's pod store: a job's pods from the watch events, filled by one listing on first read.
+"""The operator's pod store: a job's pods as its informer's listings and watch events describe them.
 
-A restarted operator resumes a job before its pod watch has delivered every pod, so the first read of
-a job lists its pods; events that arrive around that listing must win over it (a pod deleted or
-changed meanwhile is not brought back in its listed state). When kopf's watch lists again (after a
-410 Gone), a pod deleted meanwhile is not in that listing and no event says it went: the store must
-notice the re-list and list the job again. Nodes: NotReady ones, and who runs there.
+A listing is the whole state once it ends (a pod it lacks went while no watch could say so), except
+for what the operator's own deletes said meanwhile; a job's read waits for the first listing. Nodes:
+NotReady ones, and who runs there.
 """
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from slicekeeper.operator.pod_store import PodStore, summary
+from slicekeeper.operator.pod_store import NotListedYet, PodStore, summary
 
 NAMESPACE, JOB = "team", "llm"
 
@@ -45,21 +43,18 @@ def node(name: str, ready: str | None) -> dict[str, Any]:
     return {"metadata": {"name": name}, "status": {"conditions": conditions}}
 
 
-class Lister:
-    """A listing of the job's pods; `during` runs while it is being read (events arriving meanwhile)."""
-
-    def __init__(self, pods: list[dict[str, Any]], during: Any = None) -> None:
-        self.pods, self.during, self.calls = pods, during, 0
-
-    def __call__(self) -> Iterable[Mapping[str, Any]]:
-        self.calls += 1
-        if self.during is not None:
-            self.during()
-        return list(self.pods)
+def listing(store: PodStore, pods: list[dict[str, Any]], during: Callable[[], object] | None = None) -> None:
+    """An informer's listing of `pods`; `during` runs after its first page (one pod a page)."""
+    store.listing_began(None)
+    for index, listed in enumerate(pods):
+        store.listed(None, listed)
+        if index == 0 and during is not None:
+            during()
+    store.listing_ended(None)
 
 
-def phases(store: PodStore, lister: Lister) -> dict[str, str]:
-    return {p["metadata"]["name"]: p["status"]["phase"] for p in store.pods(NAMESPACE, JOB, lister)}
+def phases(store: PodStore, job: str = JOB) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["status"]["phase"] for p in store.pods(NAMESPACE, job, timeout=0)}
 
 
 class TestSummary:
@@ -78,164 +73,103 @@ class TestSummary:
         }
 
 
-class TestFirstRead:
-    def test_lists_the_job_once_then_follows_the_events(self) -> None:
+class TestListings:
+    def test_a_read_waits_for_the_first_listing(self) -> None:
         store = PodStore()
-        lister = Lister([pod("llm-s0-w0"), pod("llm-s0-w1", phase="Pending")])
-        assert phases(store, lister) == {"llm-s0-w0": "Running", "llm-s0-w1": "Pending"}
-        store.observe(None, pod("llm-s0-w1"))
+        with pytest.raises(NotListedYet, match="still being listed"):
+            store.pods(NAMESPACE, JOB, timeout=0.01)
+        store.listing_began(None)
+        store.listed(None, pod("llm-s0-w0"))
+        assert not store.listed_once(timeout=0)
+        store.listing_ended(None)
+        assert store.listed_once(timeout=0) and phases(store) == {"llm-s0-w0": "Running"}
+
+    def test_every_namespace_s_first_listing_is_waited_for(self) -> None:
+        store = PodStore(["a", "b"])
+        store.listing_began("a")
+        store.listing_ended("a")
+        assert not store.listed_once(timeout=0)
+        store.listing_began("b")
+        store.listing_ended("b")
+        assert store.listed_once(timeout=0)
+
+    def test_a_listing_then_the_watch_events(self) -> None:
+        store = PodStore()
+        listing(store, [pod("llm-s0-w0"), pod("llm-s0-w1", phase="Pending")])
+        assert phases(store) == {"llm-s0-w0": "Running", "llm-s0-w1": "Pending"}
+        store.observe("MODIFIED", pod("llm-s0-w1"))
         store.observe("DELETED", pod("llm-s0-w0"))
-        assert phases(store, lister) == {"llm-s0-w1": "Running"}
-        assert lister.calls == 1
+        assert phases(store) == {"llm-s0-w1": "Running"}
 
-    def test_a_pod_the_operator_deleted_leaves_at_once_though_no_event_tells_of_it(self) -> None:
-        """Deleted while kopf's listing was under way, the pod is in no listing of kopf's and no
-        DELETED event comes: the operator's word is all there is (a replacement's own ADDED event
-        puts the pod back)."""
+    def test_a_pod_the_next_listing_lacks_went_in_the_watch_gap(self) -> None:
         store = PodStore()
-        lister = Lister([pod("llm-s0-w0", phase="Failed"), pod("llm-s0-w1")])
-        assert phases(store, lister) == {"llm-s0-w0": "Failed", "llm-s0-w1": "Running"}
+        listing(store, [pod("llm-s0-w0"), pod("llm-s0-w1"), pod("other-s0-w0", job="other")])
+        listing(store, [pod("llm-s0-w1", phase="Failed")])  # after a 410: the rest went meanwhile
+        assert phases(store) == {"llm-s0-w1": "Failed"}
+        assert phases(store, "other") == {}
+
+    def test_a_listing_of_one_namespace_leaves_the_others_alone(self) -> None:
+        store = PodStore(["team", "elsewhere"])
+        for scope in ("team", "elsewhere"):
+            store.listing_began(scope)
+            store.listing_ended(scope)
+        store.observe("ADDED", pod("llm-s0-w0"))
+        store.listing_began("elsewhere")
+        store.listing_ended("elsewhere")
+        assert phases(store) == {"llm-s0-w0": "Running"}
+
+    def test_a_pod_the_operator_deleted_leaves_at_once_and_a_later_page_does_not_bring_it_back(self) -> None:
+        store = PodStore()
+        listing(store, [pod("llm-s0-w0", phase="Failed"), pod("llm-s0-w1")])
         store.deleted(NAMESPACE, JOB, "llm-s0-w0", "uid-other")  # another pod of the name: kept
-        assert "llm-s0-w0" in phases(store, lister)
+        assert "llm-s0-w0" in phases(store)
         store.deleted(NAMESPACE, JOB, "llm-s0-w0", "uid-llm-s0-w0")
-        assert phases(store, lister) == {"llm-s0-w1": "Running"}
-        store.observe("ADDED", pod("llm-s0-w0", phase="Pending", uid="uid-new"))
-        assert phases(store, lister) == {"llm-s0-w0": "Pending", "llm-s0-w1": "Running"}
-        assert lister.calls == 1
-
-    def test_an_event_before_the_listing_wins_over_it(self) -> None:
-        store = PodStore()
-        store.observe("MODIFIED", pod("llm-s0-w0", phase="Failed"))
-        lister = Lister([pod("llm-s0-w0", phase="Running"), pod("llm-s0-w1")])
-        assert phases(store, lister) == {"llm-s0-w0": "Failed", "llm-s0-w1": "Running"}
-
-    def test_a_pod_deleted_while_listing_is_not_brought_back(self) -> None:
-        store = PodStore()
-        lister = Lister(
-            [pod("llm-s0-w0"), pod("llm-s0-w1")],
-            during=lambda: store.observe("DELETED", pod("llm-s0-w1")),
+        assert phases(store) == {"llm-s0-w1": "Running"}
+        listing(  # a listing whose second page was taken before the delete
+            store,
+            [pod("llm-s0-w1"), pod("llm-s0-w0", phase="Failed")],
+            during=lambda: store.deleted(NAMESPACE, JOB, "llm-s0-w0", "uid-llm-s0-w0"),
         )
-        assert phases(store, lister) == {"llm-s0-w0": "Running"}
+        assert phases(store) == {"llm-s0-w1": "Running"}
+        store.observe("ADDED", pod("llm-s0-w0", phase="Pending", uid="uid-new"))  # its replacement
+        assert phases(store) == {"llm-s0-w0": "Pending", "llm-s0-w1": "Running"}
 
-    def test_a_pod_changed_while_listing_keeps_the_event_state(self) -> None:
+    def test_a_pod_changed_during_a_listing_is_not_dropped_at_its_end(self) -> None:
+        """(The informer's own watch events never come during its listing; the operator's deletes and
+        another scope's events may.)"""
         store = PodStore()
-        lister = Lister(
-            [pod("llm-s0-w0", phase="Pending")],
-            during=lambda: store.observe("MODIFIED", pod("llm-s0-w0", phase="Running")),
-        )
-        assert phases(store, lister) == {"llm-s0-w0": "Running"}
-
-    def test_a_failed_listing_is_tried_again_on_the_next_read(self) -> None:
-        store = PodStore()
-
-        def broken() -> list[dict[str, Any]]:
-            raise ConnectionError("API server away")
-
-        with pytest.raises(ConnectionError):
-            store.pods(NAMESPACE, JOB, broken)
-        assert phases(store, Lister([pod("llm-s0-w0")])) == {"llm-s0-w0": "Running"}
+        listing(store, [pod("llm-s0-w0")])
+        listing(store, [pod("llm-s0-w0")], during=lambda: store.observe("ADDED", pod("llm-s0-w9")))
+        assert sorted(phases(store)) == ["llm-s0-w0", "llm-s0-w9"]
 
     def test_jobs_are_kept_apart(self) -> None:
         store = PodStore()
-        store.observe(None, pod("other-s0-w0", job="other"))
-        assert phases(store, Lister([])) == {}
-        assert [p["metadata"]["name"] for p in store.pods(NAMESPACE, "other", Lister([]))] == ["other-s0-w0"]
+        listing(store, [pod("other-s0-w0", job="other")])
+        assert phases(store) == {}
+        assert phases(store, "other") == {"other-s0-w0": "Running"}
 
     def test_a_deleted_job_drops_its_pods_and_its_successor_follows_the_events(self) -> None:
         store = PodStore()
-        assert phases(store, Lister([pod("llm-s0-w0")])) == {"llm-s0-w0": "Running"}
+        listing(store, [pod("llm-s0-w0")])
         store.forget_job(NAMESPACE, JOB)
         store.observe("DELETED", pod("llm-s0-w0"))  # the finalizer's deletes, seen after
-        lister = Lister([pod("llm-s0-w0", phase="Pending")])
-        assert phases(store, lister) == {}
-        store.observe("ADDED", pod("llm-s0-w0", phase="Pending"))  # the job created again
-        assert phases(store, lister) == {"llm-s0-w0": "Pending"}
-        assert lister.calls == 0
-
-
-class TestRelisting:
-    """kopf lists again after its watch got 410 Gone: every pod still there arrives as an event of
-    type None, a pod deleted during the gap does not arrive at all."""
-
-    def test_a_second_listing_event_for_a_pod_makes_the_next_read_list_the_job_again(self) -> None:
-        store = PodStore()
-        for name in ("llm-s0-w0", "llm-s0-w1"):
-            store.observe(None, pod(name))  # kopf's first listing
-        lister = Lister([pod("llm-s0-w0"), pod("llm-s0-w1")])
-        assert sorted(phases(store, lister)) == ["llm-s0-w0", "llm-s0-w1"]
-        store.observe(None, pod("llm-s0-w0"))  # listed again: llm-s0-w1 was deleted in the gap
-        lister.pods = [pod("llm-s0-w0")]
-        assert phases(store, lister) == {"llm-s0-w0": "Running"}
-        assert lister.calls == 2
-        store.observe(None, pod("llm-s0-w0", uid="uid-other"))  # a new pod in the same listing
-        assert phases(store, lister) == {"llm-s0-w0": "Running"} and lister.calls == 2  # listed once
-
-    def test_a_pod_the_watch_streamed_and_then_listed_means_a_relist(self) -> None:
-        store = PodStore()
-        lister = Lister([pod("llm-s0-w0"), pod("llm-s0-w1")])
-        phases(store, lister)
-        store.observe("MODIFIED", pod("llm-s0-w0"))
-        store.observe("MODIFIED", pod("llm-s0-w1"))
-        store.observe(None, pod("llm-s0-w1"))
-        lister.pods = [pod("llm-s0-w1")]
-        assert phases(store, lister) == {"llm-s0-w1": "Running"} and lister.calls == 2
-
-    def test_a_relist_is_noticed_for_every_job_whichever_job_s_pod_showed_it(self) -> None:
-        store = PodStore()
-        store.observe(None, pod("other-s0-w0", job="other"))
-        lister = Lister([pod("llm-s0-w0")])
-        assert phases(store, lister) == {"llm-s0-w0": "Running"}
-        store.observe(None, pod("other-s0-w0", job="other"))  # llm's only pod went in the gap
-        lister.pods = []
-        assert phases(store, lister) == {}
-
-    def test_events_during_the_new_listing_still_win_over_it(self) -> None:
-        store = PodStore()
-        store.observe(None, pod("llm-s0-w0"))
-        phases(store, Lister([pod("llm-s0-w0")]))
-        store.observe(None, pod("llm-s0-w0"))
-        lister = Lister(
-            [pod("llm-s0-w0", phase="Running")],
-            during=lambda: (
-                store.observe("MODIFIED", pod("llm-s0-w0", phase="Failed")),
-                store.observe("ADDED", pod("llm-s0-w9", phase="Pending")),
-            ),
-        )
-        assert phases(store, lister) == {"llm-s0-w0": "Failed", "llm-s0-w9": "Pending"}
-
-    def test_a_pod_the_api_server_no_longer_has_makes_the_next_read_list_the_job_again(self) -> None:
-        """Every pod of the job went in the gap: no listing event shows the re-list. The timer asks
-        the API server about one pod in turn; a pod the store has and the server has not (or has as
-        another pod) is the sign."""
-        store = PodStore()
-        lister = Lister([pod("llm-s0-w0"), pod("llm-s0-w1")])
-        phases(store, lister)
-        asked: list[str] = []
-
-        def server(name: str) -> str | None:
-            asked.append(name)
-            return {"llm-s0-w0": "uid-llm-s0-w0"}.get(name)
-
-        assert store.verify(NAMESPACE, JOB, server)  # llm-s0-w0: as the store says
-        assert phases(store, lister) == {"llm-s0-w0": "Running", "llm-s0-w1": "Running"}
-        assert lister.calls == 1
-        assert not store.verify(NAMESPACE, JOB, server)  # llm-s0-w1: not on the server
-        lister.pods = []
-        assert phases(store, lister) == {} and lister.calls == 2
-        assert asked == ["llm-s0-w0", "llm-s0-w1"]
+        assert phases(store) == {}
+        store.observe("ADDED", pod("llm-s0-w0", phase="Pending", uid="uid-again"))  # the job created again
+        assert phases(store) == {"llm-s0-w0": "Pending"}
 
     def test_a_late_deleted_event_of_an_earlier_pod_does_not_drop_its_successor(self) -> None:
         store = PodStore()
+        listing(store, [])
         store.observe("ADDED", pod("llm-s0-w0", uid="new"))
         store.observe("DELETED", pod("llm-s0-w0", uid="old"))
-        assert phases(store, Lister([])) == {"llm-s0-w0": "Running"}
+        assert phases(store) == {"llm-s0-w0": "Running"}
 
 
 class TestNodes:
     def test_not_ready_nodes_and_their_pods(self) -> None:
         store = PodStore()
-        store.observe(None, pod("llm-s0-w0", node="n1"))
-        store.observe(None, pod("llm-s0-w1", node="n2"))
+        store.observe("ADDED", pod("llm-s0-w0", node="n1"))
+        store.observe("ADDED", pod("llm-s0-w1", node="n2"))
         assert store.observe_node(node("n1", "False"))
         assert not store.observe_node(node("n2", "True"))
         assert not store.node_ready("n1") and store.node_ready("n2") and store.node_ready(None)
@@ -254,7 +188,7 @@ class TestNodes:
 
     def test_a_pod_moved_or_deleted_leaves_its_node(self) -> None:
         store = PodStore()
-        store.observe(None, pod("llm-s0-w0", node="n1"))
+        store.observe("ADDED", pod("llm-s0-w0", node="n1"))
         store.observe("MODIFIED", pod("llm-s0-w0", node="n2"))
         assert store.pods_on("n1") == [] and store.pods_on("n2") == [(NAMESPACE, "llm-s0-w0")]
         store.observe("DELETED", pod("llm-s0-w0", node="n2"))
