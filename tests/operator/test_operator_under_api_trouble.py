@@ -8,16 +8,28 @@ avoided); the job's status says it runs on one slice; each event is posted once;
 its hosts' pods. The operator kept its rules while refused: its requests during the stretch are
 printed and bounded (its client's retries wait out each Retry-After and back off, so it never sent
 more than a few requests a second).
+
+The rules themselves, with a check that fails without them: through a stretch of 429s answered at
+once, each retry of the operator's comes no sooner than the `Retry-After` second; the negative
+control, a client without backoff that ignores Retry-After, retries within milliseconds and gives
+up inside the stretch.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import time
+from collections import defaultdict
 from typing import Any
 
 import pytest
+from kmock._internal import rendering
+from slicekeeper.operator import cluster as cluster_module
+from slicekeeper.operator.cluster import USER_AGENT
 
+from slicekeeper.api_rules import retry_rules
 from tests.support.cluster_emulator import Trouble
 from tests.support.operator_example import NAMES, NS, example
 from tests.support.operator_harness import emulated_cluster, eventually, operator
@@ -75,3 +87,57 @@ async def test_a_hot_swap_and_a_scale_down_complete_through_a_stretch_of_429s_50
         busiest = max(sum(1 for t in times if start <= t < start + 1.0) for start in times)
         print(f"at most {busiest} troubled requests answered in one second")
         assert busiest <= 20
+
+
+FAST_STRETCH = 3.0
+
+
+def the_operators_requests(request: rendering.Request) -> bool:
+    """The operator's own client's requests (not kopf's, not its watches)."""
+    watch = request.params.get("watch") in ("true", "1")
+    return str(request.headers.get("User-Agent", "")).startswith(USER_AGENT) and not watch
+
+
+def without_backoff(**kwargs: Any) -> dict[str, Any]:
+    return {
+        **retry_rules(**kwargs),
+        "backoff_factor": 0,
+        "backoff_jitter": 0,
+        "respect_retry_after_header": False,
+    }
+
+
+@pytest.mark.parametrize("rules", ["kept", "negative control: no backoff, Retry-After ignored"])
+async def test_each_retry_of_a_refused_request_waits_out_its_retry_after(rules, monkeypatch):
+    if rules != "kept":
+        monkeypatch.setattr(cluster_module, "retry_rules", without_backoff)
+    async with emulated_cluster() as kube, operator(kube):
+        await kube.apply(example())
+        await eventually(lambda: sorted(kube.pods(NS)) == NAMES, what="the job's pods")
+        victim = NAMES[2]
+        old = kube.pods(NS)[victim]["metadata"]["uid"]
+        trouble = Trouble(
+            until=time.monotonic() + FAST_STRETCH,
+            latency=(0.0, 0.0),
+            throttled=1.0,
+            failed=0.0,
+            retry_after=1,
+        )
+        trouble.affects = the_operators_requests
+        kube.emulator.trouble = trouble
+        await kube.patch_pod(NS, victim, {"status": {"phase": "Failed", "reason": "Evicted"}})
+        await asyncio.sleep(FAST_STRETCH)
+        calls: dict[tuple[str, str], list[float]] = defaultdict(list)
+        for at, method, path, _ in trouble.requests:
+            calls[method, path].append(at)
+        gaps = [later - earlier for times in calls.values() for earlier, later in itertools.pairwise(times)]
+        print(f"{rules}: {len(trouble.requests)} refused, retried after {[round(g, 3) for g in gaps]} s")
+        assert gaps, "no refused request was tried again"
+        if rules == "kept":
+            assert min(gaps) >= 0.95  # Retry-After: 1
+            await eventually(
+                lambda: (pod := kube.pods(NS).get(victim)) and pod["metadata"]["uid"] != old,
+                what="the hot-swap, once the stretch is over",
+            )
+        else:
+            assert min(gaps) < 0.5

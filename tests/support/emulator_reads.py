@@ -67,6 +67,7 @@ class WatchesAndLists:
         self._watch_numbers = itertools.count()
         self._timers: set[asyncio.Task[None]] = set()
         self._unlisted: dict[str, list[Any]] = {}  # continue token -> the rest of a paged list
+        self._unlisted_versions: dict[str, str] = {}  # continue token -> its snapshot's resourceVersion
 
     # --- watch events ---------------------------------------------------------------------------
     async def _publish(self, res: Any, kind: str, obj: dict[str, Any]) -> None:
@@ -204,17 +205,21 @@ class WatchesAndLists:
     async def _serve_list(self, request: rendering.Request) -> Any:
         if request.resource not in self._get_resources():
             raise KubernetesError(status=404, reason="NotFound", message=f"no resource {request.resource}")
+        limit = request.params.get("limit", "")
+        token = request.params.get("continue")
+        if token:  # the rest of a snapshot taken at the first page (not the whole store walked again)
+            listed: dict[str, Any] = {"metadata": {"resourceVersion": self._unlisted_versions.get(token, "")}}
+            self._page(listed, int(limit) if limit.isdigit() else 0, token)
+            return listed
         async with self._lock:  # the items and the version they are a snapshot of, together
             items = list(self._current(request.resource, request.namespace))
-            listed: dict[str, Any] = {"metadata": {"resourceVersion": str(self._latest)}, "items": items}
+            listed = {"metadata": {"resourceVersion": str(self._latest)}, "items": items}
         selector = request.params.get("labelSelector")
         if selector:
             listed["items"] = [
                 item for item in items if matches(metadata_of(item).get("labels") or {}, selector)
             ]
-        limit = request.params.get("limit", "")
-        token = request.params.get("continue")
-        if token or (limit.isdigit() and int(limit) > 0):
+        if limit.isdigit() and int(limit) > 0:
             self._page(listed, int(limit) if limit.isdigit() else 0, token)
         return listed
 
@@ -225,6 +230,7 @@ class WatchesAndLists:
             if token not in self._unlisted:
                 raise KubernetesError(status=410, reason="Expired", message=f"no list continues at {token}")
             items = self._unlisted.pop(token)
+            self._unlisted_versions.pop(token, None)
         else:
             items = listed["items"]
         limit = limit if limit > 0 else len(items)
@@ -232,6 +238,7 @@ class WatchesAndLists:
         if rest:
             following = uuid.uuid4().hex
             self._unlisted[following] = rest
+            self._unlisted_versions[following] = listed["metadata"]["resourceVersion"]
             listed["metadata"]["continue"] = following
             listed["metadata"]["remainingItemCount"] = len(rest)
 
