@@ -240,22 +240,25 @@ class Cluster:
 
         The manifest is posted as it is, and the answer is not decoded: the client's generated calls
         validate the body into its models and serialize those (0.6 ms of CPU a pod) and decode the
-        created object from the answer; a dictionary serializes in 0.1 ms, and only the status is
+        created object from the answer; a dictionary serializes in 0.03 ms, and only the status is
         wanted."""
         namespace, kind = manifest["metadata"]["namespace"], manifest["kind"]
         if kind not in COLLECTIONS:
             raise ValueError(f"the operator creates no {kind}")
         self._wrote()
         client = self._core.api_client
-        request = client.param_serialize(
+        method, url, headers, _, post_params = client.param_serialize(
             method="POST",
             resource_path=COLLECTIONS[kind],
             path_params={"namespace": namespace},
             header_params={"Content-Type": "application/json", "Accept": "application/json"},
-            body=manifest,
+            body=None,
             auth_settings=["BearerToken"],
         )
-        response = client.call_api(*request)
+        # The manifest goes to `json.dumps` as it is: it is plain JSON already (dicts, lists, strings,
+        # numbers), which the client's walk of a body (`sanitize_for_serialization`) copies unchanged;
+        # that walk was a quarter of the creating threads' time (py-spy --gil, 5,000 pods).
+        response = client.call_api(method, url, headers, manifest, post_params)
         response.read()
         if response.status == 409:
             return False

@@ -407,7 +407,7 @@ def parser() -> argparse.ArgumentParser:
     operator.add_argument(
         "--api-qps",
         type=float,
-        help="client-side limit on the operator's API requests a second (default 200; 0: none)",
+        help="client-side limit on the operator's API requests a second (default 1000; 0: none)",
     )
     operator.add_argument(
         "--api-burst", type=_whole, help="requests the limit lets through at once (default 400)"
@@ -415,7 +415,7 @@ def parser() -> argparse.ArgumentParser:
     operator.add_argument(
         "--create-concurrency",
         type=_whole,
-        help="creates in flight at once, in slow-start batches of 1, 2, 4, ... (default 32)",
+        help="creates in flight at once, in slow-start batches of 1, 2, 4, ... (default 64)",
     )
     operator.add_argument(
         "--leader-election",

@@ -1,6 +1,6 @@
 """Creating a job's pods as Kubernetes controllers do (operator/creation.py, slicekeeper/api_rules.py):
-slow-start batches of 1, 2, 4, ... with at most `concurrency` in flight, stopping at a batch with a
-failure; every request through a token bucket of `qps` a second, `burst` deep."""
+slow-start batches of 1, 2, 4, ... then a window, with at most `concurrency` in flight, stopping at
+the first failure; every request through a token bucket of `qps` a second, `burst` deep."""
 
 from __future__ import annotations
 
@@ -53,6 +53,26 @@ def test_a_failed_batch_stops_the_creation_and_its_error_is_raised():
     with pytest.raises(RuntimeError, match="refused 5"):
         create_in_batches(range(40), create, concurrency=8)
     assert sorted(create.made) == list(range(7))
+
+
+def test_after_the_slow_start_one_slow_create_holds_up_nothing_else():
+    """A window, not batches, once a batch reaches the concurrency: item 10 answers only once item 39
+    is made (or after 5 s), so in batches (the negative control: item 10's batch waits for it) 39
+    comes after 10, in a window before."""
+    last_made = threading.Event()
+    create = Recorder()
+
+    def made(item: int) -> bool:
+        if item == 10:
+            last_made.wait(5)
+        answer = create(item)
+        if item == 39:
+            last_made.set()
+        return answer
+
+    assert create_in_batches(range(40), made, concurrency=4) == 40
+    assert create.made.index(39) < create.made.index(10)
+    assert create.most <= 4
 
 
 def test_one_at_a_time_is_the_negative_control_of_concurrency():
