@@ -4,9 +4,13 @@ event asks of the operator.
 
 The informer's thread only decides (in memory: the pod's job, whether it failed, whether its hot-swap
 has begun); what must be done (the API calls of a hot-swap, or of failing the job) runs in a pool of
-`ACTION_THREADS` threads, so that a slow API server never holds up the pods' events. A failed action
-is logged, and not tried again here: the job's timer finds what is still amiss (a pod missing, a
-node NotReady), as it did when kopf delivered these events.
+`ACTION_THREADS` threads, so that a slow API server never holds up the pods' events.
+
+An action that fails (its requests' own retries spent: an API server down for longer than they wait)
+is decided again and tried again after `RETRY_SECONDS`, doubling up to `RETRY_MAX_SECONDS`, for as
+long as the pod's event is the latest one heard of: a newer event of the pod brings its own decision,
+and the old one is dropped (as client-go's controllers requeue a failed key with a rate-limited
+backoff). A failed pod whose hot-swap failed would otherwise wait for an event that may never come.
 
 The informers start with the first job handler (`start`): kopf runs none before its index of the
 jobs is filled, and a pod's job is looked up there.
@@ -31,37 +35,35 @@ logger = logging.getLogger(__name__)
 
 ACTION_THREADS = 8
 """Pod events acted on at once (each a hot-swap's few requests, or a job's failure)."""
+RETRY_SECONDS = 1.0
+RETRY_MAX_SECONDS = 30.0
 Action = Callable[[], None]
 React = Callable[[str | None, dict[str, Any]], Action | None]
 """What a pod's event (its type; None: one of a listing's pods) asks of the operator, if anything."""
+PodKey = tuple[str, str]
 
 
 class _ScopeSink:
-    """An informer's sink: the store first, then the handlers' `react`."""
+    """An informer's sink: the store first, then what the pod asks of the operator."""
 
     def __init__(
-        self, scope: str | None, store: PodStore, react: React, act: Callable[[Action], None]
+        self, scope: str | None, store: PodStore, on_event: Callable[[str | None, dict[str, Any]], None]
     ) -> None:
-        self._scope, self._store, self._react, self._act = scope, store, react, act
+        self._scope, self._store, self._on_event = scope, store, on_event
 
     def listing_began(self) -> None:
         self._store.listing_began(self._scope)
 
     def listed(self, obj: dict[str, Any]) -> None:
         self._store.listed(self._scope, obj)
-        self._act_on(None, obj)
+        self._on_event(None, obj)
 
     def listing_ended(self) -> None:
         self._store.listing_ended(self._scope)
 
     def changed(self, event_type: str, obj: dict[str, Any]) -> None:
         self._store.observe(event_type, obj)
-        self._act_on(event_type, obj)
-
-    def _act_on(self, event_type: str | None, obj: dict[str, Any]) -> None:
-        action = self._react(event_type, obj)
-        if action is not None:
-            self._act(action)
+        self._on_event(event_type, obj)
 
 
 class PodInformers:
@@ -73,6 +75,10 @@ class PodInformers:
         self._informers: list[Informer] = []
         self._actions: ThreadPoolExecutor | None = None
         self._stopped = False
+        self._heard: dict[PodKey, int] = {}
+        """Per pod: how many of its events were heard (a retry of an older one's action is dropped)."""
+        self.retries = 0
+        """Actions tried again so far."""
 
     def start(self) -> None:
         """Start the informers (only the first call does anything)."""
@@ -81,12 +87,11 @@ class PodInformers:
                 return
             self._actions = ThreadPoolExecutor(ACTION_THREADS, thread_name_prefix="pod-actions")
             for scope in self._scopes:
-                sink = _ScopeSink(scope, self._store, self._react, self._act)
                 informer = Informer(
                     f"job pods in {scope or 'every namespace'}",
                     partial(self._cluster.pod_pages, scope, LABEL_JOB),
                     partial(self._cluster.watch_pods, scope, LABEL_JOB),
-                    sink,
+                    _ScopeSink(scope, self._store, self._on_event),
                 )
                 self._informers.append(informer)
                 informer.start()
@@ -103,16 +108,46 @@ class PodInformers:
         if actions is not None:
             actions.shutdown(wait=False, cancel_futures=True)
 
-    def _act(self, action: Action) -> None:
+    def _on_event(self, event_type: str | None, obj: dict[str, Any]) -> None:
+        """A pod's event: the newest word on the pod (a failed action of an older one is not retried)."""
+        key = _key(obj)
+        with self._lock:
+            heard = self._heard[key] = self._heard.get(key, 0) + 1
+        self._decide(event_type, obj, heard, RETRY_SECONDS)
+
+    def _decide(self, event_type: str | None, obj: dict[str, Any], heard: int, backoff: float) -> None:
+        action = self._react(event_type, obj)
         actions = self._actions
-        if actions is None:
+        if action is None or actions is None:
             return
         with contextlib.suppress(RuntimeError):  # (shut down meanwhile)
-            actions.submit(_logged, action)
+            actions.submit(self._run, action, (event_type, obj, heard), backoff)
+
+    def _run(self, action: Action, event: tuple[str | None, dict[str, Any], int], backoff: float) -> None:
+        try:
+            action()
+        except Exception as error:
+            if self._stopped:
+                return
+            logger.warning(
+                "pod %s/%s: acting on its event failed (%s); deciding again in %.0f s",
+                *_key(event[1]),
+                error,
+                backoff,
+            )
+            retry = threading.Timer(backoff, self._retry, (event, backoff))
+            retry.daemon = True
+            retry.start()
+
+    def _retry(self, event: tuple[str | None, dict[str, Any], int], backoff: float) -> None:
+        event_type, obj, heard = event
+        with self._lock:
+            if self._stopped or self._heard.get(_key(obj)) != heard:
+                return  # a newer event of the pod was decided on since
+            self.retries += 1
+        self._decide(event_type, obj, heard, min(backoff * 2, RETRY_MAX_SECONDS))
 
 
-def _logged(action: Action) -> None:
-    try:
-        action()
-    except Exception:
-        logger.exception("a pod event's action failed (the job's timer looks again)")
+def _key(obj: dict[str, Any]) -> PodKey:
+    metadata = obj.get("metadata") or {}
+    return str(metadata.get("namespace")), str(metadata.get("name"))

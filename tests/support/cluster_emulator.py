@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import copy
 import dataclasses
 import random
 import time
@@ -61,7 +60,14 @@ from kmock._internal import dsl, enums, rendering
 from kmock._internal.apps import RawHandler
 
 from tests.support.emulator_reads import WatchesAndLists
-from tests.support.kube_objects import ObjectKey, content_of, merge_patch, metadata_of, timestamp_now
+from tests.support.kube_objects import (
+    ObjectKey,
+    content_of,
+    json_copy,
+    merge_patch,
+    metadata_of,
+    timestamp_now,
+)
 from tests.support.structural_schema import StructuralSchema, crd_schema
 
 TRAININGJOBS = "slicekeeper.dev/v1alpha1/trainingjobs"
@@ -299,7 +305,7 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
         key: ObjectKey = (request.resource, request.namespace, request.name)
         if key not in self._objects or self._objects[key].deleted or not isinstance(request.data, dict):
             raise KubernetesError(status=404, reason="NotFound", message=f"{request.name!r} not found")
-        old, body = self._objects[key].raw, copy.deepcopy(request.data)
+        old, body = self._objects[key].raw, json_copy(request.data)
         metadata, before = body.setdefault("metadata", {}), old["metadata"]
         if metadata.get("resourceVersion") != before.get("resourceVersion"):
             raise KubernetesError(
@@ -318,10 +324,10 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
             if field in before:
                 metadata[field] = before[field]
         await self._store(key, body, "MODIFIED")
-        return copy.deepcopy(body)
+        return json_copy(body)
 
     async def _create(self, request: rendering.Request) -> ObjectKey:
-        res, body = request.resource, copy.deepcopy(request.data)
+        res, body = request.resource, json_copy(request.data)
         metadata = body.setdefault("metadata", {})
         if request.namespace and "namespace" not in metadata:
             metadata["namespace"] = request.namespace
@@ -359,7 +365,7 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
                 f"UID in object meta: {old['metadata'].get('uid')}",
             )
         if request.subresource == "status":
-            new = {**copy.deepcopy(old), "status": patched.get("status")}
+            new = {**json_copy(old), "status": patched.get("status")}
             if new["status"] is None:
                 del new["status"]
         else:
@@ -367,7 +373,7 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
             if self._has_status(res):
                 new.pop("status", None)
                 if "status" in old:
-                    new["status"] = copy.deepcopy(old["status"])
+                    new["status"] = json_copy(old["status"])
         # What only the API server sets stays as it was.
         metadata, before = new.setdefault("metadata", {}), old["metadata"]
         for field in ("uid", "name", "namespace", "creationTimestamp", "generation", "deletionTimestamp"):
@@ -394,7 +400,7 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
             if not isinstance(patch, list):
                 raise KubernetesError(status=400, reason="BadRequest", message="a JSON patch is a list")
             try:
-                patched: dict[str, Any] = jsonpatch.apply_patch(copy.deepcopy(old), patch)
+                patched: dict[str, Any] = jsonpatch.apply_patch(json_copy(old), patch)
             except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as error:
                 raise KubernetesError(status=422, reason="Invalid", message=str(error)) from None
             return patched
@@ -411,7 +417,7 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
             raise KubernetesError(
                 status=409, reason="Conflict", message="the object has been modified; apply to the latest"
             )
-        return dict(merge_patch(copy.deepcopy(old), patch))
+        return dict(merge_patch(json_copy(old), patch))
 
     def _admit(self, res: Any, body: dict[str, Any]) -> dict[str, Any]:
         """The body as the CRD's schema leaves it (pruned, defaulted), or a 422 naming what is wrong."""
@@ -440,7 +446,7 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
         if metadata.get("deletionTimestamp"):
             return  # already being deleted
         if metadata.get("finalizers"):
-            marked = copy.deepcopy(obj)
+            marked = json_copy(obj)
             marked["metadata"]["deletionTimestamp"] = timestamp_now()
             await self._store(key, marked, "MODIFIED")
             return
@@ -448,7 +454,7 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
 
     async def _erase(self, key: ObjectKey, last: dict[str, Any]) -> None:
         """The object goes; then its dependents whose owners are all gone (background propagation)."""
-        last = copy.deepcopy(last)
+        last = json_copy(last)
         self._latest += 1
         last["metadata"]["resourceVersion"] = str(self._latest)
         self._objects[key] = [last, None]  # kmock's soft deletion: the last state, then none

@@ -18,10 +18,9 @@ def kopf_record(message: str, level: int = logging.INFO) -> logging.LogRecord:
 @pytest.mark.parametrize(
     "message",
     [
-        "Handler 'register.<locals>.pod_event' succeeded.",
         "Handler 'register.<locals>.node_event' succeeded.",
         "Timer 'register.<locals>.keep' succeeded.",
-        "Handler 'pod_event' succeeded.",
+        "Handler 'node_event' succeeded.",
     ],
 )
 def test_the_routine_handlers_success_is_debug(message: str):
@@ -35,15 +34,15 @@ def test_the_routine_handlers_success_is_debug(message: str):
     "message",
     [
         "Handler 'register.<locals>.reconcile' succeeded.",  # once per job: kept
-        "Handler 'register.<locals>.pod_event' failed with an exception and will try again in 60 seconds: x",
-        "Handler 'register.<locals>.my_pod_event_alike' succeeded.",
+        "Handler 'register.<locals>.node_event' failed with an exception and will try again in 60 seconds: x",
+        "Handler 'register.<locals>.my_node_event_alike' succeeded.",
         "Creation is processed: 1 succeeded; 0 failed.",
     ],
 )
 def test_anything_else_keeps_its_level(message: str):
     record = kopf_record(message)
     assert RoutineAtDebug(shown=False).filter(record) and record.levelno == logging.INFO
-    warning = kopf_record("Handler 'register.<locals>.pod_event' succeeded.", logging.WARNING)
+    warning = kopf_record("Handler 'register.<locals>.node_event' succeeded.", logging.WARNING)
     assert RoutineAtDebug(shown=False).filter(warning) and warning.levelno == logging.WARNING
 
 
