@@ -9,10 +9,11 @@ Every write the operator makes goes through here, so that the rules hold everywh
 - a delete of an object already gone (404) is success too, and so is a patch of a pod's annotations
   that finds the pod gone (its notice went with it).
 
-The job's pods are listed a page at a time (`LIST_PAGE_SIZE`) and parsed from the raw JSON: a
+The jobs' pods are listed a page at a time (`LIST_PAGE_SIZE`) and parsed from the raw JSON with
+orjson (the standard library's decoder was half the operator's CPU in a restart at 25,000 pods): a
 25,000-pod list in one piece (about 90 MB of JSON) made into the client's models took the operator's
 peak memory to 1.9 GB when it deleted such a job (benchmarks/operator_scale.py); paged, 0.2 GB. The
-same listing fills the operator's pod store when it first reads a job (operator/pod_store.py).
+same listing fills the operator's pod store (operator/pod_informers.py).
 
 `writes` counts the write requests made, for the scale benchmark's "API writes per hot-swap".
 
@@ -20,14 +21,13 @@ Every HTTP request the client makes is also counted in the operator's metrics (o
 by verb and resource, with the failed ones by HTTP status: each attempt, a retried one too, so the
 counts are what the API server saw (`Cluster` gives the client's HTTP layer a counting subclass and
 its retry policy an observer; the client sends `USER_AGENT`, which the API server's audit log shows).
-What the rules above call done is no error: a 409 to a create, a 404 to a delete or to a get (the
-pod store's check asks whether a pod is there) or to a patch (a pod gone before its annotation).
+What the rules above call done is no error: a 409 to a create, a 404 to a delete or to a get, or to
+a patch (a pod gone before its annotation).
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -37,6 +37,7 @@ from types import TracebackType
 from typing import Any, Self, cast
 
 import kubernetes
+import orjson
 import urllib3
 from kubernetes.client.rest import RESTClientObject, RESTResponse
 from kubernetes.watch.watch import iter_resp_lines
@@ -85,7 +86,7 @@ class PodWatch:
         try:
             for line in iter_resp_lines(self.response):
                 if line and not line.isspace():
-                    yield json.loads(line)
+                    yield orjson.loads(line)
         finally:
             self.response.close()
             self.response.release_conn()
@@ -326,23 +327,6 @@ class Cluster:
             already=404,
         )
 
-    def pod_uid(self, namespace: str, name: str) -> str | None:
-        """The uid of the pod of that name, None when there is none (a read: the pod store's check)."""
-        try:
-            response = cast(  # unread, as `_preload_content=False` asks (the client's type says a model)
-                urllib3.BaseHTTPResponse,
-                self._core.read_namespaced_pod(name, namespace, _preload_content=False),
-            )
-        except kubernetes.client.ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        try:
-            uid = (json.loads(response.data).get("metadata") or {}).get("uid")
-        finally:
-            response.release_conn()
-        return str(uid) if uid else None
-
     def delete_children(self, namespace: str, job: str) -> int:
         """Delete every pod, Service, ConfigMap and NetworkPolicy labelled as the job's: the
         finalizer's cleanup."""
@@ -384,7 +368,7 @@ class Cluster:
                 ),
             )
             try:
-                page = json.loads(response.data)
+                page = orjson.loads(response.data)  # (json: 3.8 s of a 25,000-pod listing's 8 s of CPU)
             finally:
                 response.release_conn()
             metadata = page.get("metadata") or {}
