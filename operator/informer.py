@@ -15,7 +15,8 @@ lacks is gone, whatever the gap hid. The loop, in a thread of its own:
   to the sink as it comes;
 - watch from the listing's resourceVersion, with bookmarks, until the server ends the watch
   (`WATCH_SECONDS`, or sooner); then watch again from the newest version seen;
-- a watch answered 410 Gone (the version is no longer in the server's history) lists again;
+- a watch answered 410 Gone (the version is no longer in the server's history), as an event or as
+  the request's own status, lists again;
 - any other failure (a refused connection, a 500 the retries did not get past) is logged, and the
   same step is tried again after a backoff (`BACKOFF_SECONDS`, doubling up to `BACKOFF_MAX_SECONDS`).
 
@@ -144,7 +145,12 @@ class Informer:
 
     def _follow(self, version: str) -> str:
         """Watch from `version` until the server ends the watch; the newest version seen."""
-        stream = self._watch(version, WATCH_SECONDS)
+        try:
+            stream = self._watch(version, WATCH_SECONDS)
+        except kubernetes.client.ApiException as error:  # (the request itself answered 410, not an event)
+            if error.status == GONE:
+                raise Gone(str(error.reason)) from None
+            raise
         with self._stream_lock:
             self._stream = stream
         if self._stopping.is_set():  # (stopped while the watch was being opened)

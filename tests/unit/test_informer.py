@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import kubernetes
 import pytest
 from slicekeeper.operator import informer as informer_module
 from slicekeeper.operator.informer import Informer
@@ -126,6 +127,14 @@ def test_a_watch_too_old_lists_again() -> None:
         ("ended", ""),
     ]
     assert informer.listings == 2 and server.watched_from[:2] == ["list-1", "list-2"]
+
+
+def test_a_watch_request_answered_410_lists_again_too() -> None:
+    gone = kubernetes.client.ApiException(status=410, reason="Expired")
+    server = Server([[[obj("a", "1")]], [[obj("b", "7")]]], [gone])
+    informer, _ = run(server, lambda sink: sink.told.count(("ended", "")) == 2)
+    informer.stop()
+    assert server.lists == 2 and server.watched_from[:2] == ["list-1", "list-2"]
 
 
 def test_a_failed_watch_is_tried_again_from_the_same_version(monkeypatch: pytest.MonkeyPatch) -> None:
