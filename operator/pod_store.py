@@ -61,13 +61,14 @@ def summary(pod: Mapping[str, Any]) -> PodSummary:
     }
 
 
-def _where(pod_summary: PodSummary) -> tuple[JobKey, str] | None:
-    """(its job, its name) for a job pod; None for a pod without the job's label."""
+def _summarized(pod: Mapping[str, Any]) -> tuple[PodSummary, JobKey, str] | None:
+    """(its summary, its job, its name) for a job pod; None for a pod without the job's label."""
+    pod_summary = summary(pod)
     metadata = pod_summary["metadata"]
     job = metadata["labels"].get(LABEL_JOB)
     if job is None:
         return None
-    return (str(metadata["namespace"]), str(job)), str(metadata["name"])
+    return pod_summary, (str(metadata["namespace"]), str(job)), str(metadata["name"])
 
 
 @dataclass
@@ -115,11 +116,10 @@ class PodStore:
 
     def listed(self, scope: str | None, pod: Mapping[str, Any]) -> None:
         """A pod of the listing under way in `scope`."""
-        pod_summary = summary(pod)
-        where = _where(pod_summary)
-        if where is None:
+        summarized = _summarized(pod)
+        if summarized is None:
             return
-        key, name = where
+        pod_summary, key, name = summarized
         with self._lock:
             listing = self._listings[scope]
             listing.seen.add((key, name))
@@ -143,11 +143,10 @@ class PodStore:
 
     def observe(self, event_type: str, pod: Mapping[str, Any]) -> None:
         """A pod's watch event (DELETED: the pod is gone)."""
-        pod_summary = summary(pod)
-        where = _where(pod_summary)
-        if where is None:
+        summarized = _summarized(pod)
+        if summarized is None:
             return
-        key, name = where
+        pod_summary, key, name = summarized
         with self._lock:
             self._changed(key, name)
             if event_type == "DELETED":
