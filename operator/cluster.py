@@ -81,6 +81,8 @@ class PodWatch:
     """A watch request's streamed answer: its events as parsed JSON, one per line."""
 
     response: urllib3.BaseHTTPResponse
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _ended: bool = False
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         try:
@@ -88,12 +90,17 @@ class PodWatch:
                 if line and not line.isspace():
                     yield orjson.loads(line)
         finally:
+            with self._lock:
+                self._ended = True
             self.response.close()
             self.response.release_conn()
 
     def shutdown(self) -> None:
-        """End the watch from another thread: its reader wakes up at once."""
-        self.response.shutdown()
+        """End the watch from another thread: its reader wakes up at once. Once the answer has ended
+        there is nothing to do (urllib3 would raise: the connection went back to its pool)."""
+        with self._lock:
+            if not self._ended:
+                self.response.shutdown()
 
 
 def _done_unless(call: Callable[[], object], already: int) -> bool:

@@ -17,7 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import io
+import sys
+import threading
 import time
+import traceback
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -34,6 +38,9 @@ MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 TRANSIENT_STATUSES = frozenset({404, 409, 429, 500, 502, 503, 504})
 """Answers a controller retries: the object went meanwhile (404), a conflict (409), the API server
 busy or restarting (429, 5xx). Anything else (400, 415, 422) is a bug in whoever sent the request."""
+
+OPERATOR_EXIT_SECONDS = 20.0
+"""How long a stopped operator may take to exit (its timers' and informers' threads included)."""
 
 WATCH_SECONDS = 10.0
 """Every watch of the emulated API server ends after this long (a real one's after 30 to 60 min): the
@@ -195,7 +202,27 @@ async def operator(kube: Kube, *, concurrency: int | None = None) -> AsyncIterat
     finally:
         cluster.metrics.close()
         stop.set()
-        await asyncio.wait_for(task, 20)
+        done, _ = await asyncio.wait({task}, timeout=OPERATOR_EXIT_SECONDS)
+        if not done:
+            stuck = what_is_stuck()
+            task.cancel()
+            raise AssertionError(f"the operator still ran {OPERATOR_EXIT_SECONDS} s after its stop:\n{stuck}")
+        task.result()
+
+
+def what_is_stuck() -> str:
+    """Every thread's stack and every pending asyncio task's: what an operator that does not exit waits on."""
+    lines: list[str] = []
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        lines.append(f"--- thread {names.get(ident, ident)}")
+        lines.extend(traceback.format_stack(frame))
+    for pending in asyncio.all_tasks():
+        lines.append(f"--- task {pending.get_name()}")
+        stack = io.StringIO()
+        pending.print_stack(file=stack)
+        lines.append(stack.getvalue())
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
 
 @contextlib.asynccontextmanager
