@@ -96,11 +96,15 @@ class PodWatch:
             self.response.release_conn()
 
     def shutdown(self) -> None:
-        """End the watch from another thread: its reader wakes up at once. Once the answer has ended
-        there is nothing to do (urllib3 would raise: the connection went back to its pool)."""
+        """End the watch from another thread: its reader wakes up at once. Once the answer has ended,
+        or its connection was closed under the reader (a read error), there is nothing left to do."""
         with self._lock:
-            if not self._ended:
+            if self._ended:
+                return
+            try:
                 self.response.shutdown()
+            except (OSError, ValueError, RuntimeError):  # (urllib3's words for a connection closed)
+                pass
 
 
 def _done_unless(call: Callable[[], object], already: int) -> bool:

@@ -104,7 +104,10 @@ class Informer:
         self._stopping.set()
         with self._stream_lock:
             if self._stream is not None:
-                self._stream.shutdown()
+                try:
+                    self._stream.shutdown()
+                except Exception:  # (its reader then wakes at the watch's own end: the join waits)
+                    logger.exception("the %s watch could not be shut down", self.name)
         if self._thread.is_alive():
             self._thread.join(timeout)
 

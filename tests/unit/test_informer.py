@@ -157,3 +157,24 @@ def test_stopping_ends_the_watch_under_way_and_tells_the_sink_nothing_more() -> 
     told = list(sink.told)
     time.sleep(0.05)
     assert sink.told == told == [("began", ""), ("listed", "a"), ("ended", "")]
+
+
+class Unshuttable(Stream):
+    """A watch whose shutdown fails (its connection in a state urllib3 refuses to shut down)."""
+
+    def shutdown(self) -> None:
+        super().shutdown()  # (the reader still wakes: the test ends promptly)
+        raise OSError(9, "Bad file descriptor")
+
+
+def test_a_failed_shutdown_of_the_watch_is_logged_and_the_stop_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    held = Unshuttable([], hold=True)
+    server = Server([[[obj("a", "1")]]], [held])
+    informer, sink = run(server, lambda sink: bool(server.watched_from))
+    informer.stop()  # (a stop that raised had kopf retry the operator's cleanup a minute later)
+    assert "the things watch could not be shut down" in caplog.text
+    told = list(sink.told)
+    time.sleep(0.05)
+    assert sink.told == told == [("began", ""), ("listed", "a"), ("ended", "")]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import os
 import threading
 from collections.abc import Iterator
 
@@ -99,4 +100,11 @@ def test_a_shutdown_before_the_answer_was_read_ends_it(server: str) -> None:
     with pytest.raises(Exception):  # noqa: B017 (whatever the reader of a shut connection raises)
         for _ in stream:
             pass
+    stream.shutdown()
+
+
+def test_a_shutdown_of_a_watch_whose_connection_was_closed_under_its_reader_does_nothing(server: str) -> None:
+    stream = watch(f"{server}/hold")
+    sock = stream.response._sock_shutdown.__self__  # type: ignore[attr-defined]  # (the watch's socket)
+    os.close(sock.detach())  # (as urllib3 closes it on a read error, before the iteration ended)
     stream.shutdown()
