@@ -183,41 +183,77 @@ async def operator(kube: Kube, *, concurrency: int | None = None) -> AsyncIterat
     register(registry, cluster, status_interval=0.5)
     settings = kopf.OperatorSettings()
     settings.watching.reconnect_backoff = 0.1
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(
-        kopf.operator(
-            registry=registry,
-            settings=settings,
-            clusterwide=True,
-            standalone=True,
-            stop_flag=stop,
-            ready_flag=ready,
-        )
-    )
-    await asyncio.wait_for(ready.wait(), 20)
+    kopf_run = KopfThread(registry, settings)
+    await asyncio.to_thread(kopf_run.started, 20)
     kube.cluster = cluster
     kube.metrics_url = f"http://127.0.0.1:{cluster.metrics.serve(0, '127.0.0.1')}/metrics"
     try:
         yield cluster
     finally:
         cluster.metrics.close()
-        stop.set()
-        done, _ = await asyncio.wait({task}, timeout=OPERATOR_EXIT_SECONDS)
-        if not done:
-            stuck = what_is_stuck()
-            task.cancel()
-            raise AssertionError(f"the operator still ran {OPERATOR_EXIT_SECONDS} s after its stop:\n{stuck}")
-        task.result()
+        await asyncio.to_thread(kopf_run.stop, OPERATOR_EXIT_SECONDS)
 
 
-def what_is_stuck() -> str:
-    """Every thread's stack and every pending asyncio task's: what an operator that does not exit waits on."""
+class KopfThread:
+    """kopf on an event loop of its own, in a thread, as the operator's process runs it: on the
+    tests' loop, kopf took every task begun after its start for its own, the emulator's too, and
+    waited 5 s for them at each exit (and answered SIGINT in the tests' stead)."""
+
+    def __init__(self, registry: kopf.OperatorRegistry, settings: kopf.OperatorSettings) -> None:
+        self._registry, self._settings = registry, settings
+        self._stop, self._ready = threading.Event(), threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kopf", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._task = self._loop.create_task(
+                kopf.operator(
+                    registry=self._registry,
+                    settings=self._settings,
+                    clusterwide=True,
+                    standalone=True,
+                    stop_flag=self._stop,
+                    ready_flag=self._ready,
+                )
+            )
+            self._loop.run_until_complete(self._task)
+        except BaseException as error:  # (raised where the test stops the operator)
+            self._error = error
+        finally:
+            self._loop.close()
+
+    def started(self, timeout: float) -> None:
+        if not self._ready.wait(timeout):
+            self.stop(OPERATOR_EXIT_SECONDS)
+            raise AssertionError(f"the operator was not ready within {timeout} s")
+
+    def stop(self, timeout: float) -> None:
+        """Stop kopf and wait for it to exit; what it still waits on if it does not."""
+        self._stop.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            stuck = what_is_stuck(self._loop)
+            if self._loop is not None and self._task is not None:
+                self._loop.call_soon_threadsafe(self._task.cancel)
+            raise AssertionError(f"the operator still ran {timeout} s after its stop:\n{stuck}")
+        if self._error is not None:
+            raise self._error
+
+
+def what_is_stuck(loop: asyncio.AbstractEventLoop | None) -> str:
+    """Every thread's stack and every pending task's of `loop`: what an operator that does not exit
+    waits on."""
     lines: list[str] = []
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     for ident, frame in sys._current_frames().items():
         lines.append(f"--- thread {names.get(ident, ident)}")
         lines.extend(traceback.format_stack(frame))
-    for pending in asyncio.all_tasks():
+    for pending in asyncio.all_tasks(loop) if loop is not None else ():
         lines.append(f"--- task {pending.get_name()}")
         stack = io.StringIO()
         pending.print_stack(file=stack)
