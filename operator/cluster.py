@@ -27,6 +27,7 @@ a patch (a pod gone before its annotation).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import threading
 import urllib.parse
@@ -101,10 +102,8 @@ class PodWatch:
         with self._lock:
             if self._ended:
                 return
-            try:
+            with contextlib.suppress(OSError, ValueError, RuntimeError):  # (urllib3's words for closed)
                 self.response.shutdown()
-            except (OSError, ValueError, RuntimeError):  # (urllib3's words for a connection closed)
-                pass
 
 
 def _done_unless(call: Callable[[], object], already: int) -> bool:

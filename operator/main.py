@@ -108,6 +108,13 @@ def run(
                 loop.call_soon_threadsafe(stop.set)
 
             lease.keep_leading(stop_acting)
+
+        @kopf.on.cleanup(registry=registry)
+        async def stopped(**_: object) -> None:
+            # Stopped by a signal, kopf still waits for its task watching this flag, then 5 s more
+            # for that task as a hung one, before the process exits.
+            stop.set()
+
         await kopf.operator(
             registry=registry,
             standalone=True,

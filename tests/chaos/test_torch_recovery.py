@@ -87,8 +87,11 @@ def test_a_corrupt_copy_comes_from_the_twin_and_a_slowed_host_is_found(tmp_path,
     assert tiers(report, 2) == {0: "local", 1: "peer", 2: "local", 3: "local"}
     detected = {f["kind"]: f["detected_as"] for f in report["faults"]}
     assert detected == {"kill": "crash", "slow": "straggler", "corrupt": None, "hang": "hang"}
-    [straggler] = [s for s in report["stragglers"] if s["host"] == 3]
-    assert straggler["score"] > 1.3 and straggler["step"] > 50
+    # Found once a generation: the machine stays slow, so the generation after the hang's restart
+    # may find it again (the detector starts afresh with each world).
+    found = [s for s in report["stragglers"] if s["host"] == 3]
+    assert found and all(s["score"] > 1.3 and s["step"] > 50 for s in found), report["stragglers"]
+    assert len(found) <= len(report["recoveries"]) + 1, report["stragglers"]
 
 
 def test_scaled_down_and_back_up_it_trains_bit_for_bit_the_same_model(tmp_path, torch_clean):
