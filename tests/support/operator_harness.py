@@ -1,4 +1,5 @@
-"""The operator under test: the real kopf operator, in this process, against the emulated API server.
+"""The operator under test: the real kopf operator, in this process (on an event loop and thread of its
+own, as in the operator's process: `KopfThread`), against the emulated API server.
 
 `emulated_cluster()` starts the emulator (tests/support/cluster_emulator.py) and yields a `Kube` to act as a
 user (apply, delete), as the scheduler, kubelet and node controller (bind a pod, set a pod's or
