@@ -65,6 +65,10 @@ COLLECTIONS = {
 """Where the operator creates each kind it creates."""
 LIST_PAGE_SIZE = 500
 """Pods per list request: a page is about 2 MB of JSON, a 25,000-pod job 50 pages."""
+REQUEST_TIMEOUT = (10.0, 60.0)
+"""(connect, read) seconds for every request but a watch: an answer that never comes (a connection
+dropped without a word) is then a failed request, retried by the retry policy and then by kopf's
+handler retries, not a handler's thread held for good (and a stopping operator with it)."""
 WATCH_CONNECT_SECONDS = 10
 WATCH_SLACK_SECONDS = 30
 """A watch silent this long past the end it asked for is taken as dead."""
@@ -167,13 +171,20 @@ class _CountedRestClient(RESTClientObject):
     """The client's HTTP layer, telling `observe` of each call's answer (or that none came)."""
 
     def __init__(
-        self, configuration: kubernetes.client.Configuration, observe: Observer, limiter: TokenBucket
+        self,
+        configuration: kubernetes.client.Configuration,
+        observe: Observer,
+        limiter: TokenBucket,
+        timeout: tuple[float, float],
     ) -> None:
         super().__init__(configuration)
         self._observe = observe
         self._limiter = limiter
+        self._timeout = timeout
 
     def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> RESTResponse:
+        if kwargs.get("_request_timeout") is None:  # (a watch sets its own)
+            kwargs["_request_timeout"] = self._timeout
         self._limiter.take()
         try:
             response: RESTResponse = super().request(method, url, *args, **kwargs)
@@ -217,6 +228,7 @@ class Cluster:
     """Every request takes a token first (slicekeeper/api_rules.py): --api-qps, --api-burst."""
     concurrency: int = DEFAULT_CONCURRENCY
     """Creates in flight at once (operator/creation.py): --create-concurrency."""
+    request_timeout: tuple[float, float] = REQUEST_TIMEOUT
     _core: kubernetes.client.CoreV1Api = field(init=False)
     _custom: kubernetes.client.CustomObjectsApi = field(init=False)
     _writes_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
@@ -228,7 +240,10 @@ class Cluster:
         self.configuration.connection_pool_maxsize = max(pool, self.concurrency + 4)
         client = kubernetes.client.ApiClient(self.configuration)
         client.rest_client = _CountedRestClient(
-            self.configuration, observe=self.record_request, limiter=self.limiter
+            self.configuration,
+            observe=self.record_request,
+            limiter=self.limiter,
+            timeout=self.request_timeout,
         )
         client.user_agent = USER_AGENT
         self._core = kubernetes.client.CoreV1Api(client)
