@@ -119,6 +119,15 @@ def test_hosts_chips_and_topology_follow_the_tpu_type(tpu, slices, hosts_per_sli
         assert f"{pod['metadata']['name']}.llm" in hostnames
 
 
+def test_one_rendered_job_gives_each_pod_its_own_slice_s_worker_hostnames_in_any_order():
+    # A rendered job keeps each slice's hostnames once worked out (a 25,000-host job's pods all come
+    # from one): a pod of another slice, or one rendered out of order, still gets its own slice's.
+    rendered = render(job({"type": "v4-32"}, 3))
+    for index in (9, 0, 5, 11, 1, 4):
+        hostnames = env_of(rendered.pod(rendered.layout.host(index)))["TPU_WORKER_HOSTNAMES"]
+        assert hostnames == ",".join(f"llm-s{index // 4}-w{worker}.llm" for worker in range(4))
+
+
 def test_every_pod_gets_the_termination_grace_the_spec_gives_its_supervisors():
     default = [pod["spec"]["terminationGracePeriodSeconds"] for pod in render(job({"type": "v5p-16"})).pods()]
     assert default == [30, 30]  # spec.disruption's default, on each host's pod
