@@ -82,13 +82,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 import aiohttp
-from kmock._internal.apps import Server
 
 from benchmarks.operator_scale_emulator import USER_AGENT, BenchEmulator
 from benchmarks.operator_scale_figures import Figures, summary, table, targets
 from benchmarks.operator_scale_job import CHIPS_PER_HOST, shape_for
 from benchmarks.operator_scale_process import OPERATOR_ARGS, mib, proc_status_kib, running_operator
 from benchmarks.operator_scale_run import Run
+from tests.support.emulator_server import serving
 
 DEFAULT_SIZES = (64, 1000, 25000)
 SLOW_ANSWER_SECONDS = 0.05
@@ -106,7 +106,7 @@ async def measure(hosts: int, idle: float, delete: bool, restart_timeout: float,
     connector = aiohttp.TCPConnector(force_close=True)
     async with (
         BenchEmulator() as emulator,
-        Server(emulator),
+        serving(emulator),
         aiohttp.ClientSession(connector=connector, headers={"User-Agent": USER_AGENT}) as session,
     ):
         run = Run(emulator, session, shape, logs)

@@ -121,9 +121,13 @@ class Run:
         await wait_for(all_pods, 120 + 0.2 * self.shape.hosts, "every pod", progress)
         if not record:
             seconds = time.monotonic() - started
+            operator_cpu, emulator_cpu = cpu_seconds(pid) - cpu_before[0], own_cpu_seconds() - cpu_before[1]
             print(
                 f"    all {self.shape.hosts} pods again in {seconds:.1f} s (the emulator answering"
-                f" {1000 * emulator.latency:.0f} ms late)",
+                f" {1000 * emulator.latency:.0f} ms late); CPU: operator"
+                f" {100 * operator_cpu / seconds:.0f} %, emulator {100 * emulator_cpu / seconds:.0f} % of a"
+                f" core, operator"
+                f" {1000 * operator_cpu / self.shape.hosts:.2f} ms a pod",
                 flush=True,
             )
             await self.settled(len(emulator._requests), "the operator settled after the creation")

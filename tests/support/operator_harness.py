@@ -28,11 +28,11 @@ from typing import Any
 
 import aiohttp
 import kopf
-from kmock._internal.apps import Server
 from slicekeeper.operator.cluster import Cluster, client_configuration
 from slicekeeper.operator.handlers import register
 
 from tests.support.cluster_emulator import TRAININGJOBS, ClusterEmulator
+from tests.support.emulator_server import serving
 
 JOBS_PATH = "/apis/slicekeeper.dev/v1alpha1/namespaces/{namespace}/trainingjobs"
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
@@ -270,7 +270,7 @@ async def emulated_cluster(watch_seconds: float | None = WATCH_SECONDS) -> Async
     connector = aiohttp.TCPConnector(force_close=True)
     async with (
         ClusterEmulator() as emulator,
-        Server(emulator),
+        serving(emulator),
         aiohttp.ClientSession(connector=connector) as session,
     ):
         emulator.watch_seconds = watch_seconds
