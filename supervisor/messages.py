@@ -106,6 +106,9 @@ class Progress(Report):
     step: int
     loss: float | None = None
     work: float | None = None
+    core: int | None = None
+    """Local mode: the CPU core the host's own work runs on (protocol.ENV_OWN_WORK_CORE); the leader
+    compares a host's work with that of the hosts sharing its core (supervisor.straggler)."""
     earlier: list[tuple[int, float, float | None]] = []
 
 

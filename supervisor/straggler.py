@@ -21,6 +21,17 @@ scheduling noise, not a sick host; 5 ms, half of what a 2x slowdown adds to the 
 consecutive scored steps: a sustained slowdown, never one noisy step. Each host is reported once per
 `reset`; scores stay available for metrics and for the policy's context.
 
+Hosts sharing a core. In local mode several host processes share the machine's few cores, each
+host's own work on one of them (protocol.ENV_OWN_WORK_CORE, reported with every step as `core`). A
+core is then part of the host: a virtual machine's vCPU can run slower than its sibling for minutes
+(a busy hyperthread on the physical machine, which the guest's CPU time still counts), and every
+host on it slows alike. Pinned two to a core, a fault-free run of four hosts once scored the two
+hosts of a slowed core 1.56 and 1.51 against 0.66 and 0.65, and replaced one as a straggler. So a
+host that reports its core is compared with the other hosts reporting the same core, when there are
+any: a slow core moves the host and its reference together, and a host slow on its own still stands
+out against its core-mates. A host alone on its core (or reporting none) is compared with every
+other host, as on a real slice.
+
 A straggler is a host that *became* slow. Each host's first full-window score after a reset is its
 baseline, and a host is over the line only when its score is also `threshold` times its baseline. A
 difference that was there from the start is how the hosts are (a slower machine type, or, on a test
@@ -71,7 +82,8 @@ class Finding:
     work_seconds: float
     """The host's median own work per step over the window."""
     reference_seconds: float
-    """The other hosts' median own work per step (median of their medians)."""
+    """The other hosts' median own work per step (median of their medians; of the hosts sharing its
+    core, when it shares one)."""
 
 
 class StragglerDetector:
@@ -98,6 +110,7 @@ class StragglerDetector:
         self._last_evaluated: int | None = None
         self._steps_seen = 0
         self._works: dict[int, deque[float]] = {}
+        self._cores: dict[int, int] = {}
         self._streaks: dict[int, int] = {}
         self._scores: dict[int, float] = {}
         self._baselines: dict[int, float] = {}
@@ -113,6 +126,7 @@ class StragglerDetector:
         self._last_evaluated = None
         self._steps_seen = 0
         self._works = {host: deque(maxlen=self.window) for host in self._hosts}
+        self._cores = {}
         self._streaks = {host: 0 for host in self._hosts}
         self._scores = {}
         self._baselines = {}
@@ -127,6 +141,7 @@ class StragglerDetector:
             "last_evaluated": self._last_evaluated,
             "steps_seen": self._steps_seen,
             "works": {str(h): list(w) for h, w in self._works.items()},
+            "cores": {str(h): c for h, c in self._cores.items()},
             "streaks": {str(h): n for h, n in self._streaks.items()},
             "scores": {str(h): v for h, v in self._scores.items()},
             "baselines": {str(h): v for h, v in self._baselines.items()},
@@ -146,17 +161,21 @@ class StragglerDetector:
         self._last_evaluated = state["last_evaluated"]
         self._steps_seen = state["steps_seen"]
         self._works = {int(h): deque(w, maxlen=self.window) for h, w in state["works"].items()}
+        self._cores = {int(h): c for h, c in state.get("cores", {}).items()}
         self._streaks = {int(h): n for h, n in state["streaks"].items()}
         self._scores = {int(h): v for h, v in state["scores"].items()}
         self._baselines = {int(h): v for h, v in state["baselines"].items()}
         self._flagged = set(state["flagged"])
 
-    def observe(self, host: int, step: int, work: float | None) -> list[Finding]:
-        """Record `host`'s own work in `step`; return the findings once every host reported the step.
+    def observe(self, host: int, step: int, work: float | None, *, core: int | None = None) -> list[Finding]:
+        """Record `host`'s own work in `step` (`core`: the core it ran on, in local mode); return the
+        findings once every host reported the step.
 
         Reports from hosts outside the current world (a previous generation's) are ignored."""
         if host not in self._hosts or (self._last_evaluated is not None and step <= self._last_evaluated):
             return []
+        if core is not None:
+            self._cores[host] = core
         reports = self._pending.setdefault(step, {})
         reports[host] = work
         if len(reports) < len(self._hosts):
@@ -177,6 +196,13 @@ class StragglerDetector:
         """Hosts reported as stragglers since the last reset."""
         return frozenset(self._flagged)
 
+    def _peers(self, host: int) -> list[int]:
+        """The hosts `host` is compared with: those sharing its core, or else every other host."""
+        others = [h for h in self._hosts if h != host]
+        core = self._cores.get(host)
+        mates = [h for h in others if core is not None and self._cores.get(h) == core]
+        return mates or others
+
     def _evaluate(self, step: int, reports: dict[int, float | None]) -> list[Finding]:
         # Every host of the world reported this step, so all of them warm up together.
         self._steps_seen += 1
@@ -190,7 +216,7 @@ class StragglerDetector:
         medians = {host: statistics.median(works) for host, works in self._works.items()}
         findings: list[Finding] = []
         for host, own in medians.items():
-            reference = statistics.median(m for h, m in medians.items() if h != host)
+            reference = statistics.median(medians[peer] for peer in self._peers(host))
             score = own / reference if reference > 0 else (math.inf if own > 0 else 1.0)
             self._scores[host] = score
             baseline = self._baselines.setdefault(host, score)

@@ -307,6 +307,8 @@ class Session:
         fields: dict[str, Any] = {"loss": record.loss, **record.extra}
         if record.work is not None:
             fields["work"] = record.work
+        if self._core is not None:
+            fields["core"] = self._core.core  # hosts sharing a core are compared with each other
         self._send(Event.STEP_END, step=step, **fields)
 
     def checkpoint_saved(self, step: int, tier: str = "local") -> None:

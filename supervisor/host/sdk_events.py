@@ -305,7 +305,11 @@ class SdkEvents:
         self._context.metrics.step.set(step)
         await self._context.report(
             messages.Progress(
-                generation=self._generation, step=step, loss=message.get("loss"), work=message.get("work")
+                generation=self._generation,
+                step=step,
+                loss=message.get("loss"),
+                work=message.get("work"),
+                core=message.get("core"),
             )
         )
         return True

@@ -140,10 +140,10 @@ class Decisions:
         return decision
 
     # --- stragglers ----------------------------------------------------------------------------
-    def observe(self, host: int, step: int, work: float | None) -> list[Finding]:
-        """A host's own work in a step; returns the hosts newly found straggling (with the machine
-        serving each, for the report)."""
-        findings = self.detector.observe(host, step, work)  # each host once per reset
+    def observe(self, host: int, step: int, work: float | None, *, core: int | None = None) -> list[Finding]:
+        """A host's own work in a step (`core`: the core it ran on, in local mode); returns the hosts
+        newly found straggling (with the machine serving each, for the report)."""
+        findings = self.detector.observe(host, step, work, core=core)  # each host once per reset
         for finding in findings:
             self.stragglers.append(
                 {

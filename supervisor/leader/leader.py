@@ -418,7 +418,7 @@ class Leader:
             self.generations.progress()
         productive = False
         for step, t, work in (*report.earlier, (report.step, report.t, report.work)):
-            await self.remediation.straggler_check(report.host, step, work, t)
+            await self.remediation.straggler_check(report.host, step, work, t, core=report.core)
             productive = self.memory.progressed(step, t) or productive
         if productive:
             await self.journal_writer.write()

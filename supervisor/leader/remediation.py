@@ -262,9 +262,12 @@ class Remediation:
             await self.generations.start_when_all_stopped()
 
     # --- signals while training ---------------------------------------------------------------
-    async def straggler_check(self, host: int, step: int, work: float | None, now: float) -> None:
-        """A host's own work in a step (`now`: when it ended): find stragglers and decide on them."""
-        for finding in self.decisions.observe(host, step, work):
+    async def straggler_check(
+        self, host: int, step: int, work: float | None, now: float, *, core: int | None = None
+    ) -> None:
+        """A host's own work in a step (`now`: when it ended; `core`: the core it ran on, in local
+        mode): find stragglers and decide on them."""
+        for finding in self.decisions.observe(host, step, work, core=core):
             await self.members.event(
                 f"straggler: host {finding.host} score {finding.score:.2f} at step {finding.step}",
                 host=finding.host,

@@ -232,6 +232,39 @@ def test_a_straggler_with_no_spare_is_reported_and_the_job_runs_on():
     run(scenario)
 
 
+async def core_0_slows_down(job: Job, *, cores: bool) -> None:
+    """Local mode's hosts on 2 cores (host h on core h mod 2); from step 20 on core 0 runs 3 times
+    slower: hosts 0 and 2 alike. `cores`: whether the hosts' progress names the core."""
+    for step in range(1, 45):
+        for member in job.members:
+            work = 0.3 if member.host % 2 == 0 and step > 20 else 0.1
+            core = {"core": member.host % 2} if cores else {}
+            await member.send(
+                "progress", generation=0, step=step, loss=1.0, t=100.0 + step, work=work, **core
+            )
+    await eventually(lambda: all(job.leader.status[host].step == 44 for host in range(4)))
+
+
+def test_a_slowed_core_is_no_straggler_when_the_hosts_name_their_cores():
+    async def scenario():
+        job = await two_slices()
+        await core_0_slows_down(job, cores=True)
+        assert job.leader.summary()["stragglers"] == []
+        await job.shut()
+
+    run(scenario)
+
+
+def test_negative_control_a_slowed_core_is_taken_for_stragglers_when_the_cores_are_not_named():
+    async def scenario():
+        job = await two_slices()
+        await core_0_slows_down(job, cores=False)
+        assert {s["host"] for s in job.leader.summary()["stragglers"]} == {0, 2}
+        await job.shut()
+
+    run(scenario)
+
+
 def test_a_healthy_job_with_even_hosts_reports_no_straggler():
     async def scenario():
         job = await two_slices(spares=1)

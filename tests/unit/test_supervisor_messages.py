@@ -11,7 +11,7 @@ MEMBER_REPORTS = [
         host=1, t=1.0, machine="host-1", metrics_port=9000, replica_address="127.0.0.1:1", pid=7
     ),
     messages.StateReport(host=1, t=1.0, state="starting"),
-    messages.Progress(host=1, t=1.0, generation=2, step=30, loss=0.5, work=0.1),
+    messages.Progress(host=1, t=1.0, generation=2, step=30, loss=0.5, work=0.1, core=1),
     messages.Committed(host=1, t=1.0, step=30),
     messages.CheckpointInvalid(host=1, t=1.0, step=30, tier="peer", reason="replication failed", detail="x"),
     messages.Persisted(host=1, t=1.0, step=30),

@@ -158,6 +158,16 @@ def test_work_done_puts_the_seconds_from_the_step_begin_on_the_step_end(supervis
     assert (end["type"], end["step"], end["loss"], end["work"]) == ("step_end", 4, 0.5, 2.5)
 
 
+@pytest.mark.skipif(not OwnWorkCore.supported(), reason="needs Linux thread affinity")
+def test_in_local_mode_the_step_end_names_the_core_own_work_ran_on(supervisor):
+    core = max(os.sched_getaffinity(0))
+    session = connect(env_for(supervisor.path, **{protocol.ENV_OWN_WORK_CORE: str(core)}))
+    with session.step(1) as record:
+        record.work_done()
+    session.close()
+    assert supervisor.messages()[-1]["core"] == core  # the leader compares hosts sharing a core
+
+
 def test_a_step_that_never_marks_its_work_sends_no_work_field(supervisor):
     session = connect(env_for(supervisor.path))
     with session.step(4) as record:
