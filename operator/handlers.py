@@ -63,6 +63,7 @@ from slicekeeper.operator.job_status import (
     SCALE_EVENTS,
     condition,
     derive,
+    never_ran,
     with_condition,
 )
 from slicekeeper.operator.log_summary import SUMMARY_SECONDS, JobActivity
@@ -98,6 +99,8 @@ FIRST_LISTING_WAIT_SECONDS = 60.0
 """A job handler waits this long for the pods' first listing, then kopf runs it again a second later."""
 logger = logging.getLogger(__name__)
 FINAL_PHASES = ("Invalid", "Failed", "Succeeded")
+OVER = ("Failed", "Succeeded")
+"""A job that ran and is over: a pod of it that never ran is deleted."""
 
 
 def _where(body: kopf.Body) -> tuple[str, str]:
@@ -247,10 +250,16 @@ def register(
         line = activity.summary(_where(body))
         if line is not None:
             logger.info(line)
+        namespace, name = _where(body)
+        if status.get("phase") in OVER:
+            # Level-based, once the phase is written: deleted in the look that found the job over,
+            # a pod's DELETED event could reach the pod informers before the phase, and be replaced.
+            for never in never_ran(job_pods(body)):
+                cluster.delete_pod(namespace, never)
+            return
         if status.get("phase") in (*FINAL_PHASES, None):
             return
         job = _job(body)
-        namespace, name = _where(body)
         pods = job_pods(body)
         if job.spec.suspend:
             for pod in pods:  # a deletion that failed in the update handler
@@ -286,8 +295,6 @@ def register(
             cluster.post_event(body, warning=event.warning, reason=event.reason, message=event.message)
             if event.reason in SCALE_EVENTS:
                 metrics.scale_events.labels(namespace=namespace, kind=SCALE_EVENTS[event.reason]).inc()
-        for leftover in derived.leftover_pods:
-            cluster.delete_pod(namespace, leftover)
 
     @metrics.timed("pod_event")
     def pod_event(event_type: str | None, pod: dict[str, Any]) -> Callable[[], None] | None:

@@ -51,8 +51,6 @@ class DerivedStatus:
     status: dict[str, Any]
     """Merged into the TrainingJob's status."""
     events: list[JobEvent] = field(default_factory=list)
-    leftover_pods: list[str] = field(default_factory=list)
-    """Pods to delete: the job is over and these never ran (e.g. a replacement still Pending)."""
 
 
 def now() -> str:
@@ -88,6 +86,12 @@ def leader_view(job: TrainingJob, pods: list[dict[str, Any]]) -> LeaderView | No
         first = pod["metadata"]["name"] == pod_name(str(job.metadata.name), 0, 0)
         found.append((view.get("term", 0), first, view))
     return max(found, key=lambda newest: newest[:2])[2] if found else None
+
+
+def never_ran(pods: list[dict[str, Any]]) -> list[str]:
+    """The names of the pods that never ran (e.g. a replacement still Pending): a job that is over
+    deletes them, or one would start a supervisor for it once a node is free."""
+    return [p["metadata"]["name"] for p in pods if _phase(p) in ("Pending", None)]
 
 
 def _phase(pod: dict[str, Any]) -> str | None:
@@ -128,7 +132,6 @@ def derive(job: TrainingJob, pods: list[dict[str, Any]], previous: dict[str, Any
     finished = state == "succeeded" or every_pod_done
     if finished:
         status["phase"] = "Succeeded"
-        derived.leftover_pods = [p["metadata"]["name"] for p in pods if _phase(p) in ("Pending", None)]
     elif state == "stopping":
         status["phase"] = "Restarting"
     elif status["slicesReady"] >= min(view.get("slicesActive") or job.spec.slices, job.spec.slices):

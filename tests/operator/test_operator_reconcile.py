@@ -437,3 +437,30 @@ async def test_the_leaders_view_on_its_pod_becomes_the_job_status_and_scaling_ev
         await leader_publishes(step=90, slicesActive=2)
         await eventually(lambda: "ScaleUp" in [e["reason"] for e in kube.events(NS)], what="ScaleUp event")
         assert [e["reason"] for e in kube.events(NS)].count("ScaleDown") == 1
+
+
+async def test_a_job_that_succeeded_leaves_no_pod_that_never_ran_and_makes_none_again():
+    """A replacement still Pending when the job succeeds is deleted, and stays deleted: its deletion
+    is no lost pod to replace (the job is over), though the job's new phase may reach the operator's
+    pod informers after the pod's DELETED event does."""
+    async with emulated_cluster() as kube, operator(kube):
+        await kube.apply(example())
+        await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
+        done = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+        for name in NAMES:
+            if name == "tiny-lm-s1-w1":  # host 3's replacement never found a node
+                status: dict[str, Any] = {"phase": "Pending"}
+            else:
+                status = {"phase": "Succeeded", "containerStatuses": [{"name": "training", "state": done}]}
+            await kube.patch_pod(NS, name, {"status": status})
+        view = json.dumps({"state": "succeeded", "step": 60, "slicesActive": 1})
+        await kube.patch_pod(
+            NS, "tiny-lm-s0-w0", {"metadata": {"annotations": {"slicekeeper.dev/status": view}}}
+        )
+        await eventually(
+            lambda: kube.job(NS, "tiny-lm")["status"].get("phase") == "Succeeded", what="Succeeded"
+        )
+        await eventually(lambda: "tiny-lm-s1-w1" not in kube.pods(NS), what="the Pending pod deleted")
+        await asyncio.sleep(3.0)  # six of the operator's looks at the job
+        assert sorted(kube.pods(NS)) == sorted(set(NAMES) - {"tiny-lm-s1-w1"})
+        assert "HotSwap" not in [e["reason"] for e in kube.events(NS)]
