@@ -42,7 +42,8 @@ import orjson
 import urllib3
 from kubernetes.client.rest import RESTClientObject, RESTResponse
 from kubernetes.watch.watch import iter_resp_lines
-from slicekeeper.operator.creation import DEFAULT_CONCURRENCY, create_in_batches
+from slicekeeper.operator.creation import DEFAULT_CONCURRENCY
+from slicekeeper.operator.loop_creates import Create, LoopCreates, Observer
 from slicekeeper.operator.metrics import NO_ANSWER, OperatorMetrics
 from slicekeeper.operator.render import GROUP, LABEL_JOB, Manifest
 from urllib3.connectionpool import ConnectionPool
@@ -77,8 +78,6 @@ EVENT_MESSAGE_LIMIT = 1024
 """Characters of an event's message the API server takes."""
 ANSWERS = frozenset({("create", 409), ("delete", 404), ("get", 404), ("patch", 404)})
 """(verb, HTTP status) that the operator takes as an answer, not an error (see the module doc)."""
-Observer = Callable[[str, str, int | None], None]
-"""Told of each HTTP request: its method, URL, and the answer's status (None: no answer came)."""
 
 
 @dataclass
@@ -290,19 +289,20 @@ class Cluster:
         with self._writes_lock:  # creates run in threads (`create_all`)
             self.writes += 1
 
-    def create(self, manifest: Manifest) -> bool:
-        """Create `manifest` in its namespace; False when it was already there (409).
+    def _request(self, manifest: Manifest) -> Create:
+        """The create of `manifest` in its namespace, as the client would send it (a write counted).
 
-        The manifest is posted as it is, and the answer is not decoded: the client's generated calls
-        validate the body into its models and serialize those (0.6 ms of CPU a pod) and decode the
-        created object from the answer; a dictionary serializes in 0.03 ms, and only the status is
-        wanted."""
+        The manifest is posted as it is: the client's generated calls validate the body into its
+        models and serialize those (0.6 ms of CPU a pod); a dictionary serializes in 0.03 ms. It is
+        plain JSON already (dicts, lists, strings, numbers): the client's walk of a body
+        (`sanitize_for_serialization`) would copy it unchanged (a quarter of the creating threads'
+        time, py-spy --gil, 5,000 pods), and orjson encodes it in a fifth of `json.dumps`'s time
+        (4 us against 45 a pod, `python -m benchmarks.render_cost`)."""
         namespace, kind = manifest["metadata"]["namespace"], manifest["kind"]
         if kind not in COLLECTIONS:
             raise ValueError(f"the operator creates no {kind}")
         self._wrote()
-        client = self._core.api_client
-        method, url, headers, _, post_params = client.param_serialize(
+        _, url, headers, _, _ = self._core.api_client.param_serialize(
             method="POST",
             resource_path=COLLECTIONS[kind],
             path_params={"namespace": namespace},
@@ -310,11 +310,13 @@ class Cluster:
             body=None,
             auth_settings=["BearerToken"],
         )
-        # The manifest is plain JSON already (dicts, lists, strings, numbers): the client's walk of a
-        # body (`sanitize_for_serialization`) would copy it unchanged (a quarter of the creating
-        # threads' time, py-spy --gil, 5,000 pods), and orjson encodes it in a fifth of `json.dumps`'s
-        # time (4 us against 45 a pod, `python -m benchmarks.render_cost`).
-        response = client.call_api(method, url, headers, Encoded(orjson.dumps(manifest)), post_params)
+        return Create(url, headers, orjson.dumps(manifest))
+
+    def create(self, manifest: Manifest) -> bool:
+        """Create `manifest` in its namespace; False when it was already there (409). The answer is
+        not decoded (the client's models of the created object): only its status is wanted."""
+        request = self._request(manifest)
+        response = self._core.api_client.call_api("POST", request.url, request.headers, Encoded(request.body))
         response.read()
         if response.status == 409:
             return False
@@ -457,8 +459,9 @@ class Cluster:
 
     def create_all(self, manifests: Iterable[Manifest]) -> int:
         """Create each manifest not there yet, `concurrency` at a time in slow-start batches
-        (operator/creation.py); the number created."""
-        return create_in_batches(manifests, self.create, concurrency=self.concurrency)
+        (operator/creation.py), from an event loop (operator/loop_creates.py); the number created."""
+        creates = LoopCreates(self.configuration, self.limiter, self.record_request, self.request_timeout)
+        return creates.create_all(map(self._request, manifests), concurrency=self.concurrency)
 
     def record_request(self, method: str, url: str, status: int | None) -> None:
         """One HTTP request made, and how it was answered: into the operator's metrics."""

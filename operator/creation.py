@@ -12,12 +12,16 @@ Once a batch reaches `concurrency`, the creates go on as a window of `concurrenc
 next one sent as soon as one is answered, stopping at the first failure: a batch waits for its
 slowest create, and at 64 in flight with 50 ms round trips those waits held 25,000 pods to about 440
 a second of the 1,280 the window allows (benchmarks/operator_scale.py).
+
+The creates are coroutines of one event loop (operator/loop_creates.py sends them): as 64 threads,
+each answer waited for the interpreter again at every step of its request, and at 50 ms round trips
+25,000 pods took 36 s, not the 20 that 64 in flight allow.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from itertools import islice
 from typing import TypeVar
 
@@ -37,7 +41,9 @@ def batches(items: Iterable[T], limit: int) -> Iterator[list[T]]:
         size = min(size * 2, limit)
 
 
-def create_in_batches(items: Iterable[T], create: Callable[[T], bool], *, concurrency: int) -> int:
+async def create_in_batches(
+    items: Iterable[T], create: Callable[[T], Awaitable[bool]], *, concurrency: int
+) -> int:
     """Create each of `items` (`create` returns False for one that was there already): slow-start
     batches up to `concurrency`, then a window of `concurrency` in flight; the number created. The
     first failure is raised once the creates in flight are done, and nothing more is sent."""
@@ -45,34 +51,30 @@ def create_in_batches(items: Iterable[T], create: Callable[[T], bool], *, concur
         raise ValueError(f"concurrency must be at least 1 (got {concurrency})")
     source = iter(items)
     created = 0
-    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="create") as pool:
-        for batch in batches(source, concurrency):
-            created += _answers([pool.submit(create, item) for item in batch])
-            if len(batch) == concurrency:
-                break  # the slow start is over: on as a window
-        in_flight: set[Future[bool]] = set()
-        try:
-            for item in source:
-                if len(in_flight) >= concurrency:
-                    done, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
-                    created += _answers(list(done))
-                in_flight.add(pool.submit(create, item))
-        finally:
-            done, _ = wait(in_flight)  # (the creates in flight are answered before any error leaves)
-        created += _answers(list(done))
-    return created
+    for batch in batches(source, concurrency):
+        created += _answers(await asyncio.gather(*(create(item) for item in batch), return_exceptions=True))
+        if len(batch) == concurrency:
+            break  # the slow start is over: on as a window
+    in_flight: set[asyncio.Future[bool]] = set()
+    try:
+        for item in source:
+            if len(in_flight) >= concurrency:
+                done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                created += _answers([_outcome(future) for future in done])
+            in_flight.add(asyncio.ensure_future(create(item)))
+    finally:
+        answered = await asyncio.gather(*in_flight, return_exceptions=True) if in_flight else []
+    return created + _answers(answered)
 
 
-def _answers(futures: list[Future[bool]]) -> int:
-    """The number created among `futures` once all are done; the first failure among them raised."""
-    created = 0
-    failure: BaseException | None = None
-    for future in futures:
-        error = future.exception()
-        if error is None:
-            created += int(future.result())
-        elif failure is None:
-            failure = error
+def _outcome(future: asyncio.Future[bool]) -> bool | BaseException:
+    error = future.exception()
+    return future.result() if error is None else error
+
+
+def _answers(outcomes: list[bool | BaseException]) -> int:
+    """The number created among `outcomes` of creates all done; the first failure among them raised."""
+    failure = next((o for o in outcomes if isinstance(o, BaseException)), None)
     if failure is not None:
         raise failure
-    return created
+    return sum(1 for outcome in outcomes if outcome is True)

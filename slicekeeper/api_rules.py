@@ -57,6 +57,14 @@ class TokenBucket:
 
     def take(self) -> float:
         """Take a token, waiting for one if the bucket is empty; the seconds waited."""
+        wait = self.reserve()
+        if wait > 0:
+            self.sleep(wait)
+        return wait
+
+    def reserve(self) -> float:
+        """Take a token that may not be there yet; the seconds to wait before using it (an event
+        loop's coroutine waits them itself)."""
         if self.qps == 0:
             return 0.0
         with self._lock:  # reserve under the lock, wait outside it: waiters queue in order
@@ -64,10 +72,7 @@ class TokenBucket:
             self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.qps)
             self._at = now
             self._tokens -= 1.0
-            wait = -self._tokens / self.qps if self._tokens < 0 else 0.0
-        if wait > 0:
-            self.sleep(wait)
-        return wait
+            return -self._tokens / self.qps if self._tokens < 0 else 0.0
 
 
 def retry_rules(*, total: int = 6, backoff_max: float = 10.0) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from kmock._internal import rendering
 from slicekeeper.operator import cluster as cluster_module
+from slicekeeper.operator import loop_creates
 from slicekeeper.operator.cluster import USER_AGENT
 
 from slicekeeper.api_rules import retry_rules
@@ -92,6 +93,21 @@ async def test_a_hot_swap_and_a_scale_down_complete_through_a_stretch_of_429s_50
 FAST_STRETCH = 3.0
 
 
+def throttled_stretch() -> Trouble:
+    """`FAST_STRETCH` seconds from now of every troubled request answered 429, `Retry-After: 1`."""
+    return Trouble(
+        until=time.monotonic() + FAST_STRETCH, latency=(0.0, 0.0), throttled=1.0, failed=0.0, retry_after=1
+    )
+
+
+def retry_gaps(trouble: Trouble) -> list[float]:
+    """The seconds between consecutive refused requests of the same method and path."""
+    calls: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for at, method, path, _ in trouble.requests:
+        calls[method, path].append(at)
+    return [later - earlier for times in calls.values() for earlier, later in itertools.pairwise(times)]
+
+
 def the_operators_requests(request: rendering.Request) -> bool:
     """The operator's own client's requests (not kopf's, not its watches)."""
     watch = request.params.get("watch") in ("true", "1")
@@ -116,21 +132,12 @@ async def test_each_retry_of_a_refused_request_waits_out_its_retry_after(rules, 
         await eventually(lambda: sorted(kube.pods(NS)) == NAMES, what="the job's pods")
         victim = NAMES[2]
         old = kube.pods(NS)[victim]["metadata"]["uid"]
-        trouble = Trouble(
-            until=time.monotonic() + FAST_STRETCH,
-            latency=(0.0, 0.0),
-            throttled=1.0,
-            failed=0.0,
-            retry_after=1,
-        )
+        trouble = throttled_stretch()
         trouble.affects = the_operators_requests
         kube.emulator.trouble = trouble
         await kube.patch_pod(NS, victim, {"status": {"phase": "Failed", "reason": "Evicted"}})
         await asyncio.sleep(FAST_STRETCH)
-        calls: dict[tuple[str, str], list[float]] = defaultdict(list)
-        for at, method, path, _ in trouble.requests:
-            calls[method, path].append(at)
-        gaps = [later - earlier for times in calls.values() for earlier, later in itertools.pairwise(times)]
+        gaps = retry_gaps(trouble)
         print(f"{rules}: {len(trouble.requests)} refused, retried after {[round(g, 3) for g in gaps]} s")
         assert gaps, "no refused request was tried again"
         if rules == "kept":
@@ -139,5 +146,39 @@ async def test_each_retry_of_a_refused_request_waits_out_its_retry_after(rules, 
                 lambda: (pod := kube.pods(NS).get(victim)) and pod["metadata"]["uid"] != old,
                 what="the hot-swap, once the stretch is over",
             )
+        else:
+            assert min(gaps) < 0.5
+
+
+def pod_creates(request: rendering.Request) -> bool:
+    return (
+        the_operators_requests(request)
+        and request.method.value == "POST"
+        and request.url.path.endswith("/pods")
+    )
+
+
+@pytest.mark.parametrize("rules", ["kept", "negative control: no backoff, Retry-After ignored"])
+async def test_a_jobs_pods_created_from_the_event_loop_wait_out_each_retry_after(rules, monkeypatch):
+    """The creates of a job's pods (operator/loop_creates.py, not the client's threads) keep the same
+    rules: through a stretch of 429s each retry comes after its Retry-After, and every pod is made
+    once; without the rules a create is retried within milliseconds (and spent inside the stretch).
+    One create in flight, so the refused requests to the pods' collection are the retries of one."""
+    if rules != "kept":
+        monkeypatch.setattr(loop_creates, "retry_rules", without_backoff)
+    async with emulated_cluster() as kube, operator(kube, concurrency=1):  # one create at a time
+        trouble = throttled_stretch()
+        trouble.affects = pod_creates
+        kube.emulator.trouble = trouble
+        await kube.apply(example())
+        await asyncio.sleep(FAST_STRETCH)
+        gaps = retry_gaps(trouble)
+        print(
+            f"{rules}: {len(trouble.requests)} creates refused, retried after {[round(g, 3) for g in gaps]} s"
+        )
+        assert gaps, "no refused create was tried again"
+        if rules == "kept":
+            assert min(gaps) >= 0.95  # Retry-After: 1
+            await eventually(lambda: sorted(kube.pods(NS)) == NAMES, what="the job's pods, after the stretch")
         else:
             assert min(gaps) < 0.5

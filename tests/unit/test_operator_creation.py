@@ -4,8 +4,8 @@ the first failure; every request through a token bucket of `qps` a second, `burs
 
 from __future__ import annotations
 
-import threading
-import time
+import asyncio
+import contextlib
 
 import pytest
 from slicekeeper.operator.creation import batches, create_in_batches
@@ -25,16 +25,13 @@ class Recorder:
         self.fail, self.there = fail, there
         self.made: list[int] = []
         self.in_flight = self.most = 0
-        self._lock = threading.Lock()
 
-    def __call__(self, item: int) -> bool:
-        with self._lock:
-            self.in_flight += 1
-            self.most = max(self.most, self.in_flight)
-        time.sleep(0.01)
-        with self._lock:
-            self.in_flight -= 1
-            self.made.append(item)
+    async def __call__(self, item: int) -> bool:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        await asyncio.sleep(0.01)
+        self.in_flight -= 1
+        self.made.append(item)
         if item in self.fail:
             raise RuntimeError(f"refused {item}")
         return item not in self.there
@@ -42,7 +39,7 @@ class Recorder:
 
 def test_every_item_is_created_with_at_most_the_concurrency_in_flight():
     create = Recorder(there={3, 4})
-    assert create_in_batches(range(40), create, concurrency=8) == 38  # two were there (409)
+    assert asyncio.run(create_in_batches(range(40), create, concurrency=8)) == 38  # two were there (409)
     assert sorted(create.made) == list(range(40))
     assert 1 < create.most <= 8  # concurrent, and bounded
 
@@ -51,33 +48,46 @@ def test_a_failed_batch_stops_the_creation_and_its_error_is_raised():
     """Items 3-6 are the third batch (1, 2, 4): item 5 fails, so 7 and later are never tried."""
     create = Recorder(fail={5})
     with pytest.raises(RuntimeError, match="refused 5"):
-        create_in_batches(range(40), create, concurrency=8)
+        asyncio.run(create_in_batches(range(40), create, concurrency=8))
     assert sorted(create.made) == list(range(7))
+
+
+def test_a_failure_in_the_window_stops_it_once_the_creates_in_flight_are_answered():
+    create = Recorder(fail={20})
+    with pytest.raises(RuntimeError, match="refused 20"):
+        asyncio.run(create_in_batches(range(100), create, concurrency=4))
+    assert create.in_flight == 0  # none left running
+    assert 20 in create.made and max(create.made) <= 23  # only what was in flight with it
 
 
 def test_after_the_slow_start_one_slow_create_holds_up_nothing_else():
     """A window, not batches, once a batch reaches the concurrency: item 10 answers only once item 39
     is made (or after 5 s), so in batches (the negative control: item 10's batch waits for it) 39
     comes after 10, in a window before."""
-    last_made = threading.Event()
     create = Recorder()
 
-    def made(item: int) -> bool:
-        if item == 10:
-            last_made.wait(5)
-        answer = create(item)
-        if item == 39:
-            last_made.set()
-        return answer
+    async def scenario() -> int:
+        last_made = asyncio.Event()
 
-    assert create_in_batches(range(40), made, concurrency=4) == 40
+        async def made(item: int) -> bool:
+            if item == 10:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(last_made.wait(), 5)
+            answer = await create(item)
+            if item == 39:
+                last_made.set()
+            return answer
+
+        return await create_in_batches(range(40), made, concurrency=4)
+
+    assert asyncio.run(scenario()) == 40
     assert create.made.index(39) < create.made.index(10)
     assert create.most <= 4
 
 
 def test_one_at_a_time_is_the_negative_control_of_concurrency():
     create = Recorder()
-    create_in_batches(range(10), create, concurrency=1)
+    asyncio.run(create_in_batches(range(10), create, concurrency=1))
     assert create.most == 1
 
 
