@@ -210,15 +210,23 @@ class WatchesAndLists:
         found: k8s_dicts.Object | None = super()._KubernetesEmulator__get_obj(request, strict)  # type: ignore[misc]
         return found
 
-    async def _serve_list(self, request: rendering.Request) -> Any:
-        if request.resource not in self._get_resources():
-            raise KubernetesError(status=404, reason="NotFound", message=f"no resource {request.resource}")
+    async def _serve_list(self, request: rendering.Request) -> rendering.Response:
+        """A list, or a page of one, encoded by orjson: kmock's JSON encoding of a page (the standard
+        library's) and its lookup of the known resources (a walk of every stored object), for each
+        of 50 pages, were nine tenths of the emulator's time in a 25,000-pod listing (py-spy on
+        benchmarks/operator_scale.py: the listing took 6.6 s of a restarted operator's 8)."""
+        listed = await self._listed(request)
+        return rendering.Response(payload=orjson.dumps(listed), headers={"Content-Type": "application/json"})
+
+    async def _listed(self, request: rendering.Request) -> dict[str, Any]:
         limit = request.params.get("limit", "")
         token = request.params.get("continue")
         if token:  # the rest of a snapshot taken at the first page (not the whole store walked again)
             listed: dict[str, Any] = {"metadata": {"resourceVersion": self._unlisted_versions.get(token, "")}}
             self._page(listed, int(limit) if limit.isdigit() else 0, token)
             return listed
+        if request.resource not in self._get_resources():
+            raise KubernetesError(status=404, reason="NotFound", message=f"no resource {request.resource}")
         async with self._lock:  # the items and the version they are a snapshot of, together
             items = list(self._current(request.resource, request.namespace))
             listed = {"metadata": {"resourceVersion": str(self._latest)}, "items": items}
