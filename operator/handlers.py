@@ -13,15 +13,9 @@ Handlers, all idempotent (kopf retries them, and a restarted operator runs `resu
 - `spec.suspend: true`: the pods are deleted (the other children stay), phase Suspended; back to
   false, they are created again and the job resumes from its persistent checkpoint.
 - pod events (job pods only, from the operator's own informers: operator/pod_informers.py): a pod
-  that failed, was deleted, or that its own supervisor marked for replacement is hot-swapped
-  (operator/hot_swap.py): its plan is written on the job before the pod is deleted, so that an
-  operator killed in between finishes it (operator/replacements.py), and a Kubernetes event says so
-  on the job, posted before the create (`Cluster.post_event`). A
-  supervisor exiting 1 means the job failed as a whole (its policy said so, or its budgets are
-  spent): the job is marked Failed and nothing is replaced. A supervisor exiting 4 could not reach
-  its leader in time: its pod is replaced, its node not avoided (nothing says the node is at fault).
-  A pod whose image cannot run the supervisor (no slicekeeper in it, no `python`: operator/
-  image_check.py) fails the job with a message naming the image: a replacement would run it again.
+  that failed, was deleted, or that its own supervisor marked for replacement is hot-swapped, and a
+  supervisor that failed the job, or an image that cannot run one, fails the job (operator/
+  pod_actions.py decides and writes).
 - node events: a NotReady node's job pods are hot-swapped (deleted, then re-created elsewhere). A
   node that announces its own end (a scheduled maintenance, an impending termination: operator/
   notices.py) gets the notice annotation put on each job pod bound to it, and taken off again when
@@ -42,58 +36,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import kopf
 from slicekeeper.operator.cluster import LIST_PAGE_SIZE, PLURAL, VERSION, Cluster
 from slicekeeper.operator.diffbase import JobsOnlyDiffBase
-from slicekeeper.operator.hot_swap import (
-    AVOID_ANNOTATION,
-    host_of,
-    replacement,
-    replacement_reason,
-    terminated_state,
-)
-from slicekeeper.operator.image_check import unusable_image
-from slicekeeper.operator.job_status import (
-    SCALE_EVENTS,
-    condition,
-    derive,
-    never_ran,
-    with_condition,
-)
+from slicekeeper.operator.hot_swap import host_of
+from slicekeeper.operator.job_bodies import job_of_body, where
+from slicekeeper.operator.job_status import SCALE_EVENTS, condition, derive, never_ran, with_condition
 from slicekeeper.operator.log_summary import SUMMARY_SECONDS, JobActivity
-from slicekeeper.operator.notices import (
-    DEFAULT_GRACE_SECONDS,
-    NOTICE_ANNOTATION,
-    NodeSignal,
-    announcement,
-    node_signal,
-    notice_change,
-)
+from slicekeeper.operator.notices import announcement, node_signal
+from slicekeeper.operator.pod_actions import NODE_NOT_READY, PodActions, job_of, plan_for, slice_of
 from slicekeeper.operator.pod_informers import PodInformers
 from slicekeeper.operator.pod_store import JobKey, NotListedYet, PodStore
-from slicekeeper.operator.render import GROUP, LABEL_JOB, LABEL_SLICE, manifests, render
-from slicekeeper.operator.replacements import Plan, Replacements
+from slicekeeper.operator.render import GROUP, LABEL_JOB, manifests, render
+from slicekeeper.operator.replacements import Plan
 
-from slicekeeper import credentials, protocol
-from slicekeeper.api import TrainingJob, parse_training_job
+from slicekeeper import credentials
+from slicekeeper.api import TrainingJob
 from slicekeeper.errors import UserError
 
-JOB_FAILED_EXIT_CODE = protocol.EXIT_JOB_FAILED
-"""The in-pod supervisor's exit code when the job failed as a whole (slicekeeper.errors.JobFailed)."""
-LEADER_UNREACHABLE_EXIT_CODE = protocol.EXIT_LEADER_UNREACHABLE
-"""The in-pod supervisor's exit code when it could not reach the job's leader within
-spec.health.replacementTimeoutSeconds (supervisor/leader_connection.py): replace the pod, and do not
-blame its node. Any other failure of a pod is replaced too, away from its node."""
-_NODE_NOT_READY = "its node is not ready"
-LEADER_UNREACHABLE = (
-    "its supervisor could not reach the job's leader within spec.health.replacementTimeoutSeconds"
-)
 STATUS_INTERVAL_SECONDS = 5.0
 FIRST_LISTING_WAIT_SECONDS = 60.0
 """A job handler waits this long for the pods' first listing, then kopf runs it again a second later."""
@@ -101,14 +65,6 @@ logger = logging.getLogger(__name__)
 FINAL_PHASES = ("Invalid", "Failed", "Succeeded")
 OVER = ("Failed", "Succeeded")
 """A job that ran and is over: a pod of it that never ran is deleted."""
-
-
-def _where(body: kopf.Body) -> tuple[str, str]:
-    """(namespace, name) of a namespaced object: TrainingJobs and pods always have both."""
-    namespace, name = body.metadata.namespace, body.metadata.name
-    if namespace is None or name is None:
-        raise kopf.PermanentError(f"expected a namespaced object, got {namespace}/{name}")
-    return str(namespace), str(name)
 
 
 def _post(body: kopf.Body, *, reason: str, message: str) -> None:
@@ -120,17 +76,10 @@ def _post_warning(body: kopf.Body, *, reason: str, message: str) -> None:
     kopf.event(body, type="Warning", reason=reason, message=message)
 
 
-def _job(body: kopf.Body) -> TrainingJob:
-    """The TrainingJob model of `body`; its status is ours (and kopf's), never the user's input."""
-    document = {key: value for key, value in body.items() if key != "status"}
-    namespace, name = _where(body)
-    return parse_training_job(document, f"TrainingJob {namespace}/{name}")
-
-
 def _validated(body: kopf.Body, patch: kopf.Patch) -> TrainingJob | None:
     """The job, or None after marking it Invalid (the message names every bad field)."""
     try:
-        return _job(body)
+        return job_of_body(body)
     except UserError as error:
         patch.status["phase"] = "Invalid"
         patch.status["conditions"] = [condition("Invalid", "True", "InvalidSpec", str(error))]
@@ -141,7 +90,7 @@ def _validated(body: kopf.Body, patch: kopf.Patch) -> TrainingJob | None:
 
 def _children(body: kopf.Body, job: TrainingJob) -> Iterator[dict[str, Any]]:
     for manifest in manifests(render(job, job.spec.policy.source)):
-        manifest["metadata"].setdefault("namespace", _where(body)[0])
+        manifest["metadata"].setdefault("namespace", where(body)[0])
         kopf.adopt(manifest, owner=body, strict=False)
         yield manifest
 
@@ -175,11 +124,8 @@ def register(
     store = PodStore(scopes)
     job_index: list[kopf.Index[tuple[str, str], kopf.Body]] = []
     """kopf's `jobs` index, once kopf hands it over (at startup)."""
-    replacing = Replacements()
-    failed: set[str | None] = set()
-    """The uids of the jobs this operator marked Failed."""
-    failing_lock = threading.Lock()
     activity = JobActivity(summary_interval)
+    actions = PodActions(cluster, store, activity)
     metrics = cluster.metrics
     metrics.read_pods_from(store.placed)
 
@@ -199,14 +145,14 @@ def register(
 
     @kopf.index(GROUP, VERSION, PLURAL, id="jobs", registry=registry)
     def jobs(*, body: kopf.Body, **_: Any) -> dict[tuple[str, str], kopf.Body]:
-        return {_where(body): body}
+        return {where(body): body}
 
     def job_pods(body: kopf.Body) -> list[dict[str, Any]]:
         """The job's pods, as summaries from the store: the pod informers start with the first job
         handler (kopf's `jobs` index is filled by then), whose read waits for their first listing."""
         pod_informers.start()
         try:
-            return store.pods(*_where(body), timeout=FIRST_LISTING_WAIT_SECONDS)
+            return store.pods(*where(body), timeout=FIRST_LISTING_WAIT_SECONDS)
         except NotListedYet as error:
             raise kopf.TemporaryError(str(error), delay=1) from None
 
@@ -229,7 +175,7 @@ def register(
             return
         kinds = ("Secret", "Service", "ConfigMap", "NetworkPolicy", "Pod")
         created = _create_missing(body, job, kinds=kinds, pods=job_pods(body))
-        activity.note(_where(body), "children created", created)
+        activity.note(where(body), "children created", created)
         if phase in (None, "Invalid", "Suspended"):
             patch.status["phase"] = "Pending"
         if phase == "Suspended":
@@ -247,10 +193,10 @@ def register(
     @kopf.timer(GROUP, VERSION, PLURAL, interval=status_interval, registry=registry)
     @metrics.timed("timer")
     def keep(*, body: kopf.Body, patch: kopf.Patch, status: kopf.Status, **_: Any) -> None:
-        line = activity.summary(_where(body))
+        line = activity.summary(where(body))
         if line is not None:
             logger.info(line)
-        namespace, name = _where(body)
+        namespace, name = where(body)
         if status.get("phase") in OVER:
             # Level-based, once the phase is written: deleted in the look that found the job over,
             # a pod's DELETED event could reach the pod informers before the phase, and be replaced.
@@ -259,32 +205,34 @@ def register(
             return
         if status.get("phase") in (*FINAL_PHASES, None):
             return
-        job = _job(body)
+        job = job_of_body(body)
         pods = job_pods(body)
         if job.spec.suspend:
             for pod in pods:  # a deletion that failed in the update handler
                 cluster.delete_pod(namespace, pod["metadata"]["name"])
             return
-        slice_signals = _slice_signals(pods)
+        slice_signals = actions.slice_signals(pods)
         # Level-based too: a node that went NotReady before its pods were known.
         unready = [
             pod
             for pod in pods
             if not store.node_ready(pod["spec"]["nodeName"])
-            and not replacing.begun((namespace, name), pod["metadata"]["name"], pod["metadata"]["uid"])
+            and not actions.replacing.begun(
+                (namespace, name), pod["metadata"]["name"], pod["metadata"]["uid"]
+            )
         ]
         if unready:
-            plans = {p["metadata"]["name"]: _plan(p, _NODE_NOT_READY) for p in unready}
-            _replace((namespace, name), status, plans)
+            plans = {p["metadata"]["name"]: plan_for(p, NODE_NOT_READY) for p in unready}
+            actions.replace((namespace, name), status, plans)
             activity.note((namespace, name), "pods deleted (node not ready)", len(unready))
         for pod in pods:
-            seen, signal = slice_signals.get(_slice_of(pod), (False, None))
+            seen, signal = slice_signals.get(slice_of(pod), (False, None))
             if seen and pod not in unready:  # (a pod that reached an announcing node after the node's event)
-                _give_notice(pod, signal)
+                actions.give_notice(pod, signal)
         if len(pods) < job.total_hosts:
             created = _create_missing(body, job, kinds=("Pod",), pods=pods)
             activity.note((namespace, name), "pods created", created)
-        settled = replacing.settled((namespace, name), pods, status)
+        settled = actions.replacing.settled((namespace, name), pods, status)
         if settled:
             patch.status["replacing"] = settled
         derived = derive(job, pods, dict(status))
@@ -304,12 +252,12 @@ def register(
         owner = _owner(str(metadata["namespace"]), str(metadata["labels"][LABEL_JOB]))
         if owner is None:
             return None  # the job is gone: its pods go with it
-        activity.note(_where(owner), "pod events")
+        activity.note(where(owner), "pod events")
         if not _live(owner):
             return None  # going, over, or suspended (its pods were deleted on purpose)
         if event_type == "DELETED":
-            return partial(_recreate, owner, pod)
-        return _action(owner, pod)
+            return partial(actions.recreate, owner, pod)
+        return actions.action(owner, pod)
 
     pod_informers = PodInformers(cluster, store, scopes, pod_event)
 
@@ -329,23 +277,6 @@ def register(
             return False
         return (owner.get("status") or {}).get("phase") not in FINAL_PHASES and not _suspended(owner)
 
-    def _action(owner: kopf.Body, pod: dict[str, Any]) -> Callable[[], None] | None:
-        """What one of the job's pods, as it is now, asks of the operator (None: nothing): fail the
-        job (its image cannot run the supervisor, or its supervisor failed the job), or replace the
-        pod (unless its hot-swap has begun: the pod's events and the job's listing both ask)."""
-        unusable = unusable_image(pod)
-        if unusable is not None:  # a replacement would start the same image again
-            return partial(_fail, owner, unusable)
-        terminated = terminated_state(pod) or {}
-        name = str(pod["metadata"]["name"])
-        if terminated.get("exitCode") == JOB_FAILED_EXIT_CODE:
-            message = terminated.get("message") or f"pod {name}'s supervisor failed the job"
-            return partial(_fail, owner, message)
-        reason = LEADER_UNREACHABLE if _left_for_its_leader(pod) else replacement_reason(pod)
-        if reason is None or replacing.begun(_where(owner), name, pod["metadata"].get("uid")):
-            return None
-        return partial(_replace, _where(owner), owner.get("status") or {}, {name: _plan(pod, reason)})
-
     @kopf.on.event("", "v1", "nodes", registry=registry)
     @metrics.timed("node_event")
     async def node_event(*, type: str | None, body: kopf.Body, **kwargs: Any) -> None:
@@ -353,14 +284,14 @@ def register(
         if store.observe_node(body):  # (a node deleted while NotReady too)
             by_job: dict[JobKey, dict[str, Plan]] = {}
             for pod in store.summaries_on(node):
-                if replacing.begun(_job_of(pod), pod["metadata"]["name"], pod["metadata"]["uid"]):
+                if actions.replacing.begun(job_of(pod), pod["metadata"]["name"], pod["metadata"]["uid"]):
                     continue
-                by_job.setdefault(_job_of(pod), {})[pod["metadata"]["name"]] = _plan(pod, _NODE_NOT_READY)
+                by_job.setdefault(job_of(pod), {})[pod["metadata"]["name"]] = plan_for(pod, NODE_NOT_READY)
             jobs: kopf.Index[tuple[str, str], kopf.Body] = kwargs["jobs"]
             for job_key, plans in by_job.items():  # each pod's DELETED event re-creates it
                 owner = next(iter(jobs.get(job_key, [])), None)
                 status = (owner.get("status") or {}) if owner is not None else {}
-                await asyncio.to_thread(_replace, job_key, status, plans)
+                await asyncio.to_thread(actions.replace, job_key, status, plans)
             return
         if type == "DELETED":
             store.forget_node(node)
@@ -372,15 +303,15 @@ def register(
         pods = store.summaries_on(node)
         logger.info("node %s %s: %d job pods on it", node, announcement(signal, previous), len(pods))
         for pod in pods:
-            await asyncio.to_thread(_give_notice, pod, signal)
+            await asyncio.to_thread(actions.give_notice, pod, signal)
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
     @metrics.timed("delete")
     def cleanup(*, body: kopf.Body, **_: Any) -> None:
-        cluster.delete_children(*_where(body))
-        store.forget_job(*_where(body))
-        replacing.forget_job(_where(body))
-        line = activity.forget(_where(body))
+        cluster.delete_children(*where(body))
+        store.forget_job(*where(body))
+        actions.replacing.forget_job(where(body))
+        line = activity.forget(where(body))
         if line is not None:
             logger.info(line)
 
@@ -390,7 +321,7 @@ def register(
         """Create the children of `kinds` that do not exist: one create per pod missing from `pods`
         (a restarted operator re-creates only what went missing; a 409 means it was there)."""
         existing = {p["metadata"]["name"] for p in pods}
-        plans = replacing.plans(_where(body), body.get("status") or {})
+        plans = actions.replacing.plans(where(body), body.get("status") or {})
         wanted = (
             m
             for m in _children(body, job)
@@ -407,7 +338,9 @@ def register(
                 if plan is None:
                     yield manifest
                 else:  # (said in its own HotSwap event, not counted here)
-                    _create_replacement(body, job, manifest["metadata"]["name"], host_of(manifest), plan)
+                    actions.create_replacement(
+                        body, job, manifest["metadata"]["name"], host_of(manifest), plan
+                    )
 
         return created + cluster.create_all(fresh())
 
@@ -418,94 +351,13 @@ def register(
         secret = render(job, job.spec.policy.source).credentials_secret(
             credentials.generate(job.metadata.name)
         )
-        secret["metadata"].setdefault("namespace", _where(body)[0])
+        secret["metadata"].setdefault("namespace", where(body)[0])
         kopf.adopt(secret, owner=body, strict=False)
         return int(cluster.create(secret))
 
-    def _replace(job: JobKey, status: Mapping[str, Any], plans: dict[str, Plan]) -> None:
-        """Begin replacing the job's pods `plans` names: the plans onto the job first (those its
-        `status` does not hold already: an operator restarted after recording them finishes them),
-        then the deletes (each pod's DELETED event creates its replacement: `_recreate`)."""
-        namespace, name = job
-        patch, to_delete = replacing.begin(job, plans, status)
-        try:
-            if patch:
-                cluster.patch_job_status(namespace, name, patch)
-            for pod_name in to_delete:
-                cluster.delete_pod(namespace, pod_name)
-                store.deleted(namespace, name, pod_name, plans[pod_name].uid)
-        except Exception:
-            replacing.abandon(job, {pod_name: plans[pod_name] for pod_name in to_delete})
-            raise
-            logger.debug("pod %s/%s deleted to be replaced: %s", namespace, pod_name, plans[pod_name].reason)
-
-    def _recreate(owner: kopf.Body, pod: dict[str, Any]) -> None:
-        """A job pod was deleted: create its replacement, as planned when the operator deleted it,
-        else (a user, a node's removal) replacing the pod as it last was."""
-        job_key, pod_name = _where(owner), str(pod["metadata"]["name"])
-        plan = replacing.plans(job_key, owner.get("status") or {}).get(pod_name)
-        if plan is None or plan.uid != pod["metadata"].get("uid"):
-            reason = LEADER_UNREACHABLE if _left_for_its_leader(pod) else "it was deleted"
-            plan = _plan(pod, reason)
-        _create_replacement(owner, _job(owner), pod_name, host_of(pod), plan)
-
-    def _create_replacement(owner: kopf.Body, job: TrainingJob, name: str, host: int, plan: Plan) -> int:
-        """Create pod `name` (host `host`) as `plan` says; 1 if created, 0 if it was there already.
-        Its `HotSwap` event is posted first: an operator killed after it creates the pod on its
-        restart (and says so again); one killed after the create has said it."""
-        job_key = _where(owner)
-        if not replacing.claim(job_key, name, plan):
-            return 0  # (the timer and the DELETED event's handler both found it missing)
-        rendered = render(job, job.spec.policy.source)
-        fresh = replacement(rendered, host, plan.avoid_nodes, store.announcing(), hot_swaps=plan.hot_swaps)
-        fresh["metadata"]["namespace"] = job_key[0]
-        kopf.adopt(fresh, owner=owner, strict=False)
-        avoided = fresh["metadata"]["annotations"].get(AVOID_ANNOTATION, "none")
-        message = f"pod {name} replaced ({plan.reason}); avoiding nodes: {avoided}"
-        try:
-            cluster.post_event(owner, warning=True, reason="HotSwap", message=message)
-            if not cluster.create(fresh):  # (a retried handler)
-                return 0
-        except Exception:
-            replacing.release(job_key, name, plan)  # the next to find it missing tries again
-            raise
-        metrics.hot_swaps.labels(namespace=job_key[0]).inc()
-        activity.note(job_key, "pods replaced")
-        return 1
-
-    def _slice_signals(pods: list[dict[str, Any]]) -> dict[str | None, tuple[bool, NodeSignal | None]]:
-        """Per slice of the job, what its nodes announce: a host event on one VM of a multi-host TPU
-        slice interrupts the whole slice (docs/operations.md), so each of its pods gets the notice of
-        the first of its nodes that announces one. Seen: a node of the slice announces, or every node
-        of it was seen (no notice is taken off on the word of a node not seen yet)."""
-        found: dict[str | None, tuple[bool, NodeSignal | None]] = {}
-        for pod in pods:
-            seen, signal = store.node_signal(pod["spec"]["nodeName"])
-            all_seen, first = found.get(_slice_of(pod), (True, None))
-            found[_slice_of(pod)] = (all_seen and seen, first or signal)
-        return {part: (all_seen or signal is not None, signal) for part, (all_seen, signal) in found.items()}
-
-    def _give_notice(pod: dict[str, Any], signal: NodeSignal | None) -> None:
-        """Put the notice of `signal` on the pod (or take its notice off: None), unless it says so."""
-        metadata = pod["metadata"]
-        grace = pod["spec"].get("terminationGracePeriodSeconds")
-        change = notice_change(
-            signal,
-            (metadata.get("annotations") or {}).get(NOTICE_ANNOTATION),
-            grace_seconds=DEFAULT_GRACE_SECONDS if grace is None else grace,
-            now=time.time(),
-        )
-        if change is None:
-            return
-        cluster.annotate_pod(metadata["namespace"], metadata["name"], {NOTICE_ANNOTATION: change.value})
-        activity.note(_job_of(pod), "notices given" if change.value else "notices withdrawn")
-        logger.debug(
-            "pod %s/%s: notice %s", metadata["namespace"], metadata["name"], change.value or "withdrawn"
-        )
-
     def _suspend(body: kopf.Body, patch: kopf.Patch, pods: list[dict[str, Any]]) -> None:
         """Delete the job's pods (their supervisors end; the persistent tier keeps the progress)."""
-        namespace, _ = _where(body)
+        namespace, _ = where(body)
         for pod in pods:
             cluster.delete_pod(namespace, pod["metadata"]["name"])
         previous = (body.get("status") or {}).get("phase")
@@ -516,39 +368,3 @@ def register(
         patch.status["conditions"] = with_condition(list(conditions), suspended)
         if previous != "Suspended":
             _post(body, reason="Suspended", message=f"suspended: {len(pods)} pods deleted")
-
-    def _fail(owner: kopf.Body, message: str) -> None:
-        """Mark the job Failed, once (its listing and its pods' events may both tell of it)."""
-        with failing_lock:
-            if owner.metadata.get("uid") in failed:
-                return
-        conditions = list((owner.get("status") or {}).get("conditions") or [])
-        verdict = condition("Failed", "True", "JobFailed", message)
-        cluster.patch_job_status(
-            *_where(owner), {"phase": "Failed", "conditions": with_condition(conditions, verdict)}
-        )
-        _post_warning(owner, reason="JobFailed", message=message)
-        with failing_lock:  # (after the patch: a failed one is tried again)
-            failed.add(owner.metadata.get("uid"))
-
-
-def _job_of(pod: dict[str, Any]) -> JobKey:
-    """(namespace, job name) of one of a job's pods (the job's label)."""
-    metadata = pod["metadata"]
-    return str(metadata["namespace"]), str(metadata["labels"][LABEL_JOB])
-
-
-def _slice_of(pod: dict[str, Any]) -> str | None:
-    """The slice a pod of the job serves (its label), None for one without it."""
-    return cast(str | None, ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_SLICE))
-
-
-def _plan(pod: dict[str, Any], reason: str) -> Plan:
-    """How to replace `pod` (a pod or its summary): away from its node, unless its supervisor left
-    because it could not reach its leader (nothing says its node is at fault)."""
-    return Plan.of(pod, reason, node_at_fault=not _left_for_its_leader(pod))
-
-
-def _left_for_its_leader(pod: dict[str, Any]) -> bool:
-    """The pod's supervisor ended because it could not reach the leader (LEADER_UNREACHABLE_EXIT_CODE)."""
-    return (terminated_state(pod) or {}).get("exitCode") == LEADER_UNREACHABLE_EXIT_CODE

@@ -17,7 +17,7 @@ will get). A termination taint wins over the label: it is the sooner loss. When 
 says anything (the maintenance was rescheduled away, the autoscaler changed its mind) the annotation
 is removed: a notice that is gone is withdrawn.
 
-Pure: `node_signal` reads a node, `notice_change` decides one pod's write; operator/handlers.py
+Pure: `node_signal` reads a node, `notice_change` decides one pod's write; operator/pod_actions.py
 applies them, through operator/cluster.py.
 """
 

@@ -115,7 +115,7 @@ LABEL_JOB: Final = "slicekeeper.dev/job"
 supervisors), which the admission policy (charts/slicekeeper/templates/admission.yaml) lets only the
 job's own pods write."""
 EXIT_JOB_FAILED: Final = 1
-"""A pod's supervisor exit codes are what the operator reads of it (operator/handlers.py): 1 means the
+"""A pod's supervisor exit codes are what the operator reads of it (operator/pod_actions.py): 1 means the
 job failed as a whole (its policy or budgets said so): mark the job Failed, replace nothing."""
 EXIT_RETIRED: Final = 3
 """The leader retired this host while it was alive (a straggler, a crash loop): replace this pod."""

@@ -10,7 +10,7 @@ seconds, or the run is broken: after `LOCAL_WAIT_SECONDS` the supervisor gives u
 `spec.health.replacementTimeoutSeconds`, the time a leader gives a lost host's new pod to join
 before its policy carries on without that host. A pod still cut off after that is of no use to the
 job as it is, and no proof that the job failed either, so it asks for a new pod: it exits
-`LEADER_UNREACHABLE_EXIT_CODE`, its last log line saying why. The operator (operator/handlers.py)
+`LEADER_UNREACHABLE_EXIT_CODE`, its last log line saying why. The operator (operator/pod_actions.py)
 reads that exit code from the pod's status and replaces the pod without blaming its node (nothing
 says the node is at fault); only exit 1 means "the job failed". The exit code is the whole message:
 an annotation written first would race the exit (the operator would replace the pod before it knew
