@@ -5,7 +5,9 @@ Every write the operator makes goes through here, so that the rules hold everywh
 - a create that finds the object already there (409 Conflict) is success: handlers are retried and
   the operator may restart in the middle of a reconciliation, so creating twice must be harmless;
 - 429 and 5xx answers are retried with exponential backoff by the client's own urllib3 retry policy
-  (`retry_policy`); what still fails reaches kopf, which retries the handler later;
+  (`retry_policy`, operator/rest_client.py; the creates of many pods keep the same rules from an
+  event loop: operator/loop_creates.py); what still fails reaches kopf, which retries the handler
+  later;
 - a delete of an object already gone (404) is success too, and so is a patch of a pod's annotations
   that finds the pod gone (its notice went with it).
 
@@ -20,7 +22,8 @@ same listing fills the operator's pod store (operator/pod_informers.py).
 Every HTTP request the client makes is also counted in the operator's metrics (operator/metrics.py),
 by verb and resource, with the failed ones by HTTP status: each attempt, a retried one too, so the
 counts are what the API server saw (`Cluster` gives the client's HTTP layer a counting subclass and
-its retry policy an observer; the client sends `USER_AGENT`, which the API server's audit log shows).
+its retry policy an observer: operator/rest_client.py; the client sends `USER_AGENT`, which the API
+server's audit log shows).
 What the rules above call done is no error: a 409 to a create, a 404 to a delete or to a get, or to
 a patch (a pod gone before its annotation).
 """
@@ -30,25 +33,22 @@ from __future__ import annotations
 import contextlib
 import datetime
 import threading
-import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from types import TracebackType
-from typing import Any, Self, cast
+from typing import Any, cast
 
 import kubernetes
 import orjson
 import urllib3
-from kubernetes.client.rest import RESTClientObject, RESTResponse
 from kubernetes.watch.watch import iter_resp_lines
 from slicekeeper.operator.creation import DEFAULT_CONCURRENCY
-from slicekeeper.operator.loop_creates import Create, LoopCreates, Observer
+from slicekeeper.operator.loop_creates import Create, LoopCreates
 from slicekeeper.operator.metrics import NO_ANSWER, OperatorMetrics
 from slicekeeper.operator.render import GROUP, LABEL_JOB, Manifest
-from urllib3.connectionpool import ConnectionPool
+from slicekeeper.operator.rest_client import CountedRestClient, Encoded, request_kind, retry_policy
 
-from slicekeeper.api_rules import DEFAULT_BURST, DEFAULT_QPS, TokenBucket, retry_rules
+from slicekeeper.api_rules import DEFAULT_BURST, DEFAULT_QPS, TokenBucket
 
 VERSION = "v1alpha1"
 PLURAL = "trainingjobs"
@@ -120,115 +120,6 @@ def _done_unless(call: Callable[[], object], already: int) -> bool:
     return True
 
 
-def request_kind(method: str, url: str) -> tuple[str, str]:
-    """The Kubernetes verb and resource of an API request, named as the API server's own metrics name
-    them: GET of one object `get`, of a collection `list` (`watch` with `?watch=true`), POST `create`,
-    PUT `update`, PATCH `patch`, DELETE `delete` (`deletecollection` of a collection); the resource is
-    its plural, with its subresource if any (`pods`, `trainingjobs/status`)."""
-    parts = urllib.parse.urlsplit(url)
-    segments = [segment for segment in parts.path.split("/") if segment]
-    rest = segments[2:] if segments[:1] == ["api"] else segments[3:] if segments[:1] == ["apis"] else []
-    if len(rest) >= 3 and rest[0] == "namespaces":  # a namespaced path; `namespaces/N` alone is one
-        rest = rest[2:]
-    resource = "/".join(rest[:1] + rest[2:3]) or "unknown"
-    named, method = len(rest) >= 2, method.upper()
-    if method == "GET":
-        watch = urllib.parse.parse_qs(parts.query).get("watch", [""])[0] in ("true", "1")
-        return ("watch" if watch else "get" if named else "list"), resource
-    if method == "DELETE":
-        return ("delete" if named else "deletecollection"), resource
-    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower()), resource
-
-
-class _ObservedRetry(urllib3.Retry):
-    """urllib3's retry policy, telling `observe` of each attempt it retries (its answer will not be the
-    call's: the call's last answer is counted where the call returns, `_CountedRestClient`)."""
-
-    observe: Observer | None = None
-
-    def new(self, **kw: Any) -> Self:
-        retry = super().new(**kw)
-        retry.observe = self.observe
-        return retry
-
-    def increment(
-        self,
-        method: str | None = None,
-        url: str | None = None,
-        response: urllib3.BaseHTTPResponse | None = None,
-        error: Exception | None = None,
-        _pool: ConnectionPool | None = None,
-        _stacktrace: TracebackType | None = None,
-    ) -> Self:
-        retry = super().increment(method, url, response, error, _pool, _stacktrace)  # raises when spent
-        if self.observe is not None:
-            self.observe(method or "", url or "", response.status if response is not None else None)
-        return retry
-
-
-@dataclass(frozen=True)
-class Encoded:
-    """A request body encoded as JSON already: `_CountedRestClient` sends its bytes as they are."""
-
-    data: bytes
-
-
-class _CountedRestClient(RESTClientObject):
-    """The client's HTTP layer, telling `observe` of each call's answer (or that none came)."""
-
-    def __init__(
-        self,
-        configuration: kubernetes.client.Configuration,
-        observe: Observer,
-        limiter: TokenBucket,
-        timeout: tuple[float, float],
-    ) -> None:
-        super().__init__(configuration)
-        self._observe = observe
-        self._limiter = limiter
-        self._timeout = timeout
-
-    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> RESTResponse:
-        if kwargs.get("_request_timeout") is None:  # (a watch sets its own)
-            kwargs["_request_timeout"] = self._timeout
-        self._limiter.take()
-        try:
-            if isinstance(kwargs.get("body"), Encoded):
-                response = self._send_encoded(method, url, kwargs["body"], kwargs)
-            else:
-                response = super().request(method, url, *args, **kwargs)
-        except Exception:  # no answer: refused, cut, timed out, or retries spent on those
-            self._observe(method, url, None)
-            raise
-        self._observe(method, url, int(response.status))
-        return response
-
-    def _send_encoded(self, method: str, url: str, body: Encoded, kwargs: dict[str, Any]) -> RESTResponse:
-        """A body encoded already, sent as it is (the client's `request` would encode it again with
-        `json.dumps`), through the same pool, retries and timeout."""
-        limit = kwargs["_request_timeout"]
-        timeout = (
-            urllib3.Timeout(connect=limit[0], read=limit[1])
-            if isinstance(limit, tuple)
-            else urllib3.Timeout(total=limit)
-        )
-        answer = self.pool_manager.request(
-            method,
-            url,
-            body=body.data,
-            headers=kwargs.get("headers") or {},
-            timeout=timeout,
-            preload_content=False,
-        )
-        return RESTResponse(answer)
-
-
-def retry_policy(observe: Observer | None = None) -> urllib3.Retry:
-    retry = _ObservedRetry(**retry_rules())  # (slicekeeper/api_rules.py)
-    retry.observe = observe
-    return retry
-
-
 def client_configuration(server: str | None = None) -> kubernetes.client.Configuration:
     """In a pod: the service account; else the kubeconfig; `server` overrides both (tests). The
     `Cluster` made with it sets its retry policy."""
@@ -267,7 +158,7 @@ class Cluster:
         pool = self.configuration.connection_pool_maxsize or 0
         self.configuration.connection_pool_maxsize = max(pool, self.concurrency + 4)
         client = kubernetes.client.ApiClient(self.configuration)
-        client.rest_client = _CountedRestClient(
+        client.rest_client = CountedRestClient(
             self.configuration,
             observe=self.record_request,
             limiter=self.limiter,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,11 +27,9 @@ import aiohttp
 import kubernetes
 import urllib3
 from slicekeeper.operator.creation import create_in_batches
+from slicekeeper.operator.rest_client import Observer
 
 from slicekeeper.api_rules import TokenBucket, retry_rules
-
-Observer = Callable[[str, str, int | None], None]
-"""Told of each HTTP request: its method, URL, and the answer's status (None: no answer came)."""
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,7 @@ from typing import Any
 
 import pytest
 from kmock._internal import rendering
-from slicekeeper.operator import cluster as cluster_module
-from slicekeeper.operator import loop_creates
+from slicekeeper.operator import loop_creates, rest_client
 from slicekeeper.operator.cluster import USER_AGENT
 
 from slicekeeper.api_rules import retry_rules
@@ -126,7 +125,7 @@ def without_backoff(**kwargs: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("rules", ["kept", "negative control: no backoff, Retry-After ignored"])
 async def test_each_retry_of_a_refused_request_waits_out_its_retry_after(rules, monkeypatch):
     if rules != "kept":
-        monkeypatch.setattr(cluster_module, "retry_rules", without_backoff)
+        monkeypatch.setattr(rest_client, "retry_rules", without_backoff)
     async with emulated_cluster() as kube, operator(kube):
         await kube.apply(example())
         await eventually(lambda: sorted(kube.pods(NS)) == NAMES, what="the job's pods")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import urllib3
-from slicekeeper.operator import cluster as cluster_module
+from slicekeeper.operator import rest_client
 from slicekeeper.operator.cluster import REQUEST_TIMEOUT, Cluster, client_configuration
 
 from slicekeeper.api_rules import retry_rules
@@ -66,7 +66,7 @@ def test_every_request_but_a_watch_has_a_timeout_by_default() -> None:
 def test_a_request_never_answered_fails_and_is_retried_instead_of_holding_its_thread(
     silent: SilentServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cluster_module, "retry_rules", lambda **kw: {**retry_rules(**kw), "total": 1})
+    monkeypatch.setattr(rest_client, "retry_rules", lambda **kw: {**retry_rules(**kw), "total": 1})
     cluster = Cluster(client_configuration(server=silent.url), request_timeout=(1.0, 0.5))
     outcome: list[Any] = []
 
