@@ -99,7 +99,7 @@ class LoopCreates:
                     request.url, data=request.body, headers=request.headers, **extra
                 ) as answer:
                     status, reason, headers = answer.status, answer.reason, dict(answer.headers)
-                    body = await answer.read() if not (200 <= status <= 299 or status == 409) else b""
+                    body = await answer.read()  # (read, not decoded: a connection left unread is closed)
             except (aiohttp.ClientError, TimeoutError) as error:
                 self.observe("POST", request.url, None)
                 try:

@@ -38,6 +38,8 @@ class ApiServer:
         self.seen: list[dict[str, Any]] = []
         self.names: set[str] = {"there-already"}
         self.throttled = False
+        self.connections: set[Any] = set()
+        """The client ends of the connections that created something."""
 
     async def create(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
         body = orjson.loads(await request.read())
@@ -48,6 +50,8 @@ class ApiServer:
         if body["metadata"]["name"] in self.names:
             return aiohttp.web.Response(status=409, text="AlreadyExists")
         self.names.add(body["metadata"]["name"])
+        self.connections.add(request.transport.get_extra_info("peername") if request.transport else None)
+        body["status"] = {"padding": "x" * 300_000}  # an answer that arrives in many reads
         return aiohttp.web.json_response(body, status=201)
 
 
@@ -133,3 +137,17 @@ async def test_negative_control_without_the_configurations_tls_nothing_is_create
     assert server.seen == []
     errors = cluster.metrics.api_errors.labels(verb="create", resource="pods", code="none")._value.get()
     assert errors == 2  # the attempt and its retry, both without an answer
+
+
+async def test_the_creates_keep_their_connections_open(
+    tmp_path: Path, job_credentials: credentials.JobCredentials
+):
+    """Every answer is read to its end, so a connection serves the next create: 200 creates, 64 at a
+    time, over at most 64 TLS connections (unread, each answer's connection was closed: about 200)."""
+    own = job_credentials.write(tmp_path / "own")
+    server = ApiServer()
+    async with serving(server, own) as port:
+        cluster = Cluster(configuration(port, own))
+        created = await asyncio.to_thread(cluster.create_all, [pod(f"p{n}") for n in range(200)])
+    assert created == 200
+    assert len(server.connections) <= cluster.concurrency, len(server.connections)
