@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.culprit import Activity, moved, name_culprit
+from slicekeeper.supervisor.culprit import GONE, Activity, moved, name_culprit
 from slicekeeper.supervisor.leader import remedies
 from slicekeeper.supervisor.leader.background import BackgroundWork, Task
 from slicekeeper.supervisor.leader.capacity import Replacement
@@ -137,6 +137,7 @@ class Remediation:
             asked_at = time.monotonic()
             answers = await self._where_they_are()
             culprit = name_culprit(answers, report.host)
+            latest = answers
             confirmed = ""
             if not culprit.certain and answers:
                 wait = max(ACTIVITY_REPLY_SECONDS, report.silent_seconds or 0.0)
@@ -154,12 +155,18 @@ class Remediation:
                     )
                     return None
                 culprit = name_culprit(again, report.host)
+                latest = again
                 confirmed = f"; no host went on in {elapsed:.1f} s"
         finally:
             self._activities = None
         noticed = f"noticed by host {report.host}" if culprit.host != report.host else "noticed by itself"
-        detail = f"{report.detail} ({noticed}; {culprit.reason}{confirmed})"
-        return culprit.host, report.model_copy(update={"detail": detail})
+        update: dict[str, Any] = {"detail": f"{report.detail} ({noticed}; {culprit.reason}{confirmed})"}
+        named = latest.get(culprit.host)
+        if named is not None and named.process == GONE:
+            # Its workload died and its supervisor has not reaped it yet (a zombie: a supervisor held
+            # up for seconds, as on a loaded machine): a crash, which the hang timers saw first.
+            update["kind"] = FaultKind.CRASH
+        return culprit.host, report.model_copy(update=update)
 
     async def _where_they_are(self) -> dict[int, Activity | None]:
         """Every member's answer to where its workload is (None: no answer within the reply time)."""

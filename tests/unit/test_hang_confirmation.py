@@ -117,3 +117,31 @@ def test_a_hang_where_a_host_stands_out_restarts_the_job_at_once(monkeypatch):
         await shut(leader, members)
 
     run(scenario)
+
+
+@pytest.mark.parametrize("process", ["gone", "running"])
+def test_a_host_whose_workload_is_gone_is_a_crash_though_the_hang_timers_saw_it_first(process, monkeypatch):
+    """Host 2's workload died in its own work of step 7 and its supervisor has not reaped it yet (a
+    zombie: the supervisor held up on a loaded machine) when host 1's hang timer fires: a crash of
+    host 2, as its supervisor would have said. Its workload still running (the negative control) is a
+    hang of host 2."""
+    monkeypatch.setattr(remediation, "HANG_CONFIRM_MAX_SECONDS", 60.0)
+
+    async def scenario():
+        leader, members = await running_job(hosts=3)
+        await members[1].send(
+            "fault", generation=0, kind="hang", detail="no progress", silent_seconds=2, t=100.0
+        )
+        for member in members:
+            assert await member.receive() == {"type": "activity_request", "generation": 0}
+            stage, state = ("begun", process) if member.host == 2 else ("work_done", "running")
+            await member.send(
+                "activity", generation=0, step=7, stage=stage, phase="idle", silent_seconds=2.0, process=state
+            )
+        kind = "crash" if process == "gone" else "hang"
+        for member in members:
+            assert await member.receive() == {"type": "stop", "generation": 0, "kind": kind, "host": 2}
+        await eventually(lambda: len(leader.memory.detections) == 1)
+        await shut(leader, members)
+
+    run(scenario)
