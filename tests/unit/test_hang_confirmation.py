@@ -99,32 +99,14 @@ def test_a_hang_where_no_host_stands_out_restarts_the_job_once_no_host_went_on(m
     run(scenario)
 
 
-def test_a_hang_where_a_host_stands_out_restarts_the_job_at_once(monkeypatch):
-    monkeypatch.setattr(remediation, "HANG_CONFIRM_MAX_SECONDS", 60.0)  # a wait would show
-
-    async def scenario():
-        leader, members = await running_job(hosts=3)
-        await members[1].send(
-            "fault", generation=0, kind="hang", detail="no progress", silent_seconds=2, t=100.0
-        )
-        for member in members:
-            assert await member.receive() == {"type": "activity_request", "generation": 0}
-            stage = "begun" if member.host == 2 else "work_done"
-            await member.send("activity", generation=0, step=7, stage=stage, phase="idle", silent_seconds=2.0)
-        for member in members:
-            assert await member.receive() == {"type": "stop", "generation": 0, "kind": "hang", "host": 2}
-        await eventually(lambda: len(leader.memory.detections) == 1)
-        await shut(leader, members)
-
-    run(scenario)
-
-
 @pytest.mark.parametrize("process", ["gone", "running"])
-def test_a_host_whose_workload_is_gone_is_a_crash_though_the_hang_timers_saw_it_first(process, monkeypatch):
-    """Host 2's workload died in its own work of step 7 and its supervisor has not reaped it yet (a
-    zombie: the supervisor held up on a loaded machine) when host 1's hang timer fires: a crash of
-    host 2, as its supervisor would have said. Its workload still running (the negative control) is a
-    hang of host 2."""
+def test_a_hang_where_a_host_stands_out_restarts_the_job_at_once_for_a_crash_if_its_workload_is_gone(
+    process, monkeypatch
+):
+    """Host 2 stopped in its own work of step 7 when host 1's hang timer fires: the job stops at once
+    (no wait to confirm) for a hang of host 2. If host 2's workload died there and its supervisor has
+    not reaped it yet (a zombie: the supervisor held up on a loaded machine), the stop is for a crash
+    of host 2, as its supervisor would have said; its workload still running is the negative control."""
     monkeypatch.setattr(remediation, "HANG_CONFIRM_MAX_SECONDS", 60.0)
 
     async def scenario():
