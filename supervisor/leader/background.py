@@ -25,27 +25,37 @@ Work = Coroutine[Any, Any, None]
 
 
 class Task(StrEnum):
-    """What the leader runs in the background: the metric's fixed label set, each counted from 0."""
+    """What the leader runs in the background: the metric's fixed label set, each counted from 0.
+    Each task carries its own words (`description`), for the log and the job's failure reason: a
+    task cannot be added without them."""
 
-    DECISION = "decision"
+    description: str
+
+    def __new__(cls, value: str, description: str) -> Task:
+        task = str.__new__(cls, value)
+        task._value_ = value
+        task.description = description
+        return task
+
+    DECISION = "decision", "a decision"
     """A decision on an event and its steps (leader.remediation), where it runs or is awaited."""
-    NOTICE = "notice"
+    NOTICE = "notice", "acting on a notice of an announced loss"
     """Saving on a notice of an announced loss, then deciding on it (leader.announced)."""
-    HANG_CULPRIT = "hang_culprit"
+    HANG_CULPRIT = "hang_culprit", "naming a hang's culprit"
     """Naming a hang's culprit from the members' answers (supervisor.culprit)."""
-    WAIT = "wait"
+    WAIT = "wait", "reconsidering after a Wait"
     """Reconsidering an event once a policy's `Wait` is over."""
-    STOP_ACKS = "stop_acks"
+    STOP_ACKS = "stop_acks", "taking in the members' stop acknowledgements"
     """Taking in the members' stop acknowledgements, a batch at a time (leader.generations)."""
-    ACK_DEADLINE = "ack_deadline"
+    ACK_DEADLINE = "ack_deadline", "the stop acknowledgement deadline"
     """The deadline for every member to acknowledge a stop."""
-    REPLACEMENT = "replacement"
+    REPLACEMENT = "replacement", "awaiting a replacement pod"
     """The time a lost host's replacement pod is awaited."""
-    TAKEOVER = "takeover"
+    TAKEOVER = "takeover", "taking over from a lost leader"
     """Taking over from a lost leader (leader.takeover)."""
-    STAND_DOWN = "stand_down"
+    STAND_DOWN = "stand_down", "standing down"
     """Saying that this leader stands down."""
-    OUTCOME = "outcome"
+    OUTCOME = "outcome", "failing the job"
     """Turning another task's failure into the job's outcome; its own failure is only logged."""
 
 
@@ -103,7 +113,7 @@ class BackgroundWork:
 
     def _count_and_log(self, task: Task, what: str | None, error: BaseException) -> str:
         self.failures[task] += 1
-        said = what or DESCRIPTIONS[task]
+        said = what or task.description
         trace = "".join(traceback.format_exception(error))
         print(f"leader: {said} failed:\n{trace}", file=sys.stderr, flush=True)
         return said
@@ -115,16 +125,3 @@ class BackgroundWork:
         self._timers.clear()
         for running in list(self._tasks):
             running.cancel()
-
-
-DESCRIPTIONS = {
-    Task.DECISION: "a decision",
-    Task.HANG_CULPRIT: "naming a hang's culprit",
-    Task.WAIT: "reconsidering after a Wait",
-    Task.ACK_DEADLINE: "the stop acknowledgement deadline",
-    Task.REPLACEMENT: "awaiting a replacement pod",
-    Task.TAKEOVER: "taking over from a lost leader",
-    Task.STAND_DOWN: "standing down",
-    Task.OUTCOME: "failing the job",
-}
-"""Each task in words, for the log and the job's failure reason."""

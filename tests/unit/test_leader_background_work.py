@@ -5,8 +5,10 @@ nothing. A real Leader over TCP with fake members."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
+import pytest
 from slicekeeper.supervisor.leader import Leader, remediation
 from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.capacity import pod_replacements
@@ -202,3 +204,63 @@ def test_a_leader_ending_while_hosts_are_being_lost_ends_quietly(monkeypatch):
 
     run(scenario)
     assert reported == []
+
+
+async def _raises() -> None:
+    raise RuntimeError("the background work broke")
+
+
+@pytest.mark.parametrize("task", [task for task in Task if task is not Task.OUTCOME], ids=str)
+def test_every_background_task_that_raises_fails_the_job_with_its_words(task: Task):
+    """Whatever background work fails, the job fails naming it: none is left without words (a task
+    without them once raised inside the outcome, which was only logged, and the job waited on)."""
+
+    async def scenario():
+        leader, members = await running_job(hosts=2)
+        leader.background.spawn(task, _raises())
+        for member in members:
+            message = await member.receive()
+            assert message["type"] == "fail"
+            assert f"({task.description})" in message["reason"]
+            assert "the background work broke" in message["reason"]
+        assert leader.memory.state is JobState.FAILED
+        assert +leader.task_failures == {task: 1}
+        await shut(leader, members)
+
+    run(scenario)
+
+
+def test_the_outcome_that_raises_is_counted_and_the_job_goes_on():
+    """Turning a failure into the job's outcome has no outcome of its own to turn to: counted, logged."""
+
+    async def scenario():
+        leader, members = await running_job(hosts=2)
+        leader.background.spawn(Task.OUTCOME, _raises())
+        await eventually(lambda: leader.task_failures[Task.OUTCOME] == 1)
+        assert leader.memory.state is JobState.RUNNING
+        await shut(leader, members)
+
+    run(scenario)
+
+
+def test_a_notice_whose_save_raises_fails_the_job_with_the_reason(monkeypatch):
+    """Acting on a notice of an announced loss runs in the background: its failure is the job's."""
+
+    async def scenario():
+        leader, members = await running_job(hosts=2)
+        monkeypatch.setattr(leader.announced, "_save", _broken_async)
+        await members[1].send("notice", cause="maintenance", at=time.time() + 30.0, source="test")
+        for member in members:
+            message = await member.receive()
+            while message["type"] == "event":
+                message = await member.receive()
+            assert message["type"] == "fail"
+            assert "acting on a notice of an announced loss" in message["reason"]
+        assert +leader.task_failures == {Task.NOTICE: 1}
+        await shut(leader, members)
+
+    run(scenario)
+
+
+async def _broken_async(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("the save on notice broke")
