@@ -41,10 +41,9 @@ def _run(args: argparse.Namespace) -> int:
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"local": local})})
     job = _with_checked_policy(job, job_file=args.file, policy=args.policy)
     job = _with_checked_init_from(job, job_file=args.file, init_from=args.init_from)
-    layout = local_layout(job)
     runtime = LocalRuntime(
         job,
-        layout.shape,
+        local_layout(job),
         steps=args.steps,
         chaos=args.chaos,
         report_path=args.report,

@@ -28,7 +28,7 @@ def in_pod(command: list[str]) -> int:
     except UserError as error:
         print(f"slicekeeper supervisor: {error}", file=sys.stderr)
         return error.exit_code
-    machine = os.environ.get(protocol.ENV_NODE_NAME) or f"host-{host}"  # the node, in reports
+    machine = os.environ.get(protocol.ENV_NODE_NAME) or f"host-{host.index}"  # the node, in reports
     return _supervise(lambda: HostSupervisor(plan, machine, host))
 
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     plan = JobPlan.read(args.plan)
     if args.host is not None:
-        machine, host = f"host-{args.host}", args.host
+        machine, host = f"host-{args.host}", plan.layout.host(args.host)
     else:
         machine, host = f"spare-{args.spare}", None
     return _supervise(

@@ -40,13 +40,13 @@ from slicekeeper.supervisor.tls import JobTls
 from slicekeeper.supervisor.workload_process import die_with_parent
 
 from slicekeeper import credentials, protocol
-from slicekeeper.api import TrainingJob, dump_training_job
+from slicekeeper.api import TrainingJob
 from slicekeeper.chaos import ChaosKind, check_hosts, parse_chaos
 from slicekeeper.errors import UserError
 from slicekeeper.recovery_breakdown import add_breakdowns
 from slicekeeper.report import build_report, format_report
 from slicekeeper.report_page import write_page
-from slicekeeper.shape import JobShape
+from slicekeeper.shape import JobLayout
 
 DEFAULT_CACHE = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slicekeeper" / "jax-compilation-cache"
@@ -156,7 +156,7 @@ class LocalRuntime:
     def __init__(
         self,
         job: TrainingJob,
-        shape: JobShape,
+        layout: JobLayout,
         *,
         steps: int | None = None,
         chaos: str | None = None,
@@ -166,13 +166,13 @@ class LocalRuntime:
     ) -> None:
         self.job = job
         self.faults = parse_chaos(chaos)
-        check_hosts(self.faults, shape.host_count)
+        check_hosts(self.faults, layout.shape.host_count)
         self._partitions = any(f.kind is ChaosKind.PARTITION for f in self.faults)
         """Chaos `partition` among the faults: each machine runs under a group id of its own
         (supervisor.host.partition)."""
         if self._partitions:
             partition.check_available()
-        self.shape = shape
+        self.layout = layout
         """The job scaled down to this machine (slicekeeper.api.local_layout)."""
         self.total_steps = steps if steps is not None else job.spec.workload.steps
         if self.total_steps < 1:
@@ -217,8 +217,8 @@ class LocalRuntime:
 
     def _plan(self) -> JobPlan:
         return JobPlan(
-            job=dump_training_job(self.job),
-            shape=self.shape,
+            training_job=self.job,
+            layout=self.layout,
             run_dir=str(self.run_dir),
             leader=f"127.0.0.1:{free_port()}",
             total_steps=self.total_steps,
@@ -237,9 +237,10 @@ class LocalRuntime:
         credentials.generate(self.job.metadata.name).write(Path(plan.credentials))
         plan_path = self.run_dir / "plan.json"
         plan.write(plan_path)
+        shape = self.layout.shape
         self._say(
-            f"slicekeeper: running {self.job.metadata.name} locally: {self.shape.slices} slice(s) x "
-            f"{self.shape.hosts_per_slice} host(s) x {self.shape.devices_per_host} CPU device(s), "
+            f"slicekeeper: running {self.job.metadata.name} locally: {shape.slices} slice(s) x "
+            f"{shape.hosts_per_slice} host(s) x {shape.devices_per_host} CPU device(s), "
             f"{self.total_steps} steps" + (f", {self.spares} spare(s)" if self.spares else "")
         )
         if self.faults:

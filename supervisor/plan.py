@@ -1,27 +1,36 @@
 """Everything a supervisor needs to know about its job, written once by whoever starts it.
 
 The local runtime writes `plan.json` into the run directory; in a pod the same fields come from the
-rendered environment. Validated data only: the TrainingJob inside was checked by the pydantic model.
+rendered environment (supervisor.pod_plan). The plan is a value: the TrainingJob in it is the
+pydantic model, validated once per process where the plan is made or read, and JSON only at that
+edge (`write`, `read`).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from slicekeeper.api import TrainingJob, parse_training_job
+from slicekeeper.api import TrainingJob, dump_training_job, parse_training_job
 from slicekeeper.shape import JobLayout, JobShape
+
+JOB_FIELD = "job"
+"""The TrainingJob's key in plan.json (as JSON, camelCase)."""
+SHAPE_FIELD = "shape"
+"""The layout's key in plan.json: its shape (the job's name is the TrainingJob's)."""
+_IN_JSON_FORM = ("training_job", "layout")
+"""The fields plan.json holds in their JSON form, as `job` and `shape`."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class JobPlan:
-    job: dict[str, object]
-    """The validated TrainingJob, as JSON (camelCase)."""
-    shape: JobShape
-    """The job as its supervisors run it: the TPU slices' shape in a pod, scaled down locally
-    (slicekeeper.shape)."""
+    training_job: TrainingJob
+    """The validated TrainingJob (in plan.json: `job`, as JSON)."""
+    layout: JobLayout
+    """The job as its supervisors run it, its hosts by name: the TPU slices' shape in a pod, scaled
+    down locally (slicekeeper.shape; in plan.json: `shape`)."""
     run_dir: str
     leader: str
     """host:port of the coordination leader (slice 0, worker 0)."""
@@ -46,13 +55,14 @@ class JobPlan:
     each other with them, and refuse whoever has none. Locally in the run directory; in a pod, the
     job's Secret mounted. A supervisor without them does not start."""
 
-    @property
-    def training_job(self) -> TrainingJob:
-        return parse_training_job(self.job, "plan.json job")
+    def __post_init__(self) -> None:
+        name = self.training_job.metadata.name
+        if self.layout.job_name != name:
+            raise ValueError(f"the layout names job {self.layout.job_name!r}, the TrainingJob is {name!r}")
 
     @property
-    def layout(self) -> JobLayout:
-        return JobLayout(str(self.training_job.metadata.name), self.shape)
+    def shape(self) -> JobShape:
+        return self.layout.shape
 
     @property
     def machines(self) -> list[str]:
@@ -69,9 +79,17 @@ class JobPlan:
         return Path(self.checkpoint_root) / machine
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=1))
+        document: dict[str, Any] = {
+            JOB_FIELD: dump_training_job(self.training_job),
+            SHAPE_FIELD: asdict(self.shape),
+        }
+        document |= {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _IN_JSON_FORM}
+        path.write_text(json.dumps(document, indent=1))
 
     @classmethod
     def read(cls, path: Path) -> JobPlan:
-        fields: dict[str, Any] = json.loads(path.read_text())
-        return cls(**{**fields, "shape": JobShape(**fields["shape"])})
+        """The plan `write` wrote, its TrainingJob validated (UserError naming what is wrong)."""
+        document: dict[str, Any] = json.loads(path.read_text())
+        job = parse_training_job(document.pop(JOB_FIELD), f"{path} {JOB_FIELD}")
+        layout = JobLayout(job.metadata.name, JobShape(**document.pop(SHAPE_FIELD)))
+        return cls(**document, training_job=job, layout=layout)

@@ -3,9 +3,10 @@
 The operator renders every pod with its identity in the environment (`SLICEKEEPER_HOST`, the TPU_*
 and MEGASCALE_* variables, `POD_NAME`) and mounts the job's ConfigMap (the validated TrainingJob and
 the policy) at `SLICEKEEPER_CONFIG_DIR` (operator/render.py). This module turns both into the same
-JobPlan the local runtime writes, so that one HostSupervisor serves both worlds. Anything missing
-or inconsistent is a UserError naming the variable or file: a pod that cannot know who it is must
-not start training.
+JobPlan the local runtime writes, so that one HostSupervisor serves both worlds: the ConfigMap's
+TrainingJob is parsed here, the pod's one parse, and handed on as the model with its layout and the
+host's identity checked against it. Anything missing or inconsistent is a UserError naming the
+variable or file: a pod that cannot know who it is must not start training.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from pathlib import Path
 from slicekeeper.supervisor.plan import JobPlan
 
 from slicekeeper import protocol
-from slicekeeper.api import TrainingJob, cluster_layout, dump_training_job, load_training_job
+from slicekeeper.api import TrainingJob, cluster_layout, load_training_job
 from slicekeeper.errors import UserError
+from slicekeeper.shape import HostId
 
 POLICY_FILES = (
     protocol.CONFIG_POLICY_FILE,
@@ -61,8 +63,8 @@ def _with_policy_file(job: TrainingJob, config_dir: Path) -> TrainingJob:
     return job.model_copy(update={"spec": job.spec.model_copy(update={"policy": policy})})
 
 
-def pod_plan(env: Mapping[str, str], command: list[str]) -> tuple[JobPlan, int]:
-    """The plan of the pod whose environment is `env`, and its host index.
+def pod_plan(env: Mapping[str, str], command: list[str]) -> tuple[JobPlan, HostId]:
+    """The plan of the pod whose environment is `env`, and the host it serves.
 
     `command` (the pod's args: the user's command) replaces the job's workload command when given.
     """
@@ -76,17 +78,18 @@ def pod_plan(env: Mapping[str, str], command: list[str]) -> tuple[JobPlan, int]:
     host_count = layout.shape.host_count
     if not 0 <= host < host_count:
         raise UserError(f"{protocol.ENV_HOST}={host}: the job has hosts 0..{host_count - 1}")
+    identity = layout.host(host)
     worker = _whole(env, protocol.ENV_TPU_WORKER_ID)
-    if worker != layout.host(host).worker:
+    if worker != identity.worker:
         raise UserError(
             f"{protocol.ENV_TPU_WORKER_ID}={worker} does not match {protocol.ENV_HOST}={host} "
-            f"(worker {layout.host(host).worker} of slice {layout.host(host).slice})"
+            f"(worker {identity.worker} of slice {identity.slice})"
         )
     leader = f"{layout.hostname(layout.host(0))}.{job.metadata.name}"  # the headless Service's name
     namespace = env.get(protocol.ENV_POD_NAMESPACE) or job.metadata.namespace or "default"
     plan = JobPlan(
-        job=dump_training_job(job),
-        shape=layout.shape,
+        training_job=job,
+        layout=layout,
         run_dir=RUN_DIR,
         leader=f"{leader}:{protocol.SUPERVISOR_PORT}",
         total_steps=job.spec.workload.steps,
@@ -99,4 +102,4 @@ def pod_plan(env: Mapping[str, str], command: list[str]) -> tuple[JobPlan, int]:
         replacement_timeout=job.spec.health.replacement_timeout_seconds,
         credentials=env.get(protocol.ENV_CREDENTIALS_DIR) or protocol.CREDENTIALS_DIR,
     )
-    return plan, host
+    return plan, identity

@@ -78,22 +78,24 @@ class Generation:
             return None
         return self.number
 
-    async def start(self, message: messages.Start, world: list[int]) -> None:
-        """The leader's `start`: the generation, its coordinator, the restore step (None: from scratch)
-        and where to stage it from, the replica holders' addresses; `world`: the hosts taking part."""
+    async def start(self, message: messages.Start, env: dict[str, str]) -> None:
+        """The leader's `start`: the generation, the restore step (None: from scratch) and where to
+        stage it from, the replica holders' addresses, the hosts taking part; `env`: the workload's
+        environment for it (supervisor.host.workload.workload_env)."""
         generation, restore_step = message.generation, message.restore_step
         self.parked = False
         addresses = dict(message.replica_addresses)
+        world = message.hosts
         self._tiers.start_generation(generation, addresses, world)
-        await self._start(generation, message.coordinator, restore_step, message.sources, len(world))
+        await self._start(generation, restore_step, message.sources, len(world), env)
 
     async def _start(
         self,
         generation: int,
-        coordinator: str,
         restore_step: int | None,
         sources: Sequence[RestoreSource],
         host_count: int,
+        env: dict[str, str],
     ) -> None:
         now = time.time()
         self._sdk.drop_checkpoints_after(restore_step)  # before the generation moves
@@ -112,7 +114,7 @@ class Generation:
         if restore_step is not None and not await self._stage(generation, restore_step, sources):
             return
         try:
-            workload = await self._workloads.launch(generation, coordinator, restore_step)
+            workload = await self._workloads.launch(generation, env)
         except OSError as error:
             detail = f"cannot start the workload {self._workloads.argv[0]!r}: {error.strerror or error}"
             await self._context.report(

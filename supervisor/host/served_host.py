@@ -30,7 +30,13 @@ from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.host.notices import SigtermNotice, save_on_notice
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
 from slicekeeper.supervisor.host.sdk_socket import remove_sdk_socket, sdk_socket_path
-from slicekeeper.supervisor.host.workload import Standby, Workloads, workload_env
+from slicekeeper.supervisor.host.workload import (
+    Standby,
+    WorkloadMachine,
+    Workloads,
+    presumed_start,
+    workload_env,
+)
 from slicekeeper.supervisor.leader.journal import received
 
 from slicekeeper.chaos import COLLECTIVE
@@ -63,8 +69,9 @@ class ServedHost:
         self.journal: messages.Journal | None = None
         """The newest journal the leader sent: what a leader taking over carries on."""
         self.retired = False
-        self._world: list[int] = list(range(context.plan.shape.host_count))
-        self._rank = context.host
+        self._start = presumed_start(context.plan.shape.host_count, context.host)
+        """The leader's newest start (before its first, the one presumed): what the next standby is
+        made for."""
         self._sdk_socket = sdk_socket_path(context.folder)
         self._sdk_server: asyncio.Server | None = None
         self._hang_watch: asyncio.Task[None] | None = None
@@ -75,7 +82,7 @@ class ServedHost:
         self.activity = ActivityTracker()
         """Where the workload is, for the leader naming a hang's culprit (supervisor.culprit)."""
         confinement = Confinement(context.site.hidden_from_workload(), say=context.say)
-        self.workloads = Workloads(context, env=self.workload_env, confinement=confinement)
+        self.workloads = Workloads(context, confinement=confinement)
         self.chaos = Chaos(
             context,
             record=record,
@@ -121,30 +128,19 @@ class ServedHost:
         self.chaos.inject(step, self.workloads.current, self.generation.number, at=COLLECTIVE)
 
     def _productive_again(self) -> None:
-        self.context.spawn(self.workloads.prestart(self.generation.number))
+        self.context.spawn(self.workloads.prestart(self.workload_env(self._start)))
 
-    def workload_env(self, generation: int, coordinator: str, restore_step: int | None) -> dict[str, str]:
-        """The workload's environment for a start of `generation` (supervisor.host.workload)."""
-        context = self.context
-        return workload_env(
-            context.plan,
-            context.plan.training_job,
-            context.plan.layout,
-            context.identity,
-            site=context.site,
-            host=context.host,
-            world=self._world,
-            rank=self._rank,
-            generation=generation,
-            coordinator=coordinator,
-            restore_step=restore_step,
-            socket_path=self._sdk_socket,
-            temp_dir=context.folder / "tmp",
+    def workload_env(self, start: messages.Start) -> dict[str, str]:
+        """The workload's environment for `start`, from what this host holds (supervisor.host.workload)."""
+        machine = WorkloadMachine(
+            socket=self._sdk_socket,
+            temp_dir=self.context.folder / "tmp",
             checkpoint_dir=self._tiers.local_dir,
-            slow=self.chaos.slow_spec(),
+            cores=self.context.site.cores(),
             environ=os.environ,
-            cores=context.site.cores(),
+            slow=self.chaos.slow_spec(),
         )
+        return workload_env(self.context, start, machine)
 
     # --- serving ------------------------------------------------------------------------------
     async def begin(self, *, prestart: bool) -> None:
@@ -153,7 +149,7 @@ class ServedHost:
         while the hosts gather and the leader decides."""
         self._sdk_server = await self.sdk.serve(self._sdk_socket)
         if prestart:
-            self.context.spawn(self.workloads.prestart(0))
+            self.context.spawn(self.workloads.prestart(self.workload_env(self._start)))
         self._hang_watch = self.context.spawn(self.generation.hangs.run())
 
     async def end(self) -> None:
@@ -189,8 +185,8 @@ class ServedHost:
     async def obey(self, command: messages.Command) -> None:
         match command:
             case messages.Start() as start:
-                self._world, self._rank = start.hosts, start.rank
-                await self.generation.start(start, self._world)
+                self._start = start
+                await self.generation.start(start, self.workload_env(start))
             case messages.Stop() as stop:  # the fault is this host's when the leader named it so
                 await self.generation.stop(stop, blamed=stop.host == self.host)
             case messages.Journal() as journal:

@@ -49,6 +49,7 @@ from slicekeeper.supervisor.tls import JobTls
 from slicekeeper import protocol
 from slicekeeper.credentials import CredentialsError
 from slicekeeper.goodput import Category, GoodputAccountant
+from slicekeeper.shape import HostId
 
 RETIRED_EXIT_CODE = protocol.EXIT_RETIRED
 """In a pod: retired by the leader, replace this pod (its phase becomes Failed even if the annotation
@@ -64,15 +65,16 @@ class HostSupervisor:
         self,
         plan: JobPlan,
         machine: str,
-        host: int | None,
+        host: HostId | None,
         joined_by: str | None = None,
         *,
         restart: int = 0,
     ) -> None:
-        """`host` None: a spare, which serves a host once the leader assigns one (`joined_by`: the
-        chaos fault that brought it in, for the report). `restart`: how many supervisors ran on this
-        machine before this one (their process died, the machine did not): this one serves the host
-        its machine's record names (supervisor.host.machine_record)."""
+        """`host`: the host served, of the plan's layout; None: a spare, which serves a host once the
+        leader assigns one (`joined_by`: the chaos fault that brought it in, for the report).
+        `restart`: how many supervisors ran on this machine before this one (their process died, the
+        machine did not): this one serves the host its machine's record names
+        (supervisor.host.machine_record)."""
         self.machine = machine
         self._joined_by = joined_by
         self._restarted = restart > 0
@@ -80,7 +82,9 @@ class HostSupervisor:
         self._folder.mkdir(parents=True, exist_ok=True)
         (self._folder / "tmp").mkdir(exist_ok=True)  # the workload's TMPDIR locally (host.workload)
         record = MachineRecord.of(self._folder)
-        host = record.claim(host, restarted=self._restarted)
+        claimed = record.claim(None if host is None else host.index, restarted=self._restarted)
+        if claimed is not None and (host is None or host.index != claimed):
+            host = plan.layout.host(claimed)  # the host the machine's record names
         if restart:
             keep_predecessors_report(self._folder, restart)
         self.site = site_of(plan)
@@ -118,7 +122,7 @@ class HostSupervisor:
             tls=self.tls,
             connection_deadline=plan.training_job.spec.health.connection_deadline_seconds,
         )
-        self.tiers.host = host
+        self.tiers.host = claimed
         if self.tiers.persistent is not None:
             self.metrics.count_store_reads(self.tiers.persistent.reads)
         self.leadership: Leadership | None = None
@@ -135,14 +139,13 @@ class HostSupervisor:
             self._mode = self._serve(host, accountant, record=record, fired=set())
 
     def _serve(
-        self, host: int, accountant: GoodputAccountant, *, record: MachineRecord, fired: set[str]
+        self, host: HostId, accountant: GoodputAccountant, *, record: MachineRecord, fired: set[str]
     ) -> ServedHost:
         """The parts serving `host`, from now on (`fired`: its chaos faults fired elsewhere)."""
-        plan = self.site.plan
         context = HostContext(
-            plan=plan,
+            plan=self.site.plan,
             site=self.site,
-            identity=plan.layout.host(host),
+            identity=host,
             machine=self.machine,
             folder=self._folder,
             accountant=accountant,
@@ -362,7 +365,8 @@ class HostSupervisor:
             self.leadership.adopt(self.site.election(own), own)
         accountant = GoodputAccountant(time.time(), booked=self._events.booked)
         accountant.switch(Category.INFRASTRUCTURE_RECOVERY, time.time())
-        self._mode = self._serve(host, accountant, record=spare.record, fired=set(assign.fired))
+        identity = self.site.plan.layout.host(host)
+        self._mode = self._serve(identity, accountant, record=spare.record, fired=set(assign.fired))
         self._events.log({"source": "leader", "type": "assign", "host": host, "machine": self.machine})
         print(f"[{self.machine}] taking over host {host}", file=sys.stderr, flush=True)
         await self._mode.begin(prestart=False)

@@ -2,8 +2,12 @@
 
 The environment is where a workload learns who it is (`slicekeeper/protocol.py` lists every
 variable): computed by pure functions of explicit inputs, so that what a pod's or a local process's
-workload sees is decided in one place and can be checked without a running supervisor. What differs
-between the two is asked of the site (`WorkloadSite`, answered by supervisor.host.site).
+workload sees is decided in one place and can be checked without a running supervisor. A start's
+environment is a function of three values the served host holds (supervisor.host.served_host): its
+context (the plan, the site, the host's identity), the leader's start, and what it takes from the
+machine (`WorkloadMachine`); the host hands it down to `Workloads`, which never asks back up. What
+differs between a pod and a local process is asked of the site (`WorkloadSite`, answered by
+supervisor.host.site).
 
 With `spec.workload.standby`, the next generation's process is started ahead of need, while the
 current one trains: it imports its libraries, connects to the SDK socket, says hello and blocks
@@ -20,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.host.confinement import Confinement
-from slicekeeper.supervisor.plan import JobPlan
 from slicekeeper.supervisor.workload_process import WorkloadProcess
 
 from slicekeeper import protocol
-from slicekeeper.api import TrainingJob, WorkloadSpec
-from slicekeeper.shape import HostId, JobLayout
+from slicekeeper.api import WorkloadSpec
+from slicekeeper.shape import HostId, JobLayout, host_ranges
 
 if TYPE_CHECKING:  # the context names the site, which asks this module what a workload needs
     from slicekeeper.supervisor.host.context import HostContext
@@ -86,47 +90,48 @@ def own_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
 
-def workload_env(
-    plan: JobPlan,
-    job: TrainingJob,
-    layout: JobLayout,
-    identity: HostId,
-    *,
-    site: WorkloadSite,
-    host: int,
-    world: Sequence[int],
-    rank: int,
-    generation: int,
-    coordinator: str,
-    restore_step: int | None,
-    socket_path: Path,
-    temp_dir: Path,
-    checkpoint_dir: Path,
-    slow: str,
-    environ: Mapping[str, str],
-    cores: Sequence[int],
-) -> dict[str, str]:
-    """The workload's whole environment: `environ` (the supervisor's own), the job's `env`, then the
-    protocol's variables, then the machine's (`site`: where it runs). `slow`: the chaos `slow` spec
-    (protocol.ENV_CHAOS_SLOW); `cores`: the machine's cores, of which a host sharing the machine gets
-    one for its own work; `temp_dir`: its own temporary directory where it shares the machine."""
-    spec = job.spec
-    env = dict(environ)
+@dataclass(frozen=True, kw_only=True)
+class WorkloadMachine:
+    """What a host's workload takes from the machine serving the host, as its supervisor has it when
+    the workload starts."""
+
+    socket: Path
+    """The SDK socket (supervisor.host.sdk_socket)."""
+    temp_dir: Path
+    """The workload's own temporary directory, where hosts share the machine."""
+    checkpoint_dir: Path
+    """The local tier's folder, on the machine's disk (supervisor.checkpoints.tiers)."""
+    cores: Sequence[int]
+    """The machine's cores, of which a host sharing the machine gets one for its own work."""
+    environ: Mapping[str, str]
+    """The supervisor's own environment."""
+    slow: str
+    """The chaos `slow` spec (protocol.ENV_CHAOS_SLOW): a property of the machine (host.chaos)."""
+
+
+def workload_env(context: HostContext, start: messages.Start, machine: WorkloadMachine) -> dict[str, str]:
+    """The workload's whole environment for `start` (its generation, coordinator, restore step, world
+    and rank): the supervisor's own (`machine.environ`), the job's `env`, then the protocol's
+    variables, then the machine's (`context.site`: where it runs)."""
+    plan, identity, site, layout = context.plan, context.identity, context.site, context.plan.layout
+    spec = plan.training_job.spec
+    world = start.hosts
+    env = dict(machine.environ)
     env.update({e.name: e.value for e in spec.workload.env})
     env.update(
         {
-            protocol.ENV_SOCKET: str(socket_path),
-            protocol.ENV_HOST: str(host),
+            protocol.ENV_SOCKET: str(machine.socket),
+            protocol.ENV_HOST: str(identity.index),
             protocol.ENV_NUM_HOSTS: str(len(world)),
-            protocol.ENV_PROCESS_ID: str(rank),
+            protocol.ENV_PROCESS_ID: str(start.rank),
             protocol.ENV_FULL_HOSTS: str(plan.shape.host_count),
-            protocol.ENV_CHAOS_SLOW: slow,
-            protocol.ENV_GENERATION: str(generation),
-            protocol.ENV_COORDINATOR: coordinator,
-            protocol.ENV_RESTORE_STEP: "" if restore_step is None else str(restore_step),
+            protocol.ENV_CHAOS_SLOW: machine.slow,
+            protocol.ENV_GENERATION: str(start.generation),
+            protocol.ENV_COORDINATOR: start.coordinator,
+            protocol.ENV_RESTORE_STEP: "" if start.restore_step is None else str(start.restore_step),
             protocol.ENV_TOTAL_STEPS: str(plan.total_steps),
             protocol.ENV_RESTORE_VERIFIED: "1",  # the supervisor stages and verifies before every start
-            protocol.ENV_CHECKPOINT_DIR: str(checkpoint_dir),
+            protocol.ENV_CHECKPOINT_DIR: str(machine.checkpoint_dir),
             protocol.ENV_CHECKPOINT_INTERVAL: str(spec.checkpoint.interval),
             protocol.ENV_CHECKPOINT_KEEP: str(spec.checkpoint.max_to_keep),
             protocol.ENV_TPU_WORKER_ID: str(identity.worker),
@@ -141,8 +146,18 @@ def workload_env(
         env[protocol.ENV_COMPILATION_CACHE] = plan.compilation_cache
     if spec.workload.init_from:
         env[protocol.ENV_INIT_FROM] = spec.workload.init_from
-    env.update(site.machine_env(layout, host, temp_dir=temp_dir, cores=cores, env=env))
+    env.update(
+        site.machine_env(layout, identity.index, temp_dir=machine.temp_dir, cores=machine.cores, env=env)
+    )
     return env
+
+
+def presumed_start(host_count: int, host: int) -> messages.Start:
+    """The start a standby is made for before the leader's first: the whole job, `host` at its own
+    rank (the generation's own variables, and the world if it differs, come with `go`)."""
+    return messages.Start(
+        generation=0, coordinator="", restore_step=None, world=host_ranges(range(host_count)), rank=host
+    )
 
 
 def standby_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -195,10 +210,6 @@ class Standby:
         return bool(message.get("standby")) and message.get("pid") == self.process.pid
 
 
-Env = Callable[[int, str, int | None], dict[str, str]]
-"""The workload's environment for (generation, coordinator, restore step)."""
-
-
 async def send_sdk_line(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
     """One line to the workload's SDK (e.g. the standby's go-ahead); a workload gone is not an error."""
     writer.write(protocol.encode(message))
@@ -210,20 +221,13 @@ class Workloads:
     """This host's workload process and the standby pre-started for the next generation."""
 
     def __init__(
-        self,
-        context: HostContext,
-        *,
-        env: Env,
-        send: Send = send_sdk_line,
-        confinement: Confinement | None = None,
+        self, context: HostContext, *, send: Send = send_sdk_line, confinement: Confinement | None = None
     ) -> None:
-        """`env`: a generation's environment (`workload_env` with this host's place in the job);
-        `send`: writes one line to the SDK socket; `confinement`: what the workload may not read
+        """`send`: writes one line to the SDK socket; `confinement`: what the workload may not read
         (supervisor.host.confinement). No standby is started once the supervisor is finishing."""
         workload = context.plan.training_job.spec.workload
         self._log_path = context.folder / "workload.log"
         self.argv = workload_argv(workload, context.site)
-        self._env = env
         self._site: WorkloadSite = context.site
         self._standby_enabled = workload.standby
         self._finished = context.finished
@@ -235,11 +239,11 @@ class Workloads:
         self.standby: Standby | None = None
         self._standby_starting = False
 
-    async def launch(self, generation: int, coordinator: str, restore_step: int | None) -> WorkloadProcess:
-        """Generation `generation`'s process: the standby if it is ready (sent `go`), else a fresh
-        one. A standby still importing is waited for (up to STANDBY_WAIT_SECONDS): a fresh process
-        would have the same imports ahead of it. OSError: it could not be started (no current
-        process then)."""
+    async def launch(self, generation: int, env: dict[str, str]) -> WorkloadProcess:
+        """Generation `generation`'s process, with `env` (`workload_env` of its start): the standby if
+        it is ready (sent `go`), else a fresh one. A standby still importing is waited for (up to
+        STANDBY_WAIT_SECONDS): a fresh process would have the same imports ahead of it. OSError: it
+        could not be started (no current process then)."""
         standby = self.standby
         if standby is not None and not standby.ready.is_set() and standby.process.running:
             with contextlib.suppress(TimeoutError):
@@ -248,7 +252,7 @@ class Workloads:
         if standby is not None and standby.ready.is_set() and standby.process.running and standby.writer:
             self.standby = None
             standby.generation = generation
-            go = go_env(self._env(generation, coordinator, restore_step), self._site)
+            go = go_env(env, self._site)
             await self._send(standby.writer, {"type": protocol.GO, "env": go})
             self.current = standby.process
             standby.promoted.set()
@@ -256,7 +260,6 @@ class Workloads:
             return standby.process
         self.drop_standby()
         try:
-            env = self._env(generation, coordinator, restore_step)
             self.current = await self._start(env)
         except OSError:
             self.current = None
@@ -270,8 +273,10 @@ class Workloads:
         with self._confinement.ruleset() as confine:
             return await WorkloadProcess.spawn(self.argv, env, self._log_path, before_exec=confine)
 
-    async def prestart(self, generation: int) -> None:
-        """Start the next generation's process now, while this one trains (spec.workload.standby)."""
+    async def prestart(self, env: dict[str, str]) -> None:
+        """Start the next generation's process now, while this one trains (spec.workload.standby);
+        `env`: the workload's for the start it is made for (`workload_env`), less the generation's
+        own variables, which come with `go`."""
         if (
             not self._standby_enabled
             or self.standby is not None
@@ -280,9 +285,8 @@ class Workloads:
         ):
             return
         self._standby_starting = True
-        env = standby_env(self._env(generation, "", None))
         try:
-            standby = Standby(await self._start(env))
+            standby = Standby(await self._start(standby_env(env)))
         finally:
             self._standby_starting = False
         if self._finished.is_set():

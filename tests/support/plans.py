@@ -7,8 +7,8 @@ from pathlib import Path
 
 from slicekeeper.supervisor.plan import JobPlan
 
-from slicekeeper.api import dump_training_job, load_training_job
-from slicekeeper.shape import JobShape
+from slicekeeper.api import EnvVar, load_training_job
+from slicekeeper.shape import JobLayout, JobShape
 from tests.support.cli_runs import ROOT
 
 EXAMPLE = ROOT / "examples" / "trainingjob.yaml"
@@ -16,11 +16,12 @@ EXAMPLE = ROOT / "examples" / "trainingjob.yaml"
 
 
 def example_plan(tmp_path: Path, *, local: bool) -> JobPlan:
-    job = dump_training_job(load_training_job(EXAMPLE))
-    job["spec"]["workload"]["env"] = [{"name": "FROM_THE_SPEC", "value": "yes"}]
+    job = load_training_job(EXAMPLE)
+    workload = job.spec.workload.model_copy(update={"env": [EnvVar(name="FROM_THE_SPEC", value="yes")]})
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={"workload": workload})})
     return JobPlan(
-        job=job,
-        shape=JobShape(2, 2, 2 if local else 4),
+        training_job=job,
+        layout=JobLayout(job.metadata.name, JobShape(2, 2, 2 if local else 4)),
         run_dir=str(tmp_path / "run"),
         leader="127.0.0.1:1" if local else "tiny-lm-s0-w0.tiny-lm:8475",
         total_steps=200,

@@ -20,7 +20,7 @@ from slicekeeper.supervisor import local_runtime
 from slicekeeper.supervisor.local_runtime import LocalRuntime, SupervisorProcess
 
 from slicekeeper.api import TrainingJob, dump_training_job, load_training_job
-from slicekeeper.shape import JobShape
+from slicekeeper.shape import JobLayout, JobShape
 from tests.support.plans import EXAMPLE
 
 RUNNING = "import time; time.sleep(600)"
@@ -34,7 +34,8 @@ def runtime(tmp_path, out: io.StringIO) -> LocalRuntime:
     spec["spec"]["local"] = {"workDir": str(tmp_path / "runs")}
     spec["spec"]["checkpoint"]["localDir"] = str(tmp_path / "disk")
     job = TrainingJob.model_validate(spec)
-    return LocalRuntime(job, JobShape(slices=2, hosts_per_slice=2, devices_per_host=2), out=out)
+    shape = JobShape(slices=2, hosts_per_slice=2, devices_per_host=2)
+    return LocalRuntime(job, JobLayout(job.metadata.name, shape), out=out)
 
 
 async def hosts_ending(run: LocalRuntime, programs: list[str]) -> tuple[list[int], list[int]]:

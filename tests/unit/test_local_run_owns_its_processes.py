@@ -24,7 +24,7 @@ from slicekeeper.supervisor import local_runtime
 from slicekeeper.supervisor.local_runtime import STATUS_LOST, LocalRuntime, SupervisorProcess
 
 from slicekeeper.api import TrainingJob, dump_training_job, load_training_job
-from slicekeeper.shape import JobShape
+from slicekeeper.shape import JobLayout, JobShape
 from tests.support.cli_runs import ROOT
 from tests.support.plans import EXAMPLE
 
@@ -37,7 +37,7 @@ PID_REUSED = f"""
 import asyncio, json, subprocess, sys
 from pathlib import Path
 from slicekeeper.api import TrainingJob, dump_training_job, load_training_job
-from slicekeeper.shape import JobShape
+from slicekeeper.shape import JobLayout, JobShape
 from slicekeeper.supervisor.local_runtime import LocalRuntime, SupervisorProcess
 from tests.support.plans import EXAMPLE
 
@@ -46,7 +46,8 @@ async def main(tmp: Path) -> None:
     spec["spec"]["local"] = {{"workDir": str(tmp / "runs")}}
     spec["spec"]["checkpoint"]["localDir"] = str(tmp / "disk")
     shape = JobShape(slices=2, hosts_per_slice=2, devices_per_host=2)
-    run = LocalRuntime(TrainingJob.model_validate(spec), shape)
+    job = TrainingJob.model_validate(spec)
+    run = LocalRuntime(job, JobLayout(job.metadata.name, shape))
     ended = SupervisorProcess.start([sys.executable, "-c", "pass"])
     running = SupervisorProcess.start([sys.executable, "-c", {RUNNING!r}])
     run._supervisors += [ended, running]
@@ -73,7 +74,8 @@ def runtime(tmp_path: Path, out: io.StringIO) -> LocalRuntime:
     spec["spec"]["local"] = {"workDir": str(tmp_path / "runs")}
     spec["spec"]["checkpoint"]["localDir"] = str(tmp_path / "disk")
     job = TrainingJob.model_validate(spec)
-    return LocalRuntime(job, JobShape(slices=2, hosts_per_slice=2, devices_per_host=2), out=out)
+    shape = JobShape(slices=2, hosts_per_slice=2, devices_per_host=2)
+    return LocalRuntime(job, JobLayout(job.metadata.name, shape), out=out)
 
 
 def pid_namespaces() -> bool:

@@ -48,7 +48,8 @@ def test_every_rendered_pod_finds_its_host_its_leader_and_its_workload(tmp_path)
     config_dir = mounted(tmp_path, rendered.config_map())
     for pod in rendered.pods():
         plan, host = pod_plan(pod_env(pod, config_dir), pod["spec"]["containers"][0]["args"])
-        assert str(host) == pod["metadata"]["labels"]["slicekeeper.dev/host"]
+        assert str(host.index) == pod["metadata"]["labels"]["slicekeeper.dev/host"]
+        assert host == plan.layout.host(host.index)
         assert plan.leader == f"tiny-lm-s0-w0.tiny-lm:{protocol.SUPERVISOR_PORT}"
         assert not plan.local and plan.metrics_port == protocol.METRICS_PORT
         assert (plan.shape.slices, plan.shape.hosts_per_slice, plan.shape.devices_per_host) == (
@@ -126,6 +127,7 @@ def test_the_pod_entrypoint_exits_2_naming_a_missing_config_map(tmp_path):
 def test_in_a_pod_the_workload_reaches_its_peers_through_the_service_and_sees_the_current_world(tmp_path):
     from dataclasses import replace
 
+    from slicekeeper.supervisor import messages
     from slicekeeper.supervisor.host import HostSupervisor
 
     from slicekeeper.credentials import generate
@@ -140,16 +142,21 @@ def test_in_a_pod_the_workload_reaches_its_peers_through_the_service_and_sees_th
         checkpoint_root=str(tmp_path / "disk"),
         credentials=str(credentials),
     )
-    supervisor = HostSupervisor(plan, f"host-{host}", host)
+    supervisor = HostSupervisor(plan, f"host-{host.index}", host)
     served = supervisor._mode  # the host it serves (supervisor.host.served_host)
-    env = served.workload_env(1, "tiny-lm-s0-w0.tiny-lm:8476", None)
+    start = messages.Start(
+        generation=1, coordinator="tiny-lm-s0-w0.tiny-lm:8476", restore_step=None, world=[0, 1, 2, 3], rank=3
+    )
+    env = served.workload_env(start)
     assert env["TPU_WORKER_HOSTNAMES"] == "tiny-lm-s1-w0.tiny-lm,tiny-lm-s1-w1.tiny-lm"
     assert (env["MEGASCALE_NUM_SLICES"], env["MEGASCALE_SLICE_ID"]) == ("2", "1")
     assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "tiny-lm-s0-w0.tiny-lm"
     assert protocol.ENV_OWN_WORK_CORE not in env  # a pod has its host to itself
 
-    served._world, served._rank = [2, 3], 1  # slice 0 dropped by a scale-down
-    env = served.workload_env(2, "tiny-lm-s1-w0.tiny-lm:8476", None)
+    start = start.model_copy(  # slice 0 dropped by a scale-down
+        update={"generation": 2, "coordinator": "tiny-lm-s1-w0.tiny-lm:8476", "world": "2-3", "rank": 1}
+    )
+    env = served.workload_env(start)
     assert (env["MEGASCALE_NUM_SLICES"], env["MEGASCALE_SLICE_ID"]) == ("1", "0")
     assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "tiny-lm-s1-w0.tiny-lm"
     assert (env["SLICEKEEPER_NUM_HOSTS"], env["SLICEKEEPER_PROCESS_ID"]) == ("2", "1")

@@ -1,6 +1,6 @@
 """What a workload finds in its environment, as the pure functions of supervisor/host/workload.py
-compute it from explicit inputs: locally and in a pod, after a scale-down, and for a standby process
-promoted with `go`."""
+compute it from the host's context, the leader's start and the machine: locally and in a pod, after a
+scale-down, and for a standby process promoted with `go`."""
 
 from __future__ import annotations
 
@@ -8,12 +8,20 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.host.site import site_of
-from slicekeeper.supervisor.host.workload import go_env, standby_env, workload_argv, workload_env
+from slicekeeper.supervisor.host.workload import (
+    WorkloadMachine,
+    go_env,
+    standby_env,
+    workload_argv,
+    workload_env,
+)
 from slicekeeper.supervisor.plan import JobPlan
 from slicekeeper.workload.sdk import HostIdentity
 
 from slicekeeper import protocol
+from tests.support.host_contexts import host_context
 from tests.support.plans import example_plan
 
 
@@ -29,26 +37,22 @@ def env_of(
     environ: dict[str, str] | None = None,
     cores: list[int] | None = None,
 ) -> dict[str, str]:
-    layout = plan.layout
-    return workload_env(
-        plan,
-        plan.training_job,
-        layout,
-        layout.host(host),
-        site=site_of(plan),
-        host=host,
-        world=list(range(plan.shape.host_count)) if world is None else world,
-        rank=host if rank is None else rank,
+    start = messages.Start(
         generation=generation,
         coordinator="coordinator:1234",
         restore_step=restore_step,
-        socket_path=Path("/run/sdk.sock"),
+        world=list(range(plan.shape.host_count)) if world is None else world,
+        rank=host if rank is None else rank,
+    )
+    machine = WorkloadMachine(
+        socket=Path("/run/sdk.sock"),
         temp_dir=Path("/run/tmp"),
         checkpoint_dir=Path("/disk/local"),
-        slow=slow,
-        environ={"PATH": "/usr/bin", "XLA_FLAGS": "--xla_dump_to=/tmp/x"} if environ is None else environ,
         cores=[0, 1] if cores is None else cores,
+        environ={"PATH": "/usr/bin", "XLA_FLAGS": "--xla_dump_to=/tmp/x"} if environ is None else environ,
+        slow=slow,
     )
+    return workload_env(host_context(plan=plan, host=host), start, machine)
 
 
 def test_a_local_workload_knows_its_host_its_slice_and_runs_on_cpu_devices_with_a_core_of_its_own(tmp_path):
@@ -166,8 +170,9 @@ def test_the_checkpoint_a_job_starts_from_reaches_every_workload_and_its_identit
     plan = example_plan(tmp_path, local=True)
     assert protocol.ENV_INIT_FROM not in env_of(plan, 1)  # none named: none set
     assert HostIdentity.from_env(env_of(plan, 1)).init_from is None
-    job = plan.job
-    job["spec"]["workload"]["initFrom"] = "/checkpoints/exported"
-    env = env_of(replace(plan, job=job), 1)
+    job = plan.training_job
+    workload = job.spec.workload.model_copy(update={"init_from": "/checkpoints/exported"})
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={"workload": workload})})
+    env = env_of(replace(plan, training_job=job), 1)
     assert env[protocol.ENV_INIT_FROM] == "/checkpoints/exported"
     assert HostIdentity.from_env(env).init_from == "/checkpoints/exported"
