@@ -1,19 +1,23 @@
 """What a simulated run is of and what it came to: the job as the simulator sees it (`Job`), the
-strategy it is run with (`Mode`), and the outcome (`Result`): chip-seconds by goodput category, the
-decisions, the recoveries, and the records a run's report is made of (supervisor.fleet.report_file).
+strategy it is run with (`Mode`), the whole of a run's options (`Setup`), and the outcome (`Result`):
+chip-seconds by goodput category, the decisions, the recoveries, and the records a run's report is
+made of (supervisor.fleet.report_file).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from slicekeeper.supervisor.fleet.costs import CostModel
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 
 from slicekeeper.goodput import Category
 from slicekeeper.policy import Context, Decision
+from slicekeeper.policy.engine import PolicyEngine
 from slicekeeper.policy.replay import log_record
 from slicekeeper.shape import JobShape
 
@@ -43,6 +47,32 @@ class Job:
     @property
     def chips(self) -> int:
         return self.shape.host_count * self.shape.devices_per_host
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a run simulates and how: the job, the costs, the policy and the strategy."""
+
+    job: Job
+    costs: CostModel
+    engine: PolicyEngine | None
+    """The policy asked at every event (None: the restart-from-persistent baseline asks none)."""
+    mode: Mode = Mode.SLICEKEEPER
+    name: str = "slicekeeper"
+    step_seconds_by_slices: Mapping[int, float] = field(default_factory=dict)
+    """A world's step time where it differs from the cost model's (a replay measures each world's:
+    on one machine fewer hosts share its cores)."""
+    priced: bool = True
+    """The policy is told what each remedy costs (context.expected_cost); False: the plain ladder."""
+    keep_records: bool = False
+    """Keep what a report lists: every decision with its context (the policy event log beside it),
+    the worlds and the scale events with their slices."""
+
+    @property
+    def interval(self) -> int:
+        """Steps between the saves a restart restores from: local ones, or persistent ones for the
+        baseline."""
+        return self.job.interval if self.mode is Mode.SLICEKEEPER else self.job.persistent_interval
 
 
 @dataclass
