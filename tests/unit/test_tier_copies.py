@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.checkpoints import tiers
+from slicekeeper.supervisor.checkpoints import save_copies
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.checkpoints.restore_plan import Tier
 from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
@@ -129,7 +129,7 @@ def test_a_failed_upload_is_reported_counted_and_logged_and_later_saves_go_on(tm
 
 
 def test_an_unreachable_peer_is_a_counted_replication_failure_not_a_stop(tmp_path, monkeypatch):
-    monkeypatch.setattr(tiers, "PUSH_BACKOFF_SECONDS", 0.01)
+    monkeypatch.setattr(save_copies, "PUSH_BACKOFF_SECONDS", 0.01)
 
     async def scenario():
         host = Host(tmp_path, 0, CheckpointSpec(), None)
@@ -139,7 +139,9 @@ def test_an_unreachable_peer_is_a_counted_replication_failure_not_a_stop(tmp_pat
         host.tiers.saved(10)
         await asyncio.wait_for(host.tiers.drain(), WAIT)
         assert [(r["tier"], r["reason"]) for r in host.reports] == [("peer", "replication failed")]
-        assert host.reports[0]["detail"].endswith(f"(try {tiers.PUSH_ATTEMPTS} of {tiers.PUSH_ATTEMPTS})")
+        assert host.reports[0]["detail"].endswith(
+            f"(try {save_copies.PUSH_ATTEMPTS} of {save_copies.PUSH_ATTEMPTS})"
+        )
         assert host.failures("peer") == 1
         await host.tiers.close()
 
@@ -154,12 +156,12 @@ async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     writer.close()
 
 
-@pytest.mark.parametrize("attempts", [tiers.PUSH_ATTEMPTS, 1])
+@pytest.mark.parametrize("attempts", [save_copies.PUSH_ATTEMPTS, 1])
 def test_a_push_refused_once_is_tried_again_and_replicates(tmp_path, monkeypatch, attempts):
     """The holder's first connection is dropped (a peer restarting, say): the second try gets through.
     Negative control: with one try, the step is not replicated and the failure is said."""
-    monkeypatch.setattr(tiers, "PUSH_BACKOFF_SECONDS", 0.01)
-    monkeypatch.setattr(tiers, "PUSH_ATTEMPTS", attempts)
+    monkeypatch.setattr(save_copies, "PUSH_BACKOFF_SECONDS", 0.01)
+    monkeypatch.setattr(save_copies, "PUSH_ATTEMPTS", attempts)
 
     async def scenario():
         owner, holder = Host(tmp_path, 0, CheckpointSpec(), None), Host(tmp_path, 1, CheckpointSpec(), None)
