@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import resource
 import signal
 import sys
@@ -84,7 +85,7 @@ def add_history(leader: Leader, faults: int) -> None:
                 "reason": "the default policy restarts in place",
             }
         )
-    memory.generation = faults
+    memory.restart = dataclasses.replace(memory.restart, generation=faults)
 
 
 LAG_SAID_SECONDS = 0.25

@@ -33,7 +33,7 @@ from slicekeeper.supervisor.fleet.outcome import Job, Mode, Result, Setup
 from slicekeeper.supervisor.fleet.policy_events import policy_events
 from slicekeeper.supervisor.fleet.training import Training
 from slicekeeper.supervisor.leader import restart_machine as machine
-from slicekeeper.supervisor.leader.journal import JobState
+from slicekeeper.supervisor.leader.restart_machine import JobState
 
 from slicekeeper import policy
 from slicekeeper.goodput import Category

@@ -30,7 +30,7 @@ from typing import Any
 from slicekeeper.supervisor import leader_connection
 from slicekeeper.supervisor.host.confinement import SERVICE_ACCOUNT_DIR
 from slicekeeper.supervisor.host.workload import GO_VARIABLES, own_cores
-from slicekeeper.supervisor.leader.capacity import Replacements, pod_replacements, spare_pool
+from slicekeeper.supervisor.leader.capacity import Replacements, declared_spares, pod_replacements
 from slicekeeper.supervisor.leader.election import Election, Holder, cluster_election, local_election
 from slicekeeper.supervisor.own_pod import OwnPod
 from slicekeeper.supervisor.plan import JobPlan
@@ -241,8 +241,10 @@ class LocalSite(Site):
         return None
 
     def replacements(self) -> Replacements:
-        """Idle spare supervisors take over lost hosts."""
-        return spare_pool
+        """Idle spare supervisors take over lost hosts; a host lost before the start waits for one of
+        the declared spares that has not registered yet."""
+        health = self.plan.training_job.spec.health
+        return declared_spares(self.plan.spares, health.startup_timeout_seconds)
 
     def reachable(self, layout: JobLayout, hostnames: list[str]) -> list[str]:
         return hostnames  # no Service to resolve them through: names only

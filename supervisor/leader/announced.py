@@ -28,9 +28,10 @@ import time
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.background import BackgroundWork, Task
 from slicekeeper.supervisor.leader.generations import Generations
-from slicekeeper.supervisor.leader.journal import JobMemory, JobState
+from slicekeeper.supervisor.leader.journal import JobMemory
 from slicekeeper.supervisor.leader.members import HostStatus, Members
 from slicekeeper.supervisor.leader.remediation import Remediation
+from slicekeeper.supervisor.leader.restart_machine import JobState
 from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper import policy
@@ -132,10 +133,11 @@ class AnnouncedLosses:
                 and self.memory.generation == generation
             ):
                 # The policy left the job running, but every workload holds after the saved step.
-                await self.generations.stop(
-                    report.host, FaultKind.ANNOUNCED_LOSS, f"held after saving step {saved} on notice", now
+                detail = f"held after saving step {saved} on notice"
+                await self.generations.send(
+                    self.generations.fault_stop(report.host, FaultKind.ANNOUNCED_LOSS, detail, now)
                 )
-                await self.generations.start_when_all_stopped()
+                await self.generations.send(self.generations.reconsider())
         finally:
             self._noticed.discard(report.host)
 

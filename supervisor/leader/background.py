@@ -55,6 +55,9 @@ class Task(StrEnum):
     """Taking over from a lost leader (leader.takeover)."""
     STAND_DOWN = "stand_down", "standing down"
     """Saying that this leader stands down."""
+    RESTART = "restart", "carrying out the restart state machine's commands"
+    """Taking the restart state machine's queued events on, when their taker was cancelled; and
+    what fails while a command is carried out (leader.generations)."""
     OUTCOME = "outcome", "failing the job"
     """Turning another task's failure into the job's outcome; its own failure is only logged."""
 

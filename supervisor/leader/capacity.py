@@ -64,13 +64,15 @@ class LeaderParts:
     members: Members
     status: dict[int, HostStatus]
     memory: JobMemory
-    newcomer: Callable[[int], None]
+    newcomer: Callable[[int], Awaitable[None]]
     """Tell the leader a new machine serves a host (it has no workload to stop; timings reset)."""
     write_journal: Callable[[], Awaitable[None]]
     """Write the job's memory down (before a spare is told its host)."""
     overdue: Callable[[int], Awaitable[None]]
     """No new pod came for a host in time: the policy decides again."""
     background: BackgroundWork
+    fail: Callable[[str], Awaitable[None]]
+    """Fail the job with a reason (a host lost before the start, and no spare came)."""
 
 
 Replacements = Callable[[LeaderParts], "Replacement"]
@@ -79,8 +81,15 @@ pods in a cluster: supervisor.host.site), made once."""
 
 
 def spare_pool(parts: LeaderParts) -> Replacement:
-    """Idle spare supervisors take over lost hosts (`slicekeeper run`)."""
-    return SparePool(parts.members, parts.status, parts.memory, parts.newcomer, parts.write_journal)
+    """Idle spare supervisors take over lost hosts (`slicekeeper run`); none is declared to come."""
+    return SparePool(parts, declared=0, wait=0.0)
+
+
+def declared_spares(count: int, wait: float) -> Replacements:
+    """Idle spare supervisors take over lost hosts; `count` are declared (spec.local.spares): a host
+    lost before the job started waits up to `wait` seconds (spec.health.startupTimeoutSeconds) for
+    one that has not registered yet."""
+    return lambda parts: SparePool(parts, declared=count, wait=wait)
 
 
 def pod_replacements(timeout: float) -> Replacements:
@@ -119,7 +128,7 @@ class _Crew:
         members: Members,
         status: dict[int, HostStatus],
         memory: JobMemory,
-        newcomer: Callable[[int], None],
+        newcomer: Callable[[int], Awaitable[None]],
     ) -> None:
         self.members = members
         self.status = status
@@ -133,28 +142,26 @@ class _Crew:
         await self.members.send_to(writer, messages.Retire(generation=self.memory.generation, reason=reason))
         await self.members.event(f"host {host} ({self.status[host].machine}) retired: {reason}", host=host)
 
-    def arrived(self, host: int, writer: asyncio.StreamWriter, status: HostStatus) -> None:
+    async def arrived(self, host: int, writer: asyncio.StreamWriter, status: HostStatus) -> None:
         self.status[host] = status
         self.members.serve(host, writer)
-        self._newcomer(host)
+        await self._newcomer(host)
 
 
 class SparePool(_Crew):
     """Locally: idle spare supervisors take over hosts."""
 
-    def __init__(
-        self,
-        members: Members,
-        status: dict[int, HostStatus],
-        memory: JobMemory,
-        newcomer: Callable[[int], None],
-        write_journal: Callable[[], Awaitable[None]],
-    ) -> None:
-        super().__init__(members, status, memory, newcomer)
+    def __init__(self, parts: LeaderParts, *, declared: int, wait: float) -> None:
+        super().__init__(parts.members, parts.status, parts.memory, parts.newcomer)
         self.spares: list[Spare] = []
-        self._write_journal = write_journal
+        self._parts = parts
         """The assignment is written down before the spare is told (write-ahead): a leader taking
         over mid-swap knows the spare serves the host, and counts the swap."""
+        self._declared, self._wait = declared, wait
+        self._offered = 0
+        """Spares that registered so far: while fewer than declared, more are on their way."""
+        self._wanting: dict[int, asyncio.TimerHandle] = {}
+        """Hosts lost before the job started, each awaiting a declared spare (up to `wait`)."""
 
     def for_policy(self) -> int:
         return len(self.spares)
@@ -163,13 +170,31 @@ class SparePool(_Crew):
         return len(self.spares)
 
     def awaiting(self) -> list[int]:
-        return []
+        return sorted(self._wanting)
 
     async def offer(self, spare: messages.RegisterSpare, writer: asyncio.StreamWriter) -> bool:
         machine = spare.machine or f"spare-{spare.spare}"
         self.spares.append(Spare(spare.spare, writer, machine, spare.replica_address, spare.metrics_port))
+        self._offered += 1
         await self.members.event(f"spare {spare.spare} ({machine}) registered")
+        if self._wanting:  # a host lost before the start awaits it
+            host = min(self._wanting)
+            self._wanting.pop(host).cancel()
+            await self.stand_in(host)
         return True
+
+    def _on_its_way(self) -> bool:
+        """A declared spare has not registered yet (before the start, one is awaited rather than the
+        job failed: the spares' processes start after the hosts')."""
+        return self._offered + len(self._wanting) < self._declared
+
+    async def _no_spare(self, host: int) -> None:
+        if self._wanting.pop(host, None) is None:
+            return
+        await self._parts.fail(
+            f"host {host} was lost before the job started and none of the {self._declared} declared "
+            f"spare(s) registered within {self._wait:g} s (spec.health.startupTimeoutSeconds)"
+        )
 
     async def replace(self, host: int, reason: str) -> str | None:
         if not self.spares:
@@ -181,6 +206,16 @@ class SparePool(_Crew):
 
     async def stand_in(self, host: int, scale_up: bool = False) -> str | None:
         """Give a spare `host`'s identity: a hot-swap, or (`scale_up`) a dropped slice coming back."""
+        if not self.spares and not scale_up and self._on_its_way():
+            self._wanting[host] = self._parts.background.later(
+                self._wait, Task.REPLACEMENT, lambda: self._no_spare(host)
+            )
+            await self.members.event(
+                f"host {host} lost before the job started: awaiting a declared spare "
+                f"(up to {self._wait:g} s)",
+                host=host,
+            )
+            return None
         if not self.spares:
             return f"host {host} was lost before the job started and no spare is left"
         spare = min(self.spares, key=lambda s: s.spare)  # deterministic: the lowest index first
@@ -191,7 +226,7 @@ class SparePool(_Crew):
             replica_address=spare.replica_address,
             machine=spare.machine,
         )
-        self.arrived(host, spare.writer, status)
+        await self.arrived(host, spare.writer, status)
         if not scale_up:
             self.memory.hot_swaps.append(
                 {
@@ -202,7 +237,7 @@ class SparePool(_Crew):
                 }
             )
         fired = [record.spec for record in self.memory.faults if record.host == host]
-        await self._write_journal()
+        await self._parts.write_journal()
         await self.members.send_to(
             spare.writer, messages.Assign(host=host, generation=self.memory.generation, fired=fired)
         )
@@ -225,6 +260,9 @@ class SparePool(_Crew):
         return [f"spare {s.spare} ({s.machine})" for s in gone]
 
     async def release(self) -> None:
+        for timer in self._wanting.values():
+            timer.cancel()
+        self._wanting.clear()
         for spare in self.spares:
             await self.members.send_to(spare.writer, messages.Shutdown())
 
@@ -237,7 +275,7 @@ class PodReplacements(_Crew):
         members: Members,
         status: dict[int, HostStatus],
         memory: JobMemory,
-        newcomer: Callable[[int], None],
+        newcomer: Callable[[int], Awaitable[None]],
         *,
         timeout: float,
         overdue: Callable[[int], Awaitable[None]],
@@ -317,7 +355,7 @@ class PodReplacements(_Crew):
             replica_address=report.replica_address,
             machine=machine,
         )
-        self.arrived(host, writer, status)
+        await self.arrived(host, writer, status)
         self._no_capacity = False
         handle = self._awaited.pop(host, None)
         if handle is not None:

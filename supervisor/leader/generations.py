@@ -16,8 +16,8 @@ policy's `Wait`, a leader carrying on a journal), and so does a replacement on i
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slicekeeper.supervisor import messages
@@ -27,13 +27,17 @@ from slicekeeper.supervisor.leader.background import BackgroundWork, Task
 from slicekeeper.supervisor.leader.capacity import Replacement
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
 from slicekeeper.supervisor.leader.decisions import Decisions
-from slicekeeper.supervisor.leader.journal import Detection, JobMemory, JobState, JournalWriter
+from slicekeeper.supervisor.leader.journal import Detection, JobMemory, JournalWriter
 from slicekeeper.supervisor.leader.members import HostStatus, Members
+from slicekeeper.supervisor.leader.restart_machine import JobState
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 from slicekeeper.supervisor.leader.starts import StartMessages
 from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper.policy.events import FaultKind
+
+Happening = machine.Event | Callable[[], machine.Event]
+"""An event for the machine, or what makes it from the facts of when its turn comes."""
 
 STOP_ACK_SECONDS = 30.0
 """How long every member gets to kill its workload and ack a stop before the job fails."""
@@ -73,111 +77,128 @@ class Generations:
         self._ended = ended
         """The job succeeded or failed: write the summary."""
         self.done = asyncio.Event()
-        self._holds: Counter[str] = Counter()
-        """What holds the next start, by why: no start while any is held."""
         self.finished: dict[int, messages.Finished] = {}
-        self._stopped: frozenset[int] = frozenset()
-        self._progressed = False
-        self._starting = False
+        """The reports of the hosts that finished the running generation (their fingerprints)."""
         self._ack_deadline: asyncio.TimerHandle | None = None
         self._acks: dict[int, set[int]] = {}
         """generation -> the hosts whose stop acknowledgement is not yet taken in (`_take_acks`)."""
+        self._queue: deque[tuple[Happening, asyncio.Future[machine.RestartState] | None]] = deque()
+        """Events waiting for the machine, in the order they were sent; taken one at a time."""
+        self._draining = False
+        self._appliers: dict[type, Callable[[Any], Awaitable[None]]] = {
+            machine.RecordStop: self._record_stop,
+            machine.WriteJournal: self._write_journal,
+            machine.SendStop: self._send_stop,
+            machine.ArmAckDeadline: self._arm_ack_deadline,
+            machine.CancelAckDeadline: self._cancel_ack_deadline,
+            machine.StartGeneration: self._check_start,
+            machine.LaunchGeneration: self._launch,
+            machine.EndJob: self._end,
+        }
+        """One applier per command the machine gives, by the command's type."""
 
-    # --- the machine's state, read from and written back to the job's memory -----------------
-    def state(self) -> machine.RestartState:
-        return machine.RestartState(
-            phase=self.memory.state,
-            generation=self.memory.generation,
-            stopped=self._stopped,
-            finished=frozenset(self.finished),
-            progressed=self._progressed,
-            restarts=sum(self.memory.restarts.values()),
-            restarts_without_progress=self.memory.restarts_without_progress,
-            ack_deadline=self._ack_deadline is not None,
-            starting=self._starting,
-            failure_reason=self.memory.failure_reason,
-        )
+    # --- the one queue of events --------------------------------------------------------------
+    async def send(self, event: Happening) -> machine.RestartState:
+        """Queue `event` for the machine and return the state once it and its commands are done. An
+        event made from facts (`Readiness`) is given as a function that makes it, called when its
+        turn comes, so that it reads the facts of then."""
+        answered: asyncio.Future[machine.RestartState] = asyncio.get_running_loop().create_future()
+        self._queue.append((event, answered))
+        if not self._draining:
+            await self._drain()
+        return await answered
 
-    def _store(self, state: machine.RestartState) -> None:
-        self.memory.state = state.phase
-        self.memory.generation = state.generation
-        self.memory.restarts_without_progress = state.restarts_without_progress
-        self.memory.failure_reason = state.failure_reason
-        self._stopped = state.stopped
-        self._progressed = state.progressed
-        self._starting = state.starting
+    def _post(self, event: Happening) -> None:
+        """From inside a command: what it led to, taken after the commands of the event under way."""
+        self._queue.append((event, None))
+
+    async def _drain(self) -> None:
+        """Take the queued events one at a time: the transition, its state written, then each of its
+        commands carried out by its applier. Never re-entered: an event sent meanwhile waits its turn.
+        A command that raises fails the job with the reason (it is never dropped unseen)."""
+        self._draining = True
+        try:
+            while self._queue:
+                happening, answered = self._queue.popleft()
+                event = happening() if callable(happening) else happening
+                state, commands = machine.transition(self.memory.restart, event, self.rule)
+                self.memory.restart = state
+                for command in commands:
+                    try:
+                        await self._appliers[type(command)](command)
+                    except Exception as error:
+                        what = f"carrying out {type(command).__name__} of {type(event).__name__}"
+                        self.background.spawn(Task.OUTCOME, self.background.failed(Task.RESTART, error, what))
+                if answered is not None:
+                    answered.set_result(self.memory.restart)
+        finally:
+            self._draining = False
+            if self._queue:  # the taker was cancelled: the events left still get their turn
+                self.background.spawn(Task.RESTART, self._drain())
 
     def _readiness(self) -> machine.Readiness:
-        holding = bool(self._holds) or bool(self.capacity.awaiting())
-        return machine.Readiness(frozenset(self.members.live()), tuple(self.world.hosts), holding)
+        return machine.Readiness(
+            frozenset(self.members.live()), tuple(self.world.hosts), bool(self.capacity.awaiting())
+        )
 
-    def hold(self, why: str) -> None:
-        """No start until `release(why)` (as often as held)."""
-        self._holds[why] += 1
+    # --- the appliers -------------------------------------------------------------------------
+    async def _write_journal(self, command: machine.WriteJournal) -> None:
+        await self.journal.write()
 
-    def release(self, why: str) -> None:
-        self._holds[why] -= 1
-        if self._holds[why] <= 0:
-            del self._holds[why]
+    async def _send_stop(self, command: machine.SendStop) -> None:
+        stop = messages.Stop(generation=command.generation, kind=command.kind, host=command.host)
+        for member in command.to:
+            if member in self.members:
+                await self.members.send(member, stop)
 
-    def held(self, why: str) -> bool:
-        return self._holds[why] > 0
+    async def _arm_ack_deadline(self, command: machine.ArmAckDeadline) -> None:
+        self._disarm()
+        generation = command.generation
+        self._ack_deadline = self.background.later(
+            STOP_ACK_SECONDS, Task.ACK_DEADLINE, lambda: self._acks_overdue(generation)
+        )
 
-    async def _feed(self, event: machine.Event) -> machine.RestartState:
-        """Apply `event`: the new state written back, then its commands carried out in order."""
-        state, commands = machine.transition(self.state(), event, self.rule)
-        self._store(state)
-        for command in commands:
-            await self._carry_out(command)
-        return state
+    async def _cancel_ack_deadline(self, command: machine.CancelAckDeadline) -> None:
+        self._disarm()
 
-    async def _carry_out(self, command: machine.Command) -> None:
-        match command:
-            case machine.RecordStop():
-                await self._record_stop(command)
-            case machine.WriteJournal():
-                await self.journal.write()
-            case machine.SendStop(generation=generation, kind=kind, host=host, to=to):
-                stop = messages.Stop(generation=generation, kind=kind, host=host)
-                for member in to:
-                    if member in self.members:
-                        await self.members.send(member, stop)
-            case machine.ArmAckDeadline(generation=generation):
-                self._cancel_ack_deadline()
-                self._ack_deadline = self.background.later(
-                    STOP_ACK_SECONDS, Task.ACK_DEADLINE, lambda: self._acks_overdue(generation)
-                )
-            case machine.CancelAckDeadline():
-                self._cancel_ack_deadline()
-            case machine.StartGeneration():
-                await self._start()
-            case machine.EndJob(succeeded=succeeded, reason=reason):
-                await self._end(succeeded, reason)
-
-    def _cancel_ack_deadline(self) -> None:
+    def _disarm(self) -> None:
         if self._ack_deadline is not None:
             self._ack_deadline.cancel()
             self._ack_deadline = None
 
+    async def _acks_overdue(self, generation: int) -> None:
+        self._ack_deadline = None
+        await self.send(lambda: machine.AckDeadlinePassed(generation, self._readiness(), STOP_ACK_SECONDS))
+
     # --- what the rest of the leader tells it ------------------------------------------------
     @property
     def over(self) -> bool:
-        return self.memory.state in (JobState.SUCCEEDED, JobState.FAILED)
+        return self.memory.restart.over
 
     @property
     def progressed(self) -> bool:
         """The running generation completed a step."""
-        return self._progressed
+        return self.memory.restart.progressed
 
-    async def stop(self, host: int, kind: FaultKind, detail: str, now: float, planned: bool = False) -> bool:
-        """Turn a fault of the running generation into a stop of every host; False if the job failed
-        (or was not running). `planned`: a stop the policy chose with nothing broken (a scale-up): no
-        restart limit applies."""
-        event = machine.FaultStop(
-            host, kind, detail, now, frozenset(self.members.live()), tuple(self.world.hosts), planned
-        )
-        state = await self._feed(event)
-        return state.phase is JobState.STOPPING
+    def held(self, why: str) -> bool:
+        return self.memory.restart.held(why)
+
+    def fault_stop(
+        self, host: int, kind: FaultKind, detail: str, now: float, planned: bool = False
+    ) -> Happening:
+        """A fault of the running generation, with the members live when its turn comes: a stop of
+        every host. `planned`: a stop the policy chose with nothing broken (a scale-up): no restart
+        limit applies."""
+
+        def fault() -> machine.FaultStop:
+            live, world = frozenset(self.members.live()), tuple(self.world.hosts)
+            return machine.FaultStop(host, kind, detail, now, live, world, planned)
+
+        return fault
+
+    def reconsider(self) -> Happening:
+        """Look at the start again (a decision in, a member back), with the facts of its turn."""
+        return lambda: machine.Reconsider(self._readiness())
 
     async def acked(self, report: messages.Stopped) -> None:
         if report.generation != self.memory.generation or self.memory.state is not JobState.STOPPING:
@@ -195,43 +216,14 @@ class Generations:
         ack, that would be the square of it)."""
         await asyncio.sleep(0)  # the acks read in the same turn of the event loop join the batch
         hosts = frozenset(self._acks.pop(generation, ()))
-        await self._feed(machine.StopAcked(hosts, generation, self._readiness()))
-
-    def no_workload(self, host: int) -> None:
-        """`host` has no workload to stop (a new machine serves it, or its slice comes back)."""
-        state, _ = machine.transition(self.state(), machine.NoWorkload(host), self.rule)
-        self._store(state)
-
-    def member_lost(self, host: int) -> None:
-        state, _ = machine.transition(self.state(), machine.MemberLost(host), self.rule)
-        self._store(state)
-
-    def progress(self) -> None:
-        """A step of the running generation completed."""
-        state, _ = machine.transition(self.state(), machine.Progressed(), self.rule)
-        self._store(state)
+        await self.send(lambda: machine.StopAcked(hosts, generation, self._readiness()))
 
     async def finished_on(self, report: messages.Finished) -> None:
         if report.generation != self.memory.generation or self.memory.state is not JobState.RUNNING:
             return
         self.finished[report.host] = report
         self.status[report.host].state = "finished"
-        await self._feed(machine.HostFinished(report.host, report.generation, tuple(self.world.hosts)))
-
-    async def _acks_overdue(self, generation: int) -> None:
-        self._ack_deadline = None
-        await self._feed(machine.AckDeadlinePassed(generation, self._readiness(), STOP_ACK_SECONDS))
-
-    async def start_when_all_stopped(self) -> None:
-        """Start once every live active member acked its stop and no decision is still being taken."""
-        await self._feed(machine.Reconsider(self._readiness()))
-
-    async def start(self) -> None:
-        """The first start: every host registered."""
-        await self._feed(machine.AllRegistered())
-
-    async def fail(self, reason: str) -> None:
-        await self._feed(machine.JobFails(reason))
+        await self.send(lambda: machine.HostFinished(report.host, report.generation, tuple(self.world.hosts)))
 
     # --- carrying out -----------------------------------------------------------------------
     async def _record_stop(self, stop: machine.RecordStop) -> None:
@@ -257,33 +249,23 @@ class Generations:
                 f"{stop.kind} detected on host {stop.host}: {stop.detail}", host=stop.host, kind=stop.kind
             )
 
-    async def _start(self) -> None:
-        first = self.memory.state is JobState.REGISTERING
-        if first:
+    async def _check_start(self, command: machine.StartGeneration) -> None:
+        """Before the first start, the persistent tier is read (a job may resume an earlier run's
+        step); the machine then hears which active hosts have no machine, as of its turn."""
+        unreadable = None
+        if self.memory.state is JobState.REGISTERING:
             unreadable = await self.checkpoints.find_persistent()
-            if unreadable is not None:
-                await self._feed(machine.JobFails(unreadable))
-                return
-            if self.memory.state is not JobState.REGISTERING:
-                return
-        missing = [h for h in self.world.hosts if h not in self.members]
-        if missing:
-            if first:
-                # a host was lost while the tier was read: the next registration starts the job
-                await self._feed(machine.StartAbandoned())
-                return
-            await self._feed(
-                machine.JobFails(
-                    f"host(s) {missing} have no machine, and the policy decided neither a replacement "
-                    "nor a scale-down for them"
-                )
+        self._post(
+            lambda: machine.StartChecked(
+                tuple(h for h in self.world.hosts if h not in self.members), unreadable
             )
-            return
+        )
+
+    async def _launch(self, command: machine.LaunchGeneration) -> None:
+        generation, first = command.generation, command.first
         plan = self.checkpoints.restore_plan()
         held = self.checkpoints.held()
         self.finished.clear()
-        generation = self.memory.generation if first else self.memory.generation + 1
-        await self._feed(machine.Started(generation))
         restore_step = plan.step
         if not first or restore_step is not None:
             self._record_recovery(restore_step, held, resumed=first)
@@ -292,7 +274,7 @@ class Generations:
         self.checkpoints.abandon_after(restore_step)
         if self.memory.detections:
             self.memory.detections[-1].restore_step = restore_step
-        self.world.record(self.memory.high_water, self.memory.generation)
+        self.world.record(self.memory.high_water, generation)
         self.decisions.new_world()
         await self.journal.write()
         addresses = {h: s.replica_address for h, s in self.status.items() if s.replica_address}
@@ -335,7 +317,8 @@ class Generations:
             }
         )
 
-    async def _end(self, succeeded: bool, reason: str | None) -> None:
+    async def _end(self, command: machine.EndJob) -> None:
+        succeeded, reason = command.succeeded, command.reason
         self._ended()
         if succeeded:
             await self.members.event("training finished on every host")

@@ -21,22 +21,14 @@ import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Protocol
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader import journal_delta
+from slicekeeper.supervisor.leader.restart_machine import JobState, RestartState
 
 from slicekeeper.chaos import ChaosKind
 from slicekeeper.policy.events import FaultKind
-
-
-class JobState(StrEnum):
-    REGISTERING = "registering"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
 
 
 @dataclass
@@ -95,14 +87,13 @@ class JobMemory:
     """See the module docstring. Sets are of steps or hosts; lists are in the order things happened."""
 
     started_at: float
-    state: JobState = JobState.REGISTERING
-    generation: int = 0
+    restart: RestartState = field(default_factory=RestartState)
+    """The restart state machine's state (leader.restart_machine), written by its driver alone
+    (leader.generations): the job's state and generation are its phase and generation."""
     high_water: int = 0
     """The furthest step any generation completed."""
-    failure_reason: str | None = None
     restarts: Counter[str] = field(default_factory=Counter)
     """Stops of the job, by the kind of fault (or planned change) that caused them."""
-    restarts_without_progress: int = 0
     stop_cause: dict[str, Any] | None = None
     """What stopped the running generation (kind, host, time, the job's high-water mark then)."""
     faults: list[FaultRecord] = field(default_factory=list)
@@ -132,6 +123,22 @@ class JobMemory:
         """A fault may await the job's resumption: False once `progressed` found none, so that a
         step's report does not scan the job's whole history of faults (`detected` sets it again)."""
 
+    @property
+    def state(self) -> JobState:
+        return self.restart.phase
+
+    @property
+    def generation(self) -> int:
+        return self.restart.generation
+
+    @property
+    def failure_reason(self) -> str | None:
+        return self.restart.failure_reason
+
+    @property
+    def restarts_without_progress(self) -> int:
+        return self.restart.restarts_without_progress
+
     def detected(self, record: FaultRecord, generation: int) -> None:
         """`record`'s fault was detected in `generation`, the job at its high-water mark."""
         record.high_water_at_detection = self.high_water
@@ -159,15 +166,21 @@ class JobMemory:
         return productive
 
     def take(self, other: JobMemory) -> None:
-        """Become `other` in place (a leader taking over): every part holding this memory sees it."""
+        """Become `other` in place (a leader taking over): every part holding this memory sees it.
+        What holds this leader's next start is this process's own, and stays."""
+        holds = self.restart.holds
         for item in dataclasses.fields(self):
             setattr(self, item.name, getattr(other, item.name))
+        self.restart = dataclasses.replace(self.restart, holds=holds)
         self._resume_pending = True
 
     # --- as data ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        data["state"] = self.state.value
+        del data["restart"]  # the job's part of it, under the journal's names; the rest is the process's
+        data["state"], data["generation"] = self.state.value, self.generation
+        data["failure_reason"] = self.failure_reason
+        data["restarts_without_progress"] = self.restarts_without_progress
         data["restarts"], data["failed_saves"] = dict(self.restarts), dict(self.failed_saves)
         data["job_invalid"] = sorted(self.job_invalid)
         data["persistent_committed"] = sorted(self.persistent_committed)
@@ -177,13 +190,19 @@ class JobMemory:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobMemory:
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} - {"restart"} | set(RESTART_FIELDS)
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"job memory: unknown field(s) {', '.join(unknown)}")
-        values = dict(data)
-        values["state"] = JobState(data["state"])
+        values = {name: value for name, value in data.items() if name not in RESTART_FIELDS}
         values["restarts"], values["failed_saves"] = Counter(data["restarts"]), Counter(data["failed_saves"])
+        values["restart"] = RestartState(
+            phase=JobState(data["state"]),
+            generation=data["generation"],
+            restarts=sum(values["restarts"].values()),
+            restarts_without_progress=data["restarts_without_progress"],
+            failure_reason=data["failure_reason"],
+        )
         values["faults"] = [FaultRecord.from_json(record) for record in data["faults"]]
         values["detections"] = [
             Detection(**{**detection, "kind": FaultKind(detection["kind"])})
@@ -195,6 +214,9 @@ class JobMemory:
             values[name] = {int(step): set(hosts) for step, hosts in data[name].items()}
         return cls(**values)
 
+
+RESTART_FIELDS = ("state", "generation", "failure_reason", "restarts_without_progress")
+"""The journal's names for the job's part of the restart state (`JobMemory.restart`)."""
 
 JOURNAL_REPLICAS = 5
 """Members the journal is written on: the leader's successor, whoever it is, finds it on one of them

@@ -27,6 +27,7 @@ from typing import Any
 from slicekeeper.supervisor import connection_deadline, messages
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
 from slicekeeper.supervisor.checkpoints.restore_plan import RestorePlan
+from slicekeeper.supervisor.leader import restart_machine as machine
 from slicekeeper.supervisor.leader import status as views
 from slicekeeper.supervisor.leader.announced import AnnouncedLosses
 from slicekeeper.supervisor.leader.background import BackgroundWork, Task
@@ -35,10 +36,11 @@ from slicekeeper.supervisor.leader.checkpoints import Checkpoints
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.generations import Generations
-from slicekeeper.supervisor.leader.journal import FaultRecord, JobMemory, JobState, JournalWriter
+from slicekeeper.supervisor.leader.journal import FaultRecord, JobMemory, JournalWriter
 from slicekeeper.supervisor.leader.members import HostStatus, Members, send
 from slicekeeper.supervisor.leader.registrations import Registrations
 from slicekeeper.supervisor.leader.remediation import Remediation
+from slicekeeper.supervisor.leader.restart_machine import JobState
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 from slicekeeper.supervisor.leader.silence import Silence
 from slicekeeper.supervisor.leader.takeover import SECONDS as takeover_seconds
@@ -119,6 +121,7 @@ class Leader:
                 write_journal=self.journal_writer.write,
                 overdue=lambda host: self.remediation.no_replacement(host),
                 background=self.background,
+                fail=self._fail,
             )
         )
         self.generations = Generations(
@@ -185,19 +188,24 @@ class Leader:
     def done(self) -> asyncio.Event:
         return self.generations.done
 
-    def _newcomer(self, host: int) -> None:
+    async def _newcomer(self, host: int) -> None:
         """A new machine serves `host`: it has no workload to stop, and holds nothing yet."""
         if self.memory.state is JobState.STOPPING:
-            self.generations.no_workload(host)
+            await self.generations.send(machine.NoWorkload(host))
             self.status[host].state = "stopped"
         self.decisions.new_world()  # the old machine's timings are not the new one's
+
+    async def _fail(self, reason: str) -> None:
+        await self.generations.send(machine.JobFails(reason))
 
     async def _background_failed(self, what: str, error: BaseException) -> None:
         """Background work failed: the job fails with the reason rather than wait for it for ever. A
         leader that no longer leads does nothing (its successor carries on)."""
         if self._standing_down or not self.leading():
             return
-        await self.generations.fail(f"the leader's background work failed ({what}): {error!r}")
+        await self.generations.send(
+            machine.JobFails(f"the leader's background work failed ({what}): {error!r}")
+        )
 
     @property
     def task_failures(self) -> Counter[Task]:
@@ -251,12 +259,12 @@ class Leader:
             return
         # While the gathered registrations and messages are taken in order: no start yet (a member
         # taken in early, an idle one say, must not start the job before the others are back).
-        self.generations.hold(CARRYING_ON)
+        await self.generations.send(machine.Hold(CARRYING_ON))
         try:
             await takeover.carry_on_and_recover()
         finally:
-            self.generations.release(CARRYING_ON)
-        await self.generations.start_when_all_stopped()
+            await self.generations.send(machine.Release(CARRYING_ON))
+        await self.generations.send(self.generations.reconsider())
 
     # --- the server ---------------------------------------------------------------------------
     async def serve(
@@ -355,7 +363,7 @@ class Leader:
             self.members.drop(host)
             lost = self.status[host]
             lost.state, lost.committed, lost.replicas = "lost", set(), {}
-            self.generations.member_lost(host)
+            await self.generations.send(machine.MemberLost(host))
             await self.remediation.host_lost(host, lost.machine)
 
     async def _judge_silence(self, writer: asyncio.StreamWriter) -> None:
@@ -415,7 +423,7 @@ class Leader:
         status.steps_seen.append((report.t, report.step))
         del status.steps_seen[:-50]
         if not self.generations.progressed:
-            self.generations.progress()
+            await self.generations.send(machine.Progressed())
         productive = False
         for step, t, work in (*report.earlier, (report.step, report.t, report.work)):
             await self.remediation.straggler_check(report.host, step, work, t, core=report.core)

@@ -16,9 +16,10 @@ import time
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.capacity import Replacement
 from slicekeeper.supervisor.leader.generations import Generations
-from slicekeeper.supervisor.leader.journal import FaultRecord, JobMemory, JobState
+from slicekeeper.supervisor.leader.journal import FaultRecord, JobMemory
 from slicekeeper.supervisor.leader.members import HostStatus, Members
 from slicekeeper.supervisor.leader.remediation import Remediation
+from slicekeeper.supervisor.leader.restart_machine import AllRegistered, JobState
 from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper.chaos import ChaosKind
@@ -74,7 +75,7 @@ class Registrations:
             f"host {report.host} registered", host=report.host, metrics_port=status.metrics_port
         )
         if len(self.members.writers) == self.world.full_hosts and self.memory.state is JobState.REGISTERING:
-            await self.generations.start()
+            await self.generations.send(AllRegistered())
         elif self.memory.state is not JobState.REGISTERING:
             await self.remediation.rejoined(report.host)  # its supervisor restarted: no workload runs
 
@@ -110,7 +111,7 @@ class Registrations:
             if not report.parked:
                 await self.remediation.rejoined(host)
             elif self.memory.state is JobState.STOPPING:
-                await self.generations.start_when_all_stopped()
+                await self.generations.send(self.generations.reconsider())
         elif self.memory.state is JobState.STOPPING:
             kind = FaultKind((self.memory.stop_cause or {}).get("kind", FaultKind.HOST_LOST))
             await self.members.send(host, messages.Stop(generation=self.memory.generation, kind=kind))
@@ -118,7 +119,9 @@ class Registrations:
             detail = (
                 f"host {host} rejoined in generation {generation} while the job runs {self.memory.generation}"
             )
-            await self.generations.stop(host, FaultKind.HOST_LOST, detail, time.time())
+            await self.generations.send(
+                self.generations.fault_stop(host, FaultKind.HOST_LOST, detail, time.time())
+            )
 
     async def _restarted(self, report: messages.Register, writer: asyncio.StreamWriter) -> None:
         """A host's supervisor started again on its machine: its workload died with the one before.
@@ -146,7 +149,7 @@ class Registrations:
             if not idle:  # else it idled before its supervisor died: no capacity came back
                 await self.remediation.rejoined(host)
             elif self.memory.state is JobState.STOPPING:
-                await self.generations.start_when_all_stopped()
+                await self.generations.send(self.generations.reconsider())
         elif self.memory.state is JobState.STOPPING:
             status.state = "stopping"
             kind = FaultKind((self.memory.stop_cause or {}).get("kind", FaultKind.CRASH))
@@ -173,5 +176,7 @@ class Registrations:
                     detail=f"{machine} joined",
                 )
             )
+        if len(self.members.live()) == self.world.full_hosts:
+            await self.generations.send(AllRegistered())  # it stood in for a host lost before the start
         if self.world.scaled_down:
             await self.remediation.capacity_returned()

@@ -33,9 +33,17 @@ from slicekeeper.supervisor.leader.background import BackgroundWork, Task
 from slicekeeper.supervisor.leader.capacity import Replacement
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
 from slicekeeper.supervisor.leader.decisions import Decisions
-from slicekeeper.supervisor.leader.generations import Generations
-from slicekeeper.supervisor.leader.journal import JobMemory, JobState, JournalWriter
+from slicekeeper.supervisor.leader.generations import Generations, Happening
+from slicekeeper.supervisor.leader.journal import JobMemory, JournalWriter
 from slicekeeper.supervisor.leader.members import Members
+from slicekeeper.supervisor.leader.restart_machine import (
+    AllRegistered,
+    Hold,
+    JobFails,
+    JobState,
+    NoWorkload,
+    Release,
+)
 from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper import policy
@@ -116,7 +124,7 @@ class Remediation:
     async def _fault_of(self, host: int, report: messages.Fault) -> None:
         """Stop the job for a fault of `host`, then decide what to do about it."""
         event = Decisions.fault_event(host, report, self.memory.high_water, self.memory.generation)
-        if await self.generations.stop(host, report.kind, report.detail, report.t):
+        if await self._stopped(self.generations.fault_stop(host, report.kind, report.detail, report.t)):
             await self.decide_and_act(event)
 
     async def _hang(self, report: messages.Fault) -> None:
@@ -202,7 +210,9 @@ class Remediation:
             await self.members.event(f"idle host {host} of a dropped slice lost: {detail}", host=host)
             return
         if self.memory.state is JobState.RUNNING:
-            if not await self.generations.stop(host, FaultKind.HOST_LOST, detail, time.time()):
+            if not await self._stopped(
+                self.generations.fault_stop(host, FaultKind.HOST_LOST, detail, time.time())
+            ):
                 return
         else:
             await self.members.event(
@@ -212,9 +222,9 @@ class Remediation:
             # Before the first start nothing trained yet: a new machine stands in, or the job cannot start.
             refused = await self.capacity.stand_in(host)
             if refused is not None:
-                await self.generations.fail(refused)
+                await self.generations.send(JobFails(refused))
             elif len(self.members.live()) == self.world.full_hosts:
-                await self.generations.start()
+                await self.generations.send(AllRegistered())
             return
         event = policy.HostLost(
             t=time.time(),
@@ -239,7 +249,7 @@ class Remediation:
             signal="SIGKILL",
             detail=detail,
         )
-        if await self.generations.stop(host, FaultKind.CRASH, detail, now):
+        if await self._stopped(self.generations.fault_stop(host, FaultKind.CRASH, detail, now)):
             await self.decide_and_act(event)
 
     async def no_replacement(self, host: int) -> None:
@@ -256,17 +266,18 @@ class Remediation:
     async def rejoined(self, host: int) -> None:
         """A new machine registered as `host` after the job started (a cluster's replacement pod)."""
         if self.memory.state is JobState.STOPPING:
-            await self.generations.start_when_all_stopped()
+            await self.generations.send(self.generations.reconsider())
         elif not self.world.takes_part(host):
             # A host of a dropped slice is back (capacity returned): the policy may scale back up.
             await self.capacity_returned()
         elif self.memory.state is JobState.RUNNING:
             # A new pod while the old one's connection was still open (a node lost without a word):
-            await self.generations.stop(
-                host, FaultKind.HOST_LOST, f"host {host} re-registered while running", time.time()
+            detail = f"host {host} re-registered while running"
+            await self.generations.send(
+                self.generations.fault_stop(host, FaultKind.HOST_LOST, detail, time.time())
             )
-            self.generations.no_workload(host)
-            await self.generations.start_when_all_stopped()
+            await self.generations.send(NoWorkload(host))
+            await self.generations.send(self.generations.reconsider())
 
     # --- signals while training ---------------------------------------------------------------
     async def straggler_check(
@@ -326,7 +337,9 @@ class Remediation:
         return {h for h in self.members.live() if h not in world}
 
     async def decide_and_act(self, event: policy.Event) -> None:
-        self.generations.hold(DECIDING)  # while queued too: no start before every pending decision is in
+        await self.generations.send(
+            Hold(DECIDING)
+        )  # queued too: no start before every pending decision is in
         try:
             async with self._turn:  # one at a time: each on the world the previous one left
                 if self.generations.over:
@@ -353,29 +366,35 @@ class Remediation:
         except Exception as error:  # a decision that cannot be taken or applied: the job fails with it
             await self.background.failed(Task.DECISION, error, f"deciding on {event.summary}")
         finally:
-            self.generations.release(DECIDING)
-        await self.generations.start_when_all_stopped()
+            await self.generations.send(Release(DECIDING))
+        await self.generations.send(self.generations.reconsider())
+
+    async def _stopped(self, fault: Happening) -> bool:
+        """Send a fault to the restart machine: True when the job stops for it (False: it failed, or
+        was not running)."""
+        return (await self.generations.send(fault)).phase is JobState.STOPPING
 
     # --- the appliers: each returns whether the next step may follow --------------------------
     async def _fail(self, event: policy.Event, action: policy.Fail) -> bool:
-        await self.generations.fail(action.reason)
+        await self.generations.send(JobFails(action.reason))
         return False
 
     async def _hold(self, event: policy.Event, hold: remedies.HoldFor) -> bool:
         if hold.holds:
-            self.generations.hold(WAITING)  # the job stays stopped until reconsidered
+            await self.generations.send(Hold(WAITING))  # the job stays stopped until reconsidered
         self.background.later(hold.seconds, Task.WAIT, lambda: self._reconsider(event, hold.holds))
         return True
 
     async def _stop_first(self, event: policy.Event, stop: remedies.StopFirst) -> bool:
-        return await self.generations.stop(stop.host, stop.kind, stop.detail, time.time(), stop.planned)
+        fault = self.generations.fault_stop(stop.host, stop.kind, stop.detail, time.time(), stop.planned)
+        return await self._stopped(fault)
 
     async def _reconsider(self, event: policy.Event, held: bool) -> None:
         """A `Wait` is over: offer the same event again, with the facts of now."""
         if held:
-            self.generations.release(WAITING)
+            await self.generations.send(Release(WAITING))
         if isinstance(event, policy.CapacityReturned) and not self.world.scaled_down:
-            await self.generations.start_when_all_stopped()
+            await self.generations.send(self.generations.reconsider())
             return
         fresh = dataclasses.replace(
             event, t=time.time(), step=self.memory.high_water, generation=self.memory.generation
@@ -385,7 +404,7 @@ class Remediation:
     async def _replace(self, event: policy.Event, action: policy.ReplaceHost) -> bool:
         refused = await self.capacity.replace(action.host, f"replaced ({event.kind})")
         if refused is not None:
-            await self.generations.fail(refused)
+            await self.generations.send(JobFails(refused))
             return False
         return True
 
@@ -399,7 +418,7 @@ class Remediation:
         try:
             self.world.drop(slices)
         except ValueError as error:
-            await self.generations.fail(str(error))
+            await self.generations.send(JobFails(str(error)))
             return False
         self.checkpoints.joined -= {h for s in slices for h in self.world.hosts_of(s)}
         self.decisions.scaled("down", before, self.memory.high_water, self.memory.generation, str(event.kind))
@@ -422,7 +441,7 @@ class Remediation:
             for host in self.world.hosts_of(slice_index):
                 if host not in self.members:
                     await self.capacity.stand_in(host, scale_up=True)
-                self.generations.no_workload(host)  # idle or new: no workload to stop
+                await self.generations.send(NoWorkload(host))  # idle or new: no workload to stop
                 self.checkpoints.joined.add(host)
         if back:
             await self.members.event(f"scale-up: slice(s) {back} back, {len(self.world.hosts)} hosts")

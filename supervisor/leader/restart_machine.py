@@ -26,11 +26,20 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
-from slicekeeper.supervisor.leader.journal import JobState
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 
 from slicekeeper.policy.events import FaultKind
+
+
+class JobState(StrEnum):
+    REGISTERING = "registering"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
 
 END_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED})
 
@@ -56,10 +65,16 @@ class RestartState:
     starting: bool = False
     """A start was commanded and has not been reported as started (or given up) yet."""
     failure_reason: str | None = None
+    holds: tuple[str, ...] = ()
+    """What holds the next start, one entry per hold (`Hold`, `Release`): a decision under way, a
+    policy's `Wait`, a leader carrying on a journal. No start while any is held."""
 
     @property
     def over(self) -> bool:
         return self.phase in END_STATES
+
+    def held(self, why: str) -> bool:
+        return why in self.holds
 
 
 # --- events -----------------------------------------------------------------------------------
@@ -145,6 +160,28 @@ class StartAbandoned:
 
 
 @dataclass(frozen=True)
+class StartChecked:
+    """What a commanded start found (the driver read the persistent tier before the first start):
+    `missing`, the active hosts with no machine; `unreadable`, why the persistent tier cannot be
+    read (None: it can, or it was not needed)."""
+
+    missing: tuple[int, ...] = ()
+    unreadable: str | None = None
+
+
+@dataclass(frozen=True)
+class Hold:
+    """`why` holds the next start until it is released (as often as held)."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Release:
+    why: str
+
+
+@dataclass(frozen=True)
 class Progressed:
     """A step of the running generation completed."""
 
@@ -171,6 +208,9 @@ Event = (
     | AckDeadlinePassed
     | Started
     | StartAbandoned
+    | StartChecked
+    | Hold
+    | Release
     | Progressed
     | HostFinished
     | JobFails
@@ -218,7 +258,17 @@ class CancelAckDeadline:
 
 @dataclass(frozen=True)
 class StartGeneration:
-    pass
+    """Find out whether the next generation can start (the persistent tier read before the first
+    start, every active host with a machine): answered by `StartChecked`."""
+
+
+@dataclass(frozen=True)
+class LaunchGeneration:
+    """Generation `generation` runs: choose the restore plan, record the recovery, write the journal,
+    tell each member to start (or park). `first`: the job's first start."""
+
+    generation: int
+    first: bool
 
 
 @dataclass(frozen=True)
@@ -230,7 +280,16 @@ class EndJob:
     reason: str | None = None
 
 
-Command = RecordStop | WriteJournal | SendStop | ArmAckDeadline | CancelAckDeadline | StartGeneration | EndJob
+Command = (
+    RecordStop
+    | WriteJournal
+    | SendStop
+    | ArmAckDeadline
+    | CancelAckDeadline
+    | StartGeneration
+    | LaunchGeneration
+    | EndJob
+)
 
 
 # --- transitions --------------------------------------------------------------------------------
@@ -260,22 +319,19 @@ def transition(state: RestartState, event: Event, rule: RestartRule) -> Outcome:
         case AckDeadlinePassed():
             return _deadline(state, event)
         case Started(generation=generation):
-            started = dataclasses.replace(
-                state,
-                phase=JobState.RUNNING,
-                generation=generation,
-                starting=False,
-                progressed=False,
-                finished=frozenset(),
-                ack_deadline=False,
-            )
-            return started, []
+            return _started(state, generation), []
+        case StartChecked():
+            return _checked(state, event)
+        case Hold(why=why):
+            return dataclasses.replace(state, holds=(*state.holds, why)), []
+        case Release(why=why):
+            if why not in state.holds:
+                return state, []
+            holds = list(state.holds)
+            holds.remove(why)
+            return dataclasses.replace(state, holds=tuple(holds)), []
         case StartAbandoned():
-            if state.phase is JobState.STOPPING:  # waits again, under its deadline
-                return dataclasses.replace(state, starting=False, ack_deadline=True), [
-                    ArmAckDeadline(state.generation)
-                ]
-            return dataclasses.replace(state, starting=False), []
+            return _abandon(state)
         case AllRegistered():
             if state.phase is not JobState.REGISTERING or state.starting:
                 return state, []  # a second call while the first start reads the persistent tier
@@ -323,9 +379,50 @@ def _stop(state: RestartState, event: FaultStop, rule: RestartRule) -> Outcome:
     return stopping, [record, WriteJournal(), stop, ArmAckDeadline(state.generation)]
 
 
+def _started(state: RestartState, generation: int) -> RestartState:
+    return dataclasses.replace(
+        state,
+        phase=JobState.RUNNING,
+        generation=generation,
+        starting=False,
+        progressed=False,
+        finished=frozenset(),
+        ack_deadline=False,
+    )
+
+
+def _checked(state: RestartState, event: StartChecked) -> Outcome:
+    """A commanded start: run the next generation (the first one: the generation the job is in), or
+    give it up (a first start with a host lost meanwhile waits for the next registration), or fail."""
+    if not state.starting:
+        return state, []
+    first = state.phase is JobState.REGISTERING
+    if event.unreadable is not None:
+        return _end(state, succeeded=False, reason=event.unreadable)
+    if event.missing and first:
+        return _abandon(state)  # a host lost while the persistent tier was read
+    if event.missing:
+        reason = (
+            f"host(s) {list(event.missing)} have no machine, and the policy decided neither a "
+            "replacement nor a scale-down for them"
+        )
+        return _end(state, succeeded=False, reason=reason)
+    generation = state.generation if first else state.generation + 1
+    return _started(state, generation), [LaunchGeneration(generation, first)]
+
+
+def _abandon(state: RestartState) -> Outcome:
+    """The start cannot be made yet: the next registration or decision starts it."""
+    if state.phase is JobState.STOPPING:  # waits again, under its deadline
+        return dataclasses.replace(state, starting=False, ack_deadline=True), [
+            ArmAckDeadline(state.generation)
+        ]
+    return dataclasses.replace(state, starting=False), []
+
+
 def _start_if_ready(state: RestartState, readiness: Readiness) -> Outcome:
     """Start once every live active member acked its stop and nothing holds the start."""
-    if state.phase is not JobState.STOPPING or state.starting or readiness.holding:
+    if state.phase is not JobState.STOPPING or state.starting or readiness.holding or state.holds:
         return state, []
     if not readiness.live.intersection(readiness.world) <= state.stopped:
         return state, []

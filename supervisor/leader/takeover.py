@@ -22,8 +22,9 @@ from typing import Any
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.election import Holder
-from slicekeeper.supervisor.leader.journal import JobMemory, JobState, JournalWriter
+from slicekeeper.supervisor.leader.journal import JobMemory, JournalWriter
 from slicekeeper.supervisor.leader.members import HostStatus, Members
+from slicekeeper.supervisor.leader.restart_machine import JobState
 from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper.policy.events import FaultKind

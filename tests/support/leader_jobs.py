@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slicekeeper.supervisor.leader import Leader
+from slicekeeper.supervisor.leader.capacity import Replacements, spare_pool
 
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import Member, coordinator, eventually, join
@@ -79,6 +80,8 @@ class Job:
     spares: list[Member]
     watcher: Member
     events: list[str] = field(default_factory=list)
+    port: int = 0
+    """The leader's: where a spare registering later connects."""
 
     async def event(self, fragment: str) -> str:
         """The first event (seen so far or next) whose text contains `fragment`."""
@@ -116,6 +119,7 @@ async def leader_with_spares(
     max_restarts: int = 3,
     persistent: FakePersistent | None = None,
     persistent_keep: int = 2,
+    replacements: Replacements = spare_pool,
 ) -> Job:
     """A leader, a watcher of its events, `spares` registered spares and unregistered members."""
     leader = Leader(
@@ -124,12 +128,13 @@ async def leader_with_spares(
         coordinator_address=coordinator,
         persistent=persistent,  # type: ignore[arg-type]
         persistent_keep=persistent_keep,
+        replacements=replacements,
     )
     port = await leader.serve("127.0.0.1", 0)
     [watcher] = await join(port, 1)
     await watcher.send("watch")
     assert (await watcher.receive())["type"] == "status"
-    job = Job(leader, [], [], watcher)
+    job = Job(leader, [], [], watcher, port=port)
     for spare in range(spares):
         job.spares.append(await spare_registers(port, spare))
         await job.event(f"spare {spare} (spare-{spare}) registered")

@@ -13,7 +13,7 @@ import pytest
 from slicekeeper.supervisor import culprit
 from slicekeeper.supervisor.culprit import Activity, Stage
 from slicekeeper.supervisor.leader import remediation
-from slicekeeper.supervisor.leader.journal import JobState
+from slicekeeper.supervisor.leader.restart_machine import JobState
 
 from tests.support.fake_members import Member, eventually, join, run
 from tests.support.leader_jobs import nothing_arrives, running_job, shut

@@ -7,7 +7,8 @@ JSON lines (tests/support/fake_members.py, tests/support/leader_jobs.py).
 
 import asyncio
 
-from slicekeeper.supervisor.leader.journal import JobState
+from slicekeeper.supervisor.leader.capacity import declared_spares
+from slicekeeper.supervisor.leader.restart_machine import JobState
 
 from tests.support.fake_members import coordinator, eventually, run
 from tests.support.leader_jobs import (
@@ -26,6 +27,7 @@ from tests.support.leader_jobs import (
     register,
     replica_address,
     spare_address,
+    spare_registers,
 )
 
 # --- spares at registration -----------------------------------------------------------------------
@@ -77,6 +79,72 @@ def test_a_member_lost_before_every_host_registered_is_replaced_and_the_job_star
             }
         assert job.leader.memory.restarts == {}
         assert job.leader.summary()["machines"] == {0: "host-0", 1: "spare-0", 2: "host-2"}
+        await job.shut()
+
+    run(scenario)
+
+
+def test_a_member_lost_before_the_start_waits_for_a_declared_spare_that_registers_late():
+    """The spares' processes start after the hosts': a host lost before every host registered is
+    not the job's end while a declared spare has yet to register."""
+
+    async def scenario():
+        job = await leader_with_spares(hosts=3, spares=0, replacements=declared_spares(1, wait=30.0))
+        members = job.members
+        for member in members[:2]:
+            await register(member)
+        await eventually(lambda: job.leader.status[1].state == "registered")
+        members[1].close()
+        await job.event("host 1 lost before the job started: awaiting a declared spare (up to 30 s)")
+        await register(members[2])
+        await eventually(lambda: job.leader.status[2].state == "registered")
+        assert job.leader.memory.state is JobState.REGISTERING
+        spare = await spare_registers(job.port, 0)
+        job.spares.append(spare)
+        await assigned(spare, host=1, generation=0, fired=[])
+        for member in (members[0], spare, members[2]):
+            start = await member.receive()
+            assert (start["type"], start.get("generation"), start.get("restore_step")) == (
+                "start",
+                0,
+                None,
+            ), start
+        assert job.leader.summary()["machines"] == {0: "host-0", 1: "spare-0", 2: "host-2"}
+        await job.shut()
+
+    run(scenario)
+
+
+def test_a_member_lost_before_the_start_fails_the_job_when_no_declared_spare_comes_in_time():
+    async def scenario():
+        job = await leader_with_spares(hosts=2, spares=0, replacements=declared_spares(1, wait=0.3))
+        await register(job.members[1])
+        await eventually(lambda: job.leader.status[1].state == "registered")
+        job.members[1].close()
+        await job.event("host 1 lost before the job started: awaiting a declared spare")
+        await register(job.members[0])
+        failed = await job.members[0].receive()
+        assert failed["type"] == "fail"
+        assert failed["reason"] == (
+            "host 1 was lost before the job started and none of the 1 declared spare(s) registered "
+            "within 0.3 s (spec.health.startupTimeoutSeconds)"
+        )
+        assert job.leader.memory.state is JobState.FAILED
+        await job.shut()
+
+    run(scenario)
+
+
+def test_a_member_lost_before_the_start_with_no_spare_declared_fails_the_job_at_once():
+    async def scenario():
+        job = await leader_with_spares(hosts=2, spares=0)
+        await register(job.members[1])
+        await eventually(lambda: job.leader.status[1].state == "registered")
+        job.members[1].close()
+        await eventually(lambda: job.leader.memory.state is JobState.FAILED)
+        assert (
+            job.leader.memory.failure_reason == "host 1 was lost before the job started and no spare is left"
+        )
         await job.shut()
 
     run(scenario)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from slicekeeper.supervisor.leader.job_metrics import JobCollector
-from slicekeeper.supervisor.leader.journal import Detection, FaultRecord, JobState
+from slicekeeper.supervisor.leader.journal import Detection, FaultRecord
+from slicekeeper.supervisor.leader.restart_machine import JobState, RestartState
 from slicekeeper.supervisor.metrics import Role, SupervisorMetrics
 from slicekeeper.supervisor.straggler import StragglerDetector
 
@@ -59,7 +60,7 @@ def test_the_job_series_are_the_leaders_memory_read_when_scraped():
     leader = _leader()
     collector = JobCollector(lambda: leader)
     memory = leader.memory
-    memory.state, memory.high_water, memory.generation = JobState.RUNNING, 42, 2
+    memory.restart, memory.high_water = RestartState(JobState.RUNNING, generation=2), 42
     memory.restarts.update({"crash": 1, "hang": 1})
     memory.hot_swaps.append({"host": 1})
     memory.detections += [Detection("crash", 1, 0, 100.0, ""), Detection("hang", 2, 1, 200.0, "")]

@@ -11,7 +11,8 @@ import json
 
 import pytest
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.leader.journal import JobState, received
+from slicekeeper.supervisor.leader.journal import received
+from slicekeeper.supervisor.leader.restart_machine import JobState
 from slicekeeper.supervisor.leader_connection import open_control_connection
 
 from slicekeeper import protocol

@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 from slicekeeper.operator.job_status import derive, leader_view
-from slicekeeper.supervisor.leader.journal import JobMemory, JobState
+from slicekeeper.supervisor.leader.journal import JobMemory
+from slicekeeper.supervisor.leader.restart_machine import JobState, RestartState
 from slicekeeper.supervisor.leader.status import cluster_status
 from slicekeeper.supervisor.world import JobWorld
 
@@ -41,7 +42,7 @@ def test_without_terms_the_first_hosts_view_is_the_leaders():
 
 
 def test_the_view_the_leader_publishes_is_the_view_the_operator_reads():
-    memory = JobMemory(started_at=0.0, state=JobState.RUNNING, generation=2, high_water=80)
+    memory = JobMemory(started_at=0.0, restart=RestartState(JobState.RUNNING, generation=2), high_water=80)
     memory.restarts["crash"] = 1
     memory.recoveries.append({"generation": 2, "cause": "crash", "restore_step": 70, "steps_replayed": 4})
     published = cluster_status(memory, JobWorld(JobShape(2, 2)), 70, [3], term=4, params_fingerprint=None)

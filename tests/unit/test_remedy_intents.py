@@ -4,8 +4,8 @@ per state of the job, as a table."""
 from __future__ import annotations
 
 import pytest
-from slicekeeper.supervisor.leader.journal import JobState
 from slicekeeper.supervisor.leader.remedies import HoldFor, StopFirst, intents
+from slicekeeper.supervisor.leader.restart_machine import JobState
 
 from slicekeeper import policy
 

@@ -10,6 +10,7 @@ from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader import journal_delta, restart_records
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
 from slicekeeper.supervisor.leader.journal import JobMemory
+from slicekeeper.supervisor.leader.restart_machine import RestartState
 
 from slicekeeper.report import build_report, format_report
 
@@ -18,7 +19,7 @@ GENERATION = 3
 
 def checkpoints_of(hosts: int) -> Checkpoints:
     """The leader's checkpoint records for a world of `hosts`, in generation GENERATION."""
-    memory = JobMemory(started_at=0.0, generation=GENERATION)
+    memory = JobMemory(started_at=0.0, restart=RestartState(generation=GENERATION))
     world: Any = SimpleNamespace(hosts=list(range(hosts)))
 
     async def write_journal() -> None:
@@ -71,7 +72,7 @@ def restart(hosts: int) -> dict[str, Any]:
 
 
 def journal_bytes_of_a_restart(hosts: int) -> int:
-    before = JobMemory(started_at=0.0, generation=GENERATION).to_json()
+    before = JobMemory(started_at=0.0, restart=RestartState(generation=GENERATION)).to_json()
     return len(json.dumps(journal_delta.diff(before, restart(hosts))))
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from slicekeeper.supervisor.leader import restart_machine as m
-from slicekeeper.supervisor.leader.journal import JobState
+from slicekeeper.supervisor.leader.restart_machine import JobState
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 
 RULE = RestartRule(max_restarts=3, max_without_progress=2)
