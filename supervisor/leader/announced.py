@@ -26,13 +26,12 @@ import math
 import time
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.leader.background import BackgroundWork, Task
+from slicekeeper.supervisor.leader.background import Task
+from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.generations import Generations
-from slicekeeper.supervisor.leader.journal import JobMemory
-from slicekeeper.supervisor.leader.members import HostStatus, Members
+from slicekeeper.supervisor.leader.members import HostStatus
 from slicekeeper.supervisor.leader.remediation import Remediation
 from slicekeeper.supervisor.leader.restart_machine import JobState
-from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper import policy
 from slicekeeper.policy.events import FaultKind
@@ -67,24 +66,10 @@ def pace_of(status: HostStatus) -> float | None:
 
 
 class AnnouncedLosses:
-    def __init__(
-        self,
-        *,
-        memory: JobMemory,
-        world: JobWorld,
-        members: Members,
-        status: dict[int, HostStatus],
-        generations: Generations,
-        remediation: Remediation,
-        background: BackgroundWork,
-    ) -> None:
-        self.memory = memory
-        self.world = world
-        self.members = members
-        self.status = status
+    def __init__(self, context: LeaderContext, *, generations: Generations, remediation: Remediation) -> None:
+        self.context = context
         self.generations = generations
         self.remediation = remediation
-        self.background = background
         self._noticed: set[int] = set()
         """Hosts whose notice is being acted on (a notice said twice is acted on once)."""
         self._replicated: set[tuple[int, int]] = set()
@@ -96,7 +81,7 @@ class AnnouncedLosses:
 
     async def notice(self, report: messages.Notice) -> None:
         host, left = report.host, report.at - time.time()
-        await self.members.event(
+        await self.context.members.event(
             f"{report.cause} announced for host {host} ({report.source or 'no source given'}): "
             f"its machine goes in {left:.1f} s",
             host=host,
@@ -104,7 +89,7 @@ class AnnouncedLosses:
         if host in self._noticed or self.generations.over:
             return
         self._noticed.add(host)
-        self.background.spawn(Task.NOTICE, self._act_on(report))
+        self.context.background.spawn(Task.NOTICE, self._act_on(report))
 
     def replicated(self, report: messages.Replicated) -> None:
         self._replicated.add((report.host, report.step))
@@ -112,25 +97,25 @@ class AnnouncedLosses:
     async def _act_on(self, report: messages.Notice) -> None:
         try:
             saved = None
-            if self.memory.state is JobState.RUNNING and self.world.takes_part(report.host):
+            if self.context.memory.state is JobState.RUNNING and self.context.world.takes_part(report.host):
                 saved = await self._save(report)
             now = time.time()
             event = policy.AnnouncedLoss(
                 t=now,
-                step=self.memory.high_water,
-                generation=self.memory.generation,
+                step=self.context.memory.high_water,
+                generation=self.context.memory.generation,
                 host=report.host,
                 cause=report.cause,
                 seconds_left=max(0.0, report.at - now),
                 saved_step=saved,
                 source=report.source,
             )
-            generation = self.memory.generation
+            generation = self.context.memory.generation
             await self.remediation.decide_and_act(event)
             if (
                 saved is not None
-                and self.memory.state is JobState.RUNNING
-                and self.memory.generation == generation
+                and self.context.memory.state is JobState.RUNNING
+                and self.context.memory.generation == generation
             ):
                 # The policy left the job running, but every workload holds after the saved step.
                 detail = f"held after saving step {saved} on notice"
@@ -144,36 +129,45 @@ class AnnouncedLosses:
     async def _save(self, report: messages.Notice) -> int | None:
         """Ask every host to save the same step and hold; that step once it is saved everywhere (the
         noticed host's shard replicated too), None when that is not done in time."""
-        hosts = list(self.world.hosts)
-        generation = self.memory.generation
+        hosts = list(self.context.world.hosts)
+        generation = self.context.memory.generation
         left = report.at - time.time()
         until = report.at - min(MARGIN_SECONDS, MARGIN * max(0.0, left))
         if self._asked is not None and self._asked[0] == generation:
             step = self._asked[1]  # a save under way for an earlier notice: the same step, this host told
             self._asked_for.add(report.host)
             order = messages.SaveAt(generation=generation, step=step, noticed=report.host, until=report.at)
-            await self.members.send(report.host, order)
+            await self.context.members.send(report.host, order)
         else:
-            paces = [p for p in (pace_of(self.status[h]) for h in hosts if h in self.status) if p is not None]
-            step = self.memory.high_water + steps_ahead(paces)
+            paces = [
+                p
+                for p in (pace_of(self.context.status[h]) for h in hosts if h in self.context.status)
+                if p is not None
+            ]
+            step = self.context.memory.high_water + steps_ahead(paces)
             self._asked, self._asked_for = (generation, step), {report.host}
-            await self.members.broadcast(
+            await self.context.members.broadcast(
                 messages.SaveAt(generation=generation, step=step, noticed=report.host, until=report.at)
             )
-            await self.members.event(
+            await self.context.members.event(
                 f"saving step {step} on every host, then holding (a notice of host {report.host})"
             )
         pending = set(hosts)
         while time.time() < until:
-            if self.memory.generation != generation or self.memory.state is not JobState.RUNNING:
+            if (
+                self.context.memory.generation != generation
+                or self.context.memory.state is not JobState.RUNNING
+            ):
                 break  # stopped meanwhile (a fault): the restart restores what there is
-            pending = {h for h in pending if step not in self.status[h].committed}
+            pending = {h for h in pending if step not in self.context.status[h].committed}
             if not pending and all((h, step) in self._replicated for h in self._asked_for):
                 noticed = ", ".join(str(h) for h in sorted(self._asked_for))
-                await self.members.event(f"step {step} saved on every host and replicated for host {noticed}")
+                await self.context.members.event(
+                    f"step {step} saved on every host and replicated for host {noticed}"
+                )
                 return step
             await asyncio.sleep(POLL_SECONDS)
-        await self.members.event(
+        await self.context.members.event(
             f"step {step} was not saved on every host before the notice ran out: the restart restores the "
             "newest earlier checkpoint (the unannounced path)"
         )

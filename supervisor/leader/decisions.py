@@ -10,11 +10,12 @@ found, the scale events, and an event log (`policy-events.jsonl`) of event, cont
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader.members import HostStatus
 from slicekeeper.supervisor.straggler import Finding, StragglerDetector
 from slicekeeper.supervisor.world import JobWorld
 
@@ -33,10 +34,11 @@ class Decisions:
         detector: StragglerDetector | None = None,
         events_path: Path | None = None,
         leading: Callable[[], bool] = lambda: True,
-        machine_of: Callable[[int], str] = lambda host: "",
+        status: Mapping[int, HostStatus] | None = None,
     ) -> None:
-        """`machine_of(host)`: the machine serving a host now (a straggler's record names it)."""
-        self.machine_of = machine_of
+        """`status`: the leader's view of each host (a straggler's record names the machine serving
+        it now)."""
+        self._status: Mapping[int, HostStatus] = status if status is not None else {}
         self.engine = engine
         self.world = world
         self.detector = detector or StragglerDetector()
@@ -151,10 +153,14 @@ class Decisions:
                     "score": round(finding.score, 3),
                     "step": finding.step,
                     "t": time.time(),
-                    "machine": self.machine_of(finding.host),
+                    "machine": self._machine_of(finding.host),
                 }
             )
         return findings
+
+    def _machine_of(self, host: int) -> str:
+        status = self._status.get(host)
+        return status.machine if status is not None else ""
 
     def new_world(self) -> None:
         """A generation starts: timings of the previous world (and a replaced machine's) are void."""

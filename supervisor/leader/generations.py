@@ -23,16 +23,12 @@ from typing import Any
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader import restart_machine as machine
 from slicekeeper.supervisor.leader import restart_records
-from slicekeeper.supervisor.leader.background import BackgroundWork, Task
-from slicekeeper.supervisor.leader.capacity import Replacement
-from slicekeeper.supervisor.leader.checkpoints import Checkpoints
-from slicekeeper.supervisor.leader.decisions import Decisions
-from slicekeeper.supervisor.leader.journal import Detection, JobMemory, JournalWriter
-from slicekeeper.supervisor.leader.members import HostStatus, Members
+from slicekeeper.supervisor.leader.background import Task
+from slicekeeper.supervisor.leader.context import LeaderContext
+from slicekeeper.supervisor.leader.journal import Detection
 from slicekeeper.supervisor.leader.restart_machine import JobState
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 from slicekeeper.supervisor.leader.starts import StartMessages
-from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper.policy.events import FaultKind
 
@@ -46,34 +42,18 @@ STOP_ACK_SECONDS = 30.0
 class Generations:
     def __init__(
         self,
+        context: LeaderContext,
         *,
-        memory: JobMemory,
-        world: JobWorld,
-        members: Members,
-        status: dict[int, HostStatus],
-        checkpoints: Checkpoints,
-        journal: JournalWriter,
-        capacity: Replacement,
         rule: RestartRule,
-        decisions: Decisions,
-        background: BackgroundWork,
         coordinator_address: Callable[[int, int], str],
         ended: Callable[[], None],
         peer_replicas: int | None = None,
     ) -> None:
         """`peer_replicas`: hosts that keep each host's replicas (a start tells each host the addresses
         of its own; None: every host's)."""
-        self.memory = memory
-        self.world = world
-        self.members = members
-        self.status = status
-        self.checkpoints = checkpoints
-        self.journal = journal
-        self.capacity = capacity
+        self.context = context
         self.rule = rule
-        self.decisions = decisions
-        self.background = background
-        self._starts = StartMessages(world.shape, coordinator_address, peer_replicas)
+        self._starts = StartMessages(context.world.shape, coordinator_address, peer_replicas)
         self._ended = ended
         """The job succeeded or failed: write the summary."""
         self.done = asyncio.Event()
@@ -121,40 +101,44 @@ class Generations:
             while self._queue:
                 happening, answered = self._queue.popleft()
                 event = happening() if callable(happening) else happening
-                state, commands = machine.transition(self.memory.restart, event, self.rule)
-                self.memory.restart = state
+                state, commands = machine.transition(self.context.memory.restart, event, self.rule)
+                self.context.memory.restart = state
                 for command in commands:
                     try:
                         await self._appliers[type(command)](command)
                     except Exception as error:
                         what = f"carrying out {type(command).__name__} of {type(event).__name__}"
-                        self.background.spawn(Task.OUTCOME, self.background.failed(Task.RESTART, error, what))
+                        self.context.background.spawn(
+                            Task.OUTCOME, self.context.background.failed(Task.RESTART, error, what)
+                        )
                 if answered is not None:
-                    answered.set_result(self.memory.restart)
+                    answered.set_result(self.context.memory.restart)
         finally:
             self._draining = False
             if self._queue:  # the taker was cancelled: the events left still get their turn
-                self.background.spawn(Task.RESTART, self._drain())
+                self.context.background.spawn(Task.RESTART, self._drain())
 
     def _readiness(self) -> machine.Readiness:
         return machine.Readiness(
-            frozenset(self.members.live()), tuple(self.world.hosts), bool(self.capacity.awaiting())
+            frozenset(self.context.members.live()),
+            tuple(self.context.world.hosts),
+            bool(self.context.capacity.awaiting()),
         )
 
     # --- the appliers -------------------------------------------------------------------------
     async def _write_journal(self, command: machine.WriteJournal) -> None:
-        await self.journal.write()
+        await self.context.journal.write()
 
     async def _send_stop(self, command: machine.SendStop) -> None:
         stop = messages.Stop(generation=command.generation, kind=command.kind, host=command.host)
         for member in command.to:
-            if member in self.members:
-                await self.members.send(member, stop)
+            if member in self.context.members:
+                await self.context.members.send(member, stop)
 
     async def _arm_ack_deadline(self, command: machine.ArmAckDeadline) -> None:
         self._disarm()
         generation = command.generation
-        self._ack_deadline = self.background.later(
+        self._ack_deadline = self.context.background.later(
             STOP_ACK_SECONDS, Task.ACK_DEADLINE, lambda: self._acks_overdue(generation)
         )
 
@@ -173,15 +157,15 @@ class Generations:
     # --- what the rest of the leader tells it ------------------------------------------------
     @property
     def over(self) -> bool:
-        return self.memory.restart.over
+        return self.context.memory.restart.over
 
     @property
     def progressed(self) -> bool:
         """The running generation completed a step."""
-        return self.memory.restart.progressed
+        return self.context.memory.restart.progressed
 
     def held(self, why: str) -> bool:
-        return self.memory.restart.held(why)
+        return self.context.memory.restart.held(why)
 
     def fault_stop(
         self, host: int, kind: FaultKind, detail: str, now: float, planned: bool = False
@@ -191,7 +175,7 @@ class Generations:
         limit applies."""
 
         def fault() -> machine.FaultStop:
-            live, world = frozenset(self.members.live()), tuple(self.world.hosts)
+            live, world = frozenset(self.context.members.live()), tuple(self.context.world.hosts)
             return machine.FaultStop(host, kind, detail, now, live, world, planned)
 
         return fault
@@ -201,14 +185,17 @@ class Generations:
         return lambda: machine.Reconsider(self._readiness())
 
     async def acked(self, report: messages.Stopped) -> None:
-        if report.generation != self.memory.generation or self.memory.state is not JobState.STOPPING:
+        if (
+            report.generation != self.context.memory.generation
+            or self.context.memory.state is not JobState.STOPPING
+        ):
             return
-        self.checkpoints.stopped(report)
-        self.status[report.host].state = "stopped"
+        self.context.checkpoints.stopped(report)
+        self.context.status[report.host].state = "stopped"
         acks = self._acks.setdefault(report.generation, set())
         acks.add(report.host)
         if len(acks) == 1:  # the first of a batch
-            self.background.spawn(Task.STOP_ACKS, self._take_acks(report.generation))
+            self.context.background.spawn(Task.STOP_ACKS, self._take_acks(report.generation))
 
     async def _take_acks(self, generation: int) -> None:
         """The stop acknowledgements read so far, to the machine at once: thousands of members ack
@@ -219,33 +206,42 @@ class Generations:
         await self.send(lambda: machine.StopAcked(hosts, generation, self._readiness()))
 
     async def finished_on(self, report: messages.Finished) -> None:
-        if report.generation != self.memory.generation or self.memory.state is not JobState.RUNNING:
+        if (
+            report.generation != self.context.memory.generation
+            or self.context.memory.state is not JobState.RUNNING
+        ):
             return
         self.finished[report.host] = report
-        self.status[report.host].state = "finished"
-        await self.send(lambda: machine.HostFinished(report.host, report.generation, tuple(self.world.hosts)))
+        self.context.status[report.host].state = "finished"
+        await self.send(
+            lambda: machine.HostFinished(report.host, report.generation, tuple(self.context.world.hosts))
+        )
 
     # --- carrying out -----------------------------------------------------------------------
     async def _record_stop(self, stop: machine.RecordStop) -> None:
         now = stop.t
         if not stop.refused:
-            self.memory.restarts[stop.kind] += 1
-            self.memory.stop_cause = {
+            self.context.memory.restarts[stop.kind] += 1
+            self.context.memory.stop_cause = {
                 "kind": stop.kind,
                 "host": stop.host,
                 "t": now,
-                "high_water": self.memory.high_water,
+                "high_water": self.context.memory.high_water,
                 "planned": stop.planned,
             }
-        for record in self.memory.faults if not stop.planned else []:
+        for record in self.context.memory.faults if not stop.planned else []:
             if record.detected_at is None and record.generation == stop.generation and record.disruptive:
                 record.detected_at, record.detected_as = now, stop.kind
-                self.memory.detected(record, stop.generation)
+                self.context.memory.detected(record, stop.generation)
         if stop.planned:
-            await self.members.event(f"stopping every host: {stop.detail} ({stop.kind})", kind=stop.kind)
+            await self.context.members.event(
+                f"stopping every host: {stop.detail} ({stop.kind})", kind=stop.kind
+            )
         else:
-            self.memory.detections.append(Detection(stop.kind, stop.host, stop.generation, now, stop.detail))
-            await self.members.event(
+            self.context.memory.detections.append(
+                Detection(stop.kind, stop.host, stop.generation, now, stop.detail)
+            )
+            await self.context.members.event(
                 f"{stop.kind} detected on host {stop.host}: {stop.detail}", host=stop.host, kind=stop.kind
             )
 
@@ -253,67 +249,69 @@ class Generations:
         """Before the first start, the persistent tier is read (a job may resume an earlier run's
         step); the machine then hears which active hosts have no machine, as of its turn."""
         unreadable = None
-        if self.memory.state is JobState.REGISTERING:
-            unreadable = await self.checkpoints.find_persistent()
+        if self.context.memory.state is JobState.REGISTERING:
+            unreadable = await self.context.checkpoints.find_persistent()
         self._post(
             lambda: machine.StartChecked(
-                tuple(h for h in self.world.hosts if h not in self.members), unreadable
+                tuple(h for h in self.context.world.hosts if h not in self.context.members), unreadable
             )
         )
 
     async def _launch(self, command: machine.LaunchGeneration) -> None:
         generation, first = command.generation, command.first
-        plan = self.checkpoints.restore_plan()
-        held = self.checkpoints.held()
+        plan = self.context.checkpoints.restore_plan()
+        held = self.context.checkpoints.held()
         self.finished.clear()
         restore_step = plan.step
         if not first or restore_step is not None:
             self._record_recovery(restore_step, held, resumed=first)
         if first and restore_step is not None:
-            self.memory.high_water = restore_step  # the steps an earlier run completed
-        self.checkpoints.abandon_after(restore_step)
-        if self.memory.detections:
-            self.memory.detections[-1].restore_step = restore_step
-        self.world.record(self.memory.high_water, generation)
-        self.decisions.new_world()
-        await self.journal.write()
-        addresses = {h: s.replica_address for h, s in self.status.items() if s.replica_address}
-        starts = self._starts.for_world(generation, self.world.hosts, restore_step, plan, addresses)
-        for host in sorted(self.members.live()):
+            self.context.memory.high_water = restore_step  # the steps an earlier run completed
+        self.context.checkpoints.abandon_after(restore_step)
+        if self.context.memory.detections:
+            self.context.memory.detections[-1].restore_step = restore_step
+        self.context.world.record(self.context.memory.high_water, generation)
+        self.context.decisions.new_world()
+        await self.context.journal.write()
+        addresses = {h: s.replica_address for h, s in self.context.status.items() if s.replica_address}
+        starts = self._starts.for_world(generation, self.context.world.hosts, restore_step, plan, addresses)
+        for host in sorted(self.context.members.live()):
             start = starts.get(host)
             if start is None:
-                self.status[host].state = "parked"
-                await self.members.send(host, messages.Park(generation=generation, restore_step=restore_step))
+                self.context.status[host].state = "parked"
+                await self.context.members.send(
+                    host, messages.Park(generation=generation, restore_step=restore_step)
+                )
                 continue
-            self.status[host].state = "starting"
-            await self.members.send(host, start)
-        await self.members.event(
+            self.context.status[host].state = "starting"
+            await self.context.members.send(host, start)
+        await self.context.members.event(
             f"generation {generation} starting {_where(first, restore_step)}{self._size()}",
             generation=generation,
         )
 
     def _size(self) -> str:
-        active, full = len(self.world.hosts), self.world.full_hosts
+        active, full = len(self.context.world.hosts), self.context.world.full_hosts
         return f" on {active} of {full} hosts" if active < full else ""
 
     def _record_recovery(self, restore_step: int | None, held: dict[str, Any], *, resumed: bool) -> None:
-        cause = self.memory.stop_cause or {}
+        cause = self.context.memory.stop_cause or {}
         restored = restore_step or 0
         # The hosts train on until they are stopped: a planned stop (a scale-up) recorded at step 88 may
         # restore a step 90 committed meanwhile, which was reached too.
-        stopped_at = int(cause.get("high_water", self.memory.high_water))
+        stopped_at = int(cause.get("high_water", self.context.memory.high_water))
         high_water = restored if resumed else max(stopped_at, restored)
-        self.memory.recoveries.append(
+        self.context.memory.recoveries.append(
             {
-                "generation": self.memory.generation,
+                "generation": self.context.memory.generation,
                 "cause": "resume" if resumed else cause.get("kind"),
                 "host": None if resumed else cause.get("host"),
                 "stopped_at": None if resumed else cause.get("t"),
                 "high_water": high_water,
                 "restore_step": restore_step,
                 "steps_replayed": max(0, high_water - restored),
-                "world": restart_records.world(list(self.world.hosts)),
-                "held": restart_records.held(held, len(self.world.hosts)),
+                "world": restart_records.world(list(self.context.world.hosts)),
+                "held": restart_records.held(held, len(self.context.world.hosts)),
             }
         )
 
@@ -321,13 +319,13 @@ class Generations:
         succeeded, reason = command.succeeded, command.reason
         self._ended()
         if succeeded:
-            await self.members.event("training finished on every host")
+            await self.context.members.event("training finished on every host")
         else:
-            await self.members.event(f"job failed: {reason}")
-        await self.journal.write()
+            await self.context.members.event(f"job failed: {reason}")
+        await self.context.journal.write()
         end = messages.Shutdown() if succeeded else messages.Failed(reason=reason or "")
-        await self.members.broadcast(end)
-        await self.capacity.release()
+        await self.context.members.broadcast(end)
+        await self.context.capacity.release()
         self.done.set()
 
 

@@ -33,9 +33,14 @@ RECOVERY_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 class JobView(Protocol):
     """What of a leader these series read (supervisor.leader.Leader)."""
 
-    memory: JobMemory
-    world: JobWorld
-    decisions: Decisions
+    @property
+    def memory(self) -> JobMemory: ...
+
+    @property
+    def world(self) -> JobWorld: ...
+
+    @property
+    def decisions(self) -> Decisions: ...
 
     @property
     def task_failures(self) -> Counter[Task]:

@@ -33,6 +33,7 @@ from slicekeeper.supervisor.leader.announced import AnnouncedLosses
 from slicekeeper.supervisor.leader.background import BackgroundWork, Task
 from slicekeeper.supervisor.leader.capacity import LeaderParts, Replacement, Replacements, spare_pool
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
+from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.generations import Generations
@@ -86,87 +87,46 @@ class Leader:
         lease (supervisor.leader.election). `peer_replicas`: the job's spec.checkpoint.peer.replicas
         (None: every host is told every host's replica address). `connection_deadline`: the job's
         spec.health.connectionDeadlineSeconds, imposed on every member's connection (0: none)."""
-        self.memory = JobMemory(started_at=time.time())
-        """The job's memory (leader.journal): what a leader that takes over carries on."""
-        self.world = JobWorld(shape, min_slices)
-        self.members = Members(log_events, term=term, leading=leading)
+        memory = JobMemory(started_at=time.time())
+        world = JobWorld(shape, min_slices)
+        members = Members(log_events, term=term, leading=leading)
         self.leading = leading
-        self.background = BackgroundWork(leading=leading, failed=self._background_failed)
-        """The one way this leader runs work in the background (tasks, timers): fenced, and a
-        failure is the job's outcome."""
-        self.status = {h: HostStatus() for h in range(shape.host_count)}
-        self.decisions = Decisions(
-            engine or PolicyEngine(None),
-            self.world,
-            events_path=events_path,
-            leading=leading,
-            machine_of=lambda host: self.status[host].machine,
+        background = BackgroundWork(leading=leading, failed=self._background_failed)
+        status = {h: HostStatus() for h in range(shape.host_count)}
+        decisions = Decisions(
+            engine or PolicyEngine(None), world, events_path=events_path, leading=leading, status=status
         )
-        self.journal_writer = JournalWriter(self.members, self.journal, shape.slice_of)
-        self.checkpoints = Checkpoints(
-            self.memory,
-            self.status,
-            self.world,
-            self.members,
-            persistent,
-            persistent_keep,
-            self.journal_writer.write,
-        )
-        self.capacity: Replacement = replacements(
+        journal = JournalWriter(members, self.journal, shape.slice_of)
+        checkpoints = Checkpoints(memory, status, world, members, persistent, persistent_keep, journal.write)
+        capacity = replacements(
             LeaderParts(
-                self.members,
-                self.status,
-                self.memory,
+                members,
+                status,
+                memory,
                 self._newcomer,
-                write_journal=self.journal_writer.write,
-                overdue=lambda host: self.remediation.no_replacement(host),
-                background=self.background,
+                write_journal=journal.write,
+                overdue=self._no_replacement,
+                background=background,
                 fail=self._fail,
             )
         )
+        self.context = LeaderContext(
+            memory, world, members, status, background, journal, checkpoints, decisions, capacity
+        )
+        """What the leader's parts share (leader.context)."""
         self.generations = Generations(
-            memory=self.memory,
-            world=self.world,
-            members=self.members,
-            status=self.status,
-            checkpoints=self.checkpoints,
-            journal=self.journal_writer,
-            capacity=self.capacity,
+            self.context,
             rule=RestartRule(max_restarts, max_restarts_without_progress),
-            decisions=self.decisions,
-            background=self.background,
             coordinator_address=coordinator_address,
             ended=self.write_summary,
             peer_replicas=peer_replicas,
         )
-        self.remediation = Remediation(
-            memory=self.memory,
-            world=self.world,
-            members=self.members,
-            decisions=self.decisions,
-            generations=self.generations,
-            capacity=self.capacity,
-            checkpoints=self.checkpoints,
-            journal=self.journal_writer,
-            background=self.background,
-        )
+        self.remediation = Remediation(self.context, generations=self.generations)
         self.announced = AnnouncedLosses(
-            memory=self.memory,
-            world=self.world,
-            members=self.members,
-            status=self.status,
-            generations=self.generations,
-            remediation=self.remediation,
-            background=self.background,
+            self.context, generations=self.generations, remediation=self.remediation
         )
         self.registrations = Registrations(
-            memory=self.memory,
-            world=self.world,
-            members=self.members,
-            status=self.status,
-            capacity=self.capacity,
-            generations=self.generations,
-            remediation=self.remediation,
+            self.context, generations=self.generations, remediation=self.remediation
         )
         self._summary_path = summary_path
         self._standing_down = False
@@ -178,6 +138,46 @@ class Leader:
         self.silence = Silence(connection_deadline)
         """The members' connections' deadline, and the judge of one that ended silently: that host
         lost, or this leader cut off."""
+
+    # --- the parts, as the rest of the supervisor and the views read them ------------------------
+    @property
+    def memory(self) -> JobMemory:
+        """The job's memory (leader.journal): what a leader that takes over carries on."""
+        return self.context.memory
+
+    @property
+    def world(self) -> JobWorld:
+        return self.context.world
+
+    @property
+    def members(self) -> Members:
+        return self.context.members
+
+    @property
+    def status(self) -> dict[int, HostStatus]:
+        return self.context.status
+
+    @property
+    def background(self) -> BackgroundWork:
+        """The one way this leader runs work in the background (tasks, timers): fenced, and a
+        failure is the job's outcome."""
+        return self.context.background
+
+    @property
+    def decisions(self) -> Decisions:
+        return self.context.decisions
+
+    @property
+    def checkpoints(self) -> Checkpoints:
+        return self.context.checkpoints
+
+    @property
+    def capacity(self) -> Replacement:
+        return self.context.capacity
+
+    @property
+    def journal_writer(self) -> JournalWriter:
+        return self.context.journal
 
     @property
     def standing_down(self) -> bool:
@@ -194,6 +194,10 @@ class Leader:
             await self.generations.send(machine.NoWorkload(host))
             self.status[host].state = "stopped"
         self.decisions.new_world()  # the old machine's timings are not the new one's
+
+    async def _no_replacement(self, host: int) -> None:
+        """In a cluster, no new pod came for `host` in time: the policy decides again."""
+        await self.remediation.no_replacement(host)
 
     async def _fail(self, reason: str) -> None:
         await self.generations.send(machine.JobFails(reason))
@@ -238,11 +242,7 @@ class Leader:
             own,
             journal,
             lost_at,
-            memory=self.memory,
-            world=self.world,
-            members=self.members,
-            status=self.status,
-            journal_writer=self.journal_writer,
+            context=self.context,
             carry_on=self.carry_on,
             handle=self._handle,
             host_lost=self.remediation.host_lost,

@@ -14,111 +14,102 @@ import asyncio
 import time
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.leader.capacity import Replacement
+from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.generations import Generations
-from slicekeeper.supervisor.leader.journal import FaultRecord, JobMemory
-from slicekeeper.supervisor.leader.members import HostStatus, Members
+from slicekeeper.supervisor.leader.journal import FaultRecord
 from slicekeeper.supervisor.leader.remediation import Remediation
 from slicekeeper.supervisor.leader.restart_machine import AllRegistered, JobState
-from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper.chaos import ChaosKind
 from slicekeeper.policy.events import FaultKind
 
 
 class Registrations:
-    def __init__(
-        self,
-        *,
-        memory: JobMemory,
-        world: JobWorld,
-        members: Members,
-        status: dict[int, HostStatus],
-        capacity: Replacement,
-        generations: Generations,
-        remediation: Remediation,
-    ) -> None:
-        self.memory = memory
-        self.world = world
-        self.members = members
-        self.status = status
-        self.capacity = capacity
+    def __init__(self, context: LeaderContext, *, generations: Generations, remediation: Remediation) -> None:
+        self.context = context
         self.generations = generations
         self.remediation = remediation
 
     async def register(self, report: messages.Register, writer: asyncio.StreamWriter) -> None:
-        if report.generation is not None and self.memory.state in (JobState.RUNNING, JobState.STOPPING):
+        if report.generation is not None and self.context.memory.state in (
+            JobState.RUNNING,
+            JobState.STOPPING,
+        ):
             await self._rejoin(report, writer)
             return
-        if report.restarted and self.memory.state in (JobState.RUNNING, JobState.STOPPING):
+        if report.restarted and self.context.memory.state in (JobState.RUNNING, JobState.STOPPING):
             await self._restarted(report, writer)
             return
-        if self.memory.state is not JobState.REGISTERING:
-            if self.memory.state is JobState.SUCCEEDED:
-                await self.members.send_to(writer, messages.Shutdown())  # too late: the job is over
+        if self.context.memory.state is not JobState.REGISTERING:
+            if self.context.memory.state is JobState.SUCCEEDED:
+                await self.context.members.send_to(writer, messages.Shutdown())  # too late: the job is over
                 return
-            if self.memory.state is JobState.FAILED:
-                await self.members.send_to(
-                    writer, messages.Failed(reason=self.memory.failure_reason or "the job failed")
+            if self.context.memory.state is JobState.FAILED:
+                await self.context.members.send_to(
+                    writer, messages.Failed(reason=self.context.memory.failure_reason or "the job failed")
                 )
                 return
-            if await self.capacity.joined(report, writer):
+            if await self.context.capacity.joined(report, writer):
                 await self.remediation.rejoined(report.host)
                 return
-        status = self.status[report.host]
-        self.members.serve(report.host, writer)
+        status = self.context.status[report.host]
+        self.context.members.serve(report.host, writer)
         status.metrics_port = report.metrics_port
         status.replica_address = report.replica_address
         status.machine = report.machine or f"host-{report.host}"
         status.state = "registered"
-        await self.members.event(
+        await self.context.members.event(
             f"host {report.host} registered", host=report.host, metrics_port=status.metrics_port
         )
-        if len(self.members.writers) == self.world.full_hosts and self.memory.state is JobState.REGISTERING:
+        if (
+            len(self.context.members.writers) == self.context.world.full_hosts
+            and self.context.memory.state is JobState.REGISTERING
+        ):
             await self.generations.send(AllRegistered())
-        elif self.memory.state is not JobState.REGISTERING:
+        elif self.context.memory.state is not JobState.REGISTERING:
             await self.remediation.rejoined(report.host)  # its supervisor restarted: no workload runs
 
     async def _rejoin(self, report: messages.Register, writer: asyncio.StreamWriter) -> None:
         """A member of this job rejoins after its leader was lost, its workload still in `generation`."""
         host, generation = report.host, report.generation
-        serving = self.members.writers.get(host)
+        serving = self.context.members.writers.get(host)
         if serving is not None and serving is not writer:
-            if self.status[host].machine != (report.machine or f"host-{host}"):
+            if self.context.status[host].machine != (report.machine or f"host-{host}"):
                 reason = f"host {host} was taken over while its supervisor was away"
-                retire = messages.Retire(generation=self.memory.generation, reason=reason)
-                await self.members.send_to(writer, retire)
+                retire = messages.Retire(generation=self.context.memory.generation, reason=reason)
+                await self.context.members.send_to(writer, retire)
                 return
             serving.close()  # the same member again (it followed a newer term): its older connection
-        self.memory.high_water = max(self.memory.high_water, report.step or 0)
-        lost = self.status[host].state == "lost"
-        status = self.status[host]
-        self.members.serve(host, writer)
+        self.context.memory.high_water = max(self.context.memory.high_water, report.step or 0)
+        lost = self.context.status[host].state == "lost"
+        status = self.context.status[host]
+        self.context.members.serve(host, writer)
         status.metrics_port, status.replica_address = report.metrics_port, report.replica_address
         status.machine = report.machine or f"host-{host}"
-        status.state = "training" if self.memory.state is JobState.RUNNING else "stopping"
-        await self.members.event(f"host {host} rejoined from {status.machine}", host=host)
-        await self.capacity.returned(host)
-        if not self.world.takes_part(host):
+        status.state = "training" if self.context.memory.state is JobState.RUNNING else "stopping"
+        await self.context.members.event(f"host {host} rejoined from {status.machine}", host=host)
+        await self.context.capacity.returned(host)
+        if not self.context.world.takes_part(host):
             # Its slice was dropped: it waits as an idle host. Dropped while it was away, its workload
             # stops, and the policy may scale back up with it; idle already (a leader lost while the
             # job ran scaled down), no capacity came back.
-            await self.members.send(
+            await self.context.members.send(
                 host, messages.Stop(generation=generation or 0, kind=FaultKind.SCALE_DOWN)
             )
-            await self.members.send(host, messages.Park(generation=self.memory.generation))
+            await self.context.members.send(host, messages.Park(generation=self.context.memory.generation))
             status.state = "parked"
             if not report.parked:
                 await self.remediation.rejoined(host)
-            elif self.memory.state is JobState.STOPPING:
+            elif self.context.memory.state is JobState.STOPPING:
                 await self.generations.send(self.generations.reconsider())
-        elif self.memory.state is JobState.STOPPING:
-            kind = FaultKind((self.memory.stop_cause or {}).get("kind", FaultKind.HOST_LOST))
-            await self.members.send(host, messages.Stop(generation=self.memory.generation, kind=kind))
-        elif lost or generation != self.memory.generation:
-            detail = (
-                f"host {host} rejoined in generation {generation} while the job runs {self.memory.generation}"
+        elif self.context.memory.state is JobState.STOPPING:
+            kind = FaultKind((self.context.memory.stop_cause or {}).get("kind", FaultKind.HOST_LOST))
+            await self.context.members.send(
+                host, messages.Stop(generation=self.context.memory.generation, kind=kind)
             )
+        elif lost or generation != self.context.memory.generation:
+            running = self.context.memory.generation
+            detail = f"host {host} rejoined in generation {generation} while the job runs {running}"
             await self.generations.send(
                 self.generations.fault_stop(host, FaultKind.HOST_LOST, detail, time.time())
             )
@@ -128,55 +119,59 @@ class Registrations:
         Unless another machine took the host over meanwhile, it serves on, and the generation it
         missed is stopped as a crash (its disk, local checkpoints included, is intact)."""
         host, machine = report.host, report.machine or f"host-{report.host}"
-        serving = self.members.writers.get(host)
-        if serving is not None and serving is not writer and self.status[host].machine != machine:
+        serving = self.context.members.writers.get(host)
+        if serving is not None and serving is not writer and self.context.status[host].machine != machine:
             reason = f"host {host} was taken over while the supervisor of {machine} restarted"
-            retire = messages.Retire(generation=self.memory.generation, reason=reason)
-            await self.members.send_to(writer, retire)
+            retire = messages.Retire(generation=self.context.memory.generation, reason=reason)
+            await self.context.members.send_to(writer, retire)
             return
         if serving is not None and serving is not writer:
             serving.close()  # the connection of the supervisor that died, not closed yet
-        status = self.status[host]
+        status = self.context.status[host]
         idle = status.state == "parked"
-        self.members.serve(host, writer)
+        self.context.members.serve(host, writer)
         status.metrics_port, status.replica_address = report.metrics_port, report.replica_address
         status.machine = machine
-        await self.members.event(f"host {host}'s supervisor restarted on {machine}", host=host)
-        await self.capacity.returned(host)
-        if not self.world.takes_part(host):
-            await self.members.send(host, messages.Park(generation=self.memory.generation))
+        await self.context.members.event(f"host {host}'s supervisor restarted on {machine}", host=host)
+        await self.context.capacity.returned(host)
+        if not self.context.world.takes_part(host):
+            await self.context.members.send(host, messages.Park(generation=self.context.memory.generation))
             status.state = "parked"
             if not idle:  # else it idled before its supervisor died: no capacity came back
                 await self.remediation.rejoined(host)
-            elif self.memory.state is JobState.STOPPING:
+            elif self.context.memory.state is JobState.STOPPING:
                 await self.generations.send(self.generations.reconsider())
-        elif self.memory.state is JobState.STOPPING:
+        elif self.context.memory.state is JobState.STOPPING:
             status.state = "stopping"
-            kind = FaultKind((self.memory.stop_cause or {}).get("kind", FaultKind.CRASH))
-            await self.members.send(host, messages.Stop(generation=self.memory.generation, kind=kind))
+            kind = FaultKind((self.context.memory.stop_cause or {}).get("kind", FaultKind.CRASH))
+            await self.context.members.send(
+                host, messages.Stop(generation=self.context.memory.generation, kind=kind)
+            )
         else:
             status.state = "stopping"
             await self.remediation.supervisor_restarted(host, machine)
 
     async def spare(self, spare: messages.RegisterSpare, writer: asyncio.StreamWriter) -> None:
-        if not await self.capacity.offer(spare, writer):
-            await self.members.event(f"spare {spare.spare} ignored: in a cluster new pods replace hosts")
+        if not await self.context.capacity.offer(spare, writer):
+            await self.context.members.event(
+                f"spare {spare.spare} ignored: in a cluster new pods replace hosts"
+            )
             return
         if spare.chaos:
             machine = spare.machine or f"spare-{spare.spare}"
-            self.memory.faults.append(
+            self.context.memory.faults.append(
                 FaultRecord(
                     ChaosKind.SPARE,
                     -1,
-                    self.memory.high_water,
+                    self.context.memory.high_water,
                     time.time(),
-                    self.memory.generation,
+                    self.context.memory.generation,
                     spec=spare.chaos,
                     disruptive=False,
                     detail=f"{machine} joined",
                 )
             )
-        if len(self.members.live()) == self.world.full_hosts:
+        if len(self.context.members.live()) == self.context.world.full_hosts:
             await self.generations.send(AllRegistered())  # it stood in for a host lost before the start
-        if self.world.scaled_down:
+        if self.context.world.scaled_down:
             await self.remediation.capacity_returned()

@@ -29,13 +29,10 @@ from typing import Any
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.culprit import GONE, Activity, moved, name_culprit
 from slicekeeper.supervisor.leader import remedies
-from slicekeeper.supervisor.leader.background import BackgroundWork, Task
-from slicekeeper.supervisor.leader.capacity import Replacement
-from slicekeeper.supervisor.leader.checkpoints import Checkpoints
+from slicekeeper.supervisor.leader.background import Task
+from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.generations import Generations, Happening
-from slicekeeper.supervisor.leader.journal import JobMemory, JournalWriter
-from slicekeeper.supervisor.leader.members import Members
 from slicekeeper.supervisor.leader.restart_machine import (
     AllRegistered,
     Hold,
@@ -44,7 +41,6 @@ from slicekeeper.supervisor.leader.restart_machine import (
     NoWorkload,
     Release,
 )
-from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper import policy
 from slicekeeper.chaos import ChaosKind
@@ -64,28 +60,9 @@ only if no host moved in between: a job only slower than its allowance has moved
 
 
 class Remediation:
-    def __init__(
-        self,
-        *,
-        memory: JobMemory,
-        world: JobWorld,
-        members: Members,
-        decisions: Decisions,
-        generations: Generations,
-        capacity: Replacement,
-        checkpoints: Checkpoints,
-        journal: JournalWriter,
-        background: BackgroundWork,
-    ) -> None:
-        self.memory = memory
-        self.world = world
-        self.members = members
-        self.decisions = decisions
+    def __init__(self, context: LeaderContext, *, generations: Generations) -> None:
+        self.context = context
         self.generations = generations
-        self.capacity = capacity
-        self.checkpoints = checkpoints
-        self.journal = journal
-        self.background = background
         self._turn = asyncio.Lock()
         self.capacity_offer = False
         """Capacity came back while the job runs scaled down: offer it to the policy once it trains."""
@@ -106,41 +83,46 @@ class Remediation:
 
     # --- faults -------------------------------------------------------------------------------
     async def fault(self, report: messages.Fault) -> None:
-        if report.generation != self.memory.generation or self.memory.state is not JobState.RUNNING:
+        if (
+            report.generation != self.context.memory.generation
+            or self.context.memory.state is not JobState.RUNNING
+        ):
             return  # already being handled: one restart per generation
         if report.invalid_step is not None:
             # The restored state proved bad (e.g. a non-finite loss right after a restore): no host
             # may restore that step again, from any tier.
-            self.memory.job_invalid.add(report.invalid_step)
+            self.context.memory.job_invalid.add(report.invalid_step)
         if report.kind is FaultKind.HANG:
             if self._activities is None:  # else: the same stall, noticed again while being named
                 # Not awaited here: the answers come over the members' connections, the reporter's
                 # included, whose reading must go on.
                 self._activities = {}
-                self.background.spawn(Task.HANG_CULPRIT, self._hang(report))
+                self.context.background.spawn(Task.HANG_CULPRIT, self._hang(report))
             return
         await self._fault_of(report.host, report)
 
     async def _fault_of(self, host: int, report: messages.Fault) -> None:
         """Stop the job for a fault of `host`, then decide what to do about it."""
-        event = Decisions.fault_event(host, report, self.memory.high_water, self.memory.generation)
+        event = Decisions.fault_event(
+            host, report, self.context.memory.high_water, self.context.memory.generation
+        )
         if await self._stopped(self.generations.fault_stop(host, report.kind, report.detail, report.t)):
             await self.decide_and_act(event)
 
     async def _hang(self, report: messages.Fault) -> None:
-        generation = self.memory.generation
+        generation = self.context.memory.generation
         named = await self._hang_culprit(report)
         if named is not None and self._running(generation):  # not stopped meanwhile
             await self._fault_of(*named)
 
     def _running(self, generation: int) -> bool:
-        return generation == self.memory.generation and self.memory.state is JobState.RUNNING
+        return generation == self.context.memory.generation and self.context.memory.state is JobState.RUNNING
 
     async def _hang_culprit(self, report: messages.Fault) -> tuple[int, messages.Fault] | None:
         """Ask every member where its workload is and name the host that stopped (supervisor.culprit);
         returns it with the report's detail saying who noticed and why that host. When no host stands
         out, ask again one allowance later: None when a host moved meanwhile (the job was only slow)."""
-        generation = self.memory.generation
+        generation = self.context.memory.generation
         try:
             asked_at = time.monotonic()
             answers = await self._where_they_are()
@@ -156,7 +138,7 @@ class Remediation:
                 again = await self._where_they_are()
                 if went_on := moved(answers, again, elapsed):
                     hosts = ", ".join(str(h) for h in went_on)
-                    await self.members.event(
+                    await self.context.members.event(
                         f"hang reported by host {report.host} not confirmed: host(s) {hosts} went on "
                         f"within {elapsed:.1f} s ({report.detail}; {culprit.reason}); no restart",
                         host=report.host,
@@ -179,17 +161,19 @@ class Remediation:
     async def _where_they_are(self) -> dict[int, Activity | None]:
         """Every member's answer to where its workload is (None: no answer within the reply time)."""
         self._activities, self._activities_in = {}, asyncio.Event()
-        asked = [h for h in self.world.hosts if h in self.members]
+        asked = [h for h in self.context.world.hosts if h in self.context.members]
         self._unanswered = set(asked)
         for member in asked:
-            await self.members.send(member, messages.ActivityRequest(generation=self.memory.generation))
+            await self.context.members.send(
+                member, messages.ActivityRequest(generation=self.context.memory.generation)
+            )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._activities_in.wait(), ACTIVITY_REPLY_SECONDS)
         return {h: self._activities.get(h) for h in asked}
 
     def activity(self, report: messages.ActivityReport) -> None:
         """A member's answer to the question where its workload is."""
-        if self._activities is None or report.generation != self.memory.generation:
+        if self._activities is None or report.generation != self.context.memory.generation:
             return
         self._activities[report.host] = Activity.from_message(report.model_dump())
         self._answered(report.host)
@@ -205,31 +189,31 @@ class Remediation:
         """A member's connection dropped: its machine is gone, with its local tier and replicas."""
         detail = f"lost contact with the supervisor of host {host} ({machine or 'unknown machine'})"
         self._answered(host)  # no answer comes from it
-        if not self.world.takes_part(host):
+        if not self.context.world.takes_part(host):
             # An idle host of a dropped slice: nothing stops; a scale-up will need a spare for it.
-            await self.members.event(f"idle host {host} of a dropped slice lost: {detail}", host=host)
+            await self.context.members.event(f"idle host {host} of a dropped slice lost: {detail}", host=host)
             return
-        if self.memory.state is JobState.RUNNING:
+        if self.context.memory.state is JobState.RUNNING:
             if not await self._stopped(
                 self.generations.fault_stop(host, FaultKind.HOST_LOST, detail, time.time())
             ):
                 return
         else:
-            await self.members.event(
+            await self.context.members.event(
                 f"host_lost detected on host {host}: {detail}", host=host, kind=FaultKind.HOST_LOST
             )
-        if self.memory.state is JobState.REGISTERING:
+        if self.context.memory.state is JobState.REGISTERING:
             # Before the first start nothing trained yet: a new machine stands in, or the job cannot start.
-            refused = await self.capacity.stand_in(host)
+            refused = await self.context.capacity.stand_in(host)
             if refused is not None:
                 await self.generations.send(JobFails(refused))
-            elif len(self.members.live()) == self.world.full_hosts:
+            elif len(self.context.members.live()) == self.context.world.full_hosts:
                 await self.generations.send(AllRegistered())
             return
         event = policy.HostLost(
             t=time.time(),
-            step=self.memory.high_water,
-            generation=self.memory.generation,
+            step=self.context.memory.high_water,
+            generation=self.context.memory.generation,
             host=host,
             machine=machine,
         )
@@ -243,8 +227,8 @@ class Remediation:
         detail = f"the supervisor of {machine} restarted; its workload died with the one before"
         event = policy.Crash(
             t=now,
-            step=self.memory.high_water,
-            generation=self.memory.generation,
+            step=self.context.memory.high_water,
+            generation=self.context.memory.generation,
             host=host,
             signal="SIGKILL",
             detail=detail,
@@ -256,8 +240,8 @@ class Remediation:
         """In a cluster, no new pod joined for `host` in time: the policy decides again, with no spare."""
         event = policy.HostLost(
             t=time.time(),
-            step=self.memory.high_water,
-            generation=self.memory.generation,
+            step=self.context.memory.high_water,
+            generation=self.context.memory.generation,
             host=host,
             machine="none",
         )
@@ -265,12 +249,12 @@ class Remediation:
 
     async def rejoined(self, host: int) -> None:
         """A new machine registered as `host` after the job started (a cluster's replacement pod)."""
-        if self.memory.state is JobState.STOPPING:
+        if self.context.memory.state is JobState.STOPPING:
             await self.generations.send(self.generations.reconsider())
-        elif not self.world.takes_part(host):
+        elif not self.context.world.takes_part(host):
             # A host of a dropped slice is back (capacity returned): the policy may scale back up.
             await self.capacity_returned()
-        elif self.memory.state is JobState.RUNNING:
+        elif self.context.memory.state is JobState.RUNNING:
             # A new pod while the old one's connection was still open (a node lost without a word):
             detail = f"host {host} re-registered while running"
             await self.generations.send(
@@ -285,12 +269,14 @@ class Remediation:
     ) -> None:
         """A host's own work in a step (`now`: when it ended; `core`: the core it ran on, in local
         mode): find stragglers and decide on them."""
-        for finding in self.decisions.observe(host, step, work, core=core):
-            await self.members.event(
+        for finding in self.context.decisions.observe(host, step, work, core=core):
+            await self.context.members.event(
                 f"straggler: host {finding.host} score {finding.score:.2f} at step {finding.step}",
                 host=finding.host,
             )
-            for record in self.memory.faults:  # a `slow` fault is detected when its host is found straggling
+            for (
+                record
+            ) in self.context.memory.faults:  # a `slow` fault is detected when its host is found straggling
                 if (
                     record.kind is ChaosKind.SLOW
                     and record.host == finding.host
@@ -299,12 +285,12 @@ class Remediation:
                     record.detected_at, record.detected_as = now, FaultKind.STRAGGLER
             event = policy.Straggler(
                 t=now,
-                step=self.memory.high_water,
-                generation=self.memory.generation,
+                step=self.context.memory.high_water,
+                generation=self.context.memory.generation,
                 host=finding.host,
                 score=finding.score,
             )
-            self.background.spawn(Task.DECISION, self.decide_and_act(event))
+            self.context.background.spawn(Task.DECISION, self.decide_and_act(event))
         if self.capacity_offer:
             await self.offer_capacity()
 
@@ -317,7 +303,7 @@ class Remediation:
     async def offer_capacity(self) -> None:
         """Machines joined while the job runs scaled down: the policy may scale back up."""
         if (
-            self.memory.state is not JobState.RUNNING
+            self.context.memory.state is not JobState.RUNNING
             or not self.generations.progressed
             or self.generations.held(DECIDING)
         ):
@@ -325,16 +311,16 @@ class Remediation:
         self.capacity_offer = False
         event = policy.CapacityReturned(
             t=time.time(),
-            step=self.memory.high_water,
-            generation=self.memory.generation,
-            spares=self.capacity.for_scale_up(),
+            step=self.context.memory.high_water,
+            generation=self.context.memory.generation,
+            spares=self.context.capacity.for_scale_up(),
         )
         await self.decide_and_act(event)
 
     # --- decide, then act ---------------------------------------------------------------------
     def _idle_hosts(self) -> set[int]:
-        world = set(self.world.hosts)  # once: a tuple made per host would cost the square of the size
-        return {h for h in self.members.live() if h not in world}
+        world = set(self.context.world.hosts)  # once: a tuple made per host would cost the square of the size
+        return {h for h in self.context.members.live() if h not in world}
 
     async def decide_and_act(self, event: policy.Event) -> None:
         await self.generations.send(
@@ -345,26 +331,26 @@ class Remediation:
                 if self.generations.over:
                     return
                 decision = await asyncio.to_thread(
-                    self.decisions.decide,
+                    self.context.decisions.decide,
                     event,
-                    spares=self.capacity.for_policy(),
+                    spares=self.context.capacity.for_policy(),
                     idle=self._idle_hosts(),
-                    step=self.memory.high_water,
-                    generation=self.memory.generation,
+                    step=self.context.memory.high_water,
+                    generation=self.context.memory.generation,
                 )
                 action = decision.action
                 reason = f" ({decision.reason})" if decision.reason else ""
-                await self.members.event(
+                await self.context.members.event(
                     f"decision ({decision.source.value}): {action.name} for {event.summary}{reason}"
                 )
-                await self.journal.write()  # the decision, before anything is done about it
-                for step in remedies.intents(event, action, self.memory.state):
+                await self.context.journal.write()  # the decision, before anything is done about it
+                for step in remedies.intents(event, action, self.context.memory.state):
                     if self.generations.over:
                         break
                     if not await self._appliers[type(step)](event, step):
                         break
         except Exception as error:  # a decision that cannot be taken or applied: the job fails with it
-            await self.background.failed(Task.DECISION, error, f"deciding on {event.summary}")
+            await self.context.background.failed(Task.DECISION, error, f"deciding on {event.summary}")
         finally:
             await self.generations.send(Release(DECIDING))
         await self.generations.send(self.generations.reconsider())
@@ -382,7 +368,7 @@ class Remediation:
     async def _hold(self, event: policy.Event, hold: remedies.HoldFor) -> bool:
         if hold.holds:
             await self.generations.send(Hold(WAITING))  # the job stays stopped until reconsidered
-        self.background.later(hold.seconds, Task.WAIT, lambda: self._reconsider(event, hold.holds))
+        self.context.background.later(hold.seconds, Task.WAIT, lambda: self._reconsider(event, hold.holds))
         return True
 
     async def _stop_first(self, event: policy.Event, stop: remedies.StopFirst) -> bool:
@@ -393,56 +379,63 @@ class Remediation:
         """A `Wait` is over: offer the same event again, with the facts of now."""
         if held:
             await self.generations.send(Release(WAITING))
-        if isinstance(event, policy.CapacityReturned) and not self.world.scaled_down:
+        if isinstance(event, policy.CapacityReturned) and not self.context.world.scaled_down:
             await self.generations.send(self.generations.reconsider())
             return
         fresh = dataclasses.replace(
-            event, t=time.time(), step=self.memory.high_water, generation=self.memory.generation
+            event,
+            t=time.time(),
+            step=self.context.memory.high_water,
+            generation=self.context.memory.generation,
         )
         await self.decide_and_act(fresh)
 
     async def _replace(self, event: policy.Event, action: policy.ReplaceHost) -> bool:
-        refused = await self.capacity.replace(action.host, f"replaced ({event.kind})")
+        refused = await self.context.capacity.replace(action.host, f"replaced ({event.kind})")
         if refused is not None:
             await self.generations.send(JobFails(refused))
             return False
         return True
 
     async def _scale_down(self, event: policy.Event, action: policy.ScaleDown) -> bool:
-        before = list(self.world.active)
+        before = list(self.context.world.active)
         host = getattr(event, "host", None)
-        slices = list(action.slices) or ([self.world.slice_of(host)] if host is not None else [])
-        slices = [s for s in slices if s in self.world.active]
+        slices = list(action.slices) or ([self.context.world.slice_of(host)] if host is not None else [])
+        slices = [s for s in slices if s in self.context.world.active]
         if not slices:
             return True
         try:
-            self.world.drop(slices)
+            self.context.world.drop(slices)
         except ValueError as error:
             await self.generations.send(JobFails(str(error)))
             return False
-        self.checkpoints.joined -= {h for s in slices for h in self.world.hosts_of(s)}
-        self.decisions.scaled("down", before, self.memory.high_water, self.memory.generation, str(event.kind))
-        await self.members.event(
-            f"scale-down: slice(s) {slices} dropped, {len(self.world.hosts)} hosts go on"
+        self.context.checkpoints.joined -= {h for s in slices for h in self.context.world.hosts_of(s)}
+        self.context.decisions.scaled(
+            "down", before, self.context.memory.high_water, self.context.memory.generation, str(event.kind)
+        )
+        await self.context.members.event(
+            f"scale-down: slice(s) {slices} dropped, {len(self.context.world.hosts)} hosts go on"
         )
         return True
 
     async def _scale_up(self, event: policy.Event, action: policy.ScaleUp) -> bool:
-        before = list(self.world.active)
-        back = self.world.restorable(self._idle_hosts(), self.capacity.for_scale_up())
+        before = list(self.context.world.active)
+        back = self.context.world.restorable(self._idle_hosts(), self.context.capacity.for_scale_up())
         if back:
             # The world first: a spare's assignment writes the journal down, and a leader taking over
             # from it must find the slices back, not a spare serving a host of a dropped slice.
-            self.world.restore(back)
-            self.decisions.scaled(
-                "up", before, self.memory.high_water, self.memory.generation, str(event.kind)
+            self.context.world.restore(back)
+            self.context.decisions.scaled(
+                "up", before, self.context.memory.high_water, self.context.memory.generation, str(event.kind)
             )
         for slice_index in back:
-            for host in self.world.hosts_of(slice_index):
-                if host not in self.members:
-                    await self.capacity.stand_in(host, scale_up=True)
+            for host in self.context.world.hosts_of(slice_index):
+                if host not in self.context.members:
+                    await self.context.capacity.stand_in(host, scale_up=True)
                 await self.generations.send(NoWorkload(host))  # idle or new: no workload to stop
-                self.checkpoints.joined.add(host)
+                self.context.checkpoints.joined.add(host)
         if back:
-            await self.members.event(f"scale-up: slice(s) {back} back, {len(self.world.hosts)} hosts")
+            await self.context.members.event(
+                f"scale-up: slice(s) {back} back, {len(self.context.world.hosts)} hosts"
+            )
         return True

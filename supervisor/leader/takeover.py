@@ -21,11 +21,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.election import Holder
-from slicekeeper.supervisor.leader.journal import JobMemory, JournalWriter
-from slicekeeper.supervisor.leader.members import HostStatus, Members
 from slicekeeper.supervisor.leader.restart_machine import JobState
-from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper.policy.events import FaultKind
 
@@ -50,11 +48,7 @@ class Takeover:
         journal: messages.Journal | None,
         lost_at: float,
         *,
-        memory: JobMemory,
-        world: JobWorld,
-        members: Members,
-        status: dict[int, HostStatus],
-        journal_writer: JournalWriter,
+        context: LeaderContext,
         carry_on: Callable[[dict[str, Any]], None],
         handle: Handle,
         host_lost: Callable[[int, str], Awaitable[None]],
@@ -70,11 +64,7 @@ class Takeover:
         self.heard_another = False
         """A machine other than this leader's own registered: a leader that heard none is cut off
         (supervisor.leader.silence), or elected after the job ended, and must not act."""
-        self._memory = memory
-        self._world = world
-        self._members = members
-        self._status = status
-        self._journal_writer = journal_writer
+        self.context = context
         self._carry_on = carry_on
         self._handle = handle
         self._host_lost = host_lost
@@ -100,9 +90,11 @@ class Takeover:
             return True
         newest = self.newest()
         if newest is not None:  # the hosts of the slices active when that journal was written
-            hosts = {h for s in newest.journal["world"]["active"] for h in self._world.hosts_of(int(s))}
+            hosts = {
+                h for s in newest.journal["world"]["active"] for h in self.context.world.hosts_of(int(s))
+            }
         else:
-            hosts = set(self._world.hosts)
+            hosts = set(self.context.world.hosts)
         if hosts <= self.hosts:
             return True  # every host is back, the old leader's too (its supervisor restarted)
         expected = hosts - ({self.previous.host} if self.previous else set())
@@ -122,12 +114,12 @@ class Takeover:
                 await self._handle(message, writer)
             return
         self._carry_on(best.journal)
-        self._journal_writer.seq = best.seq
+        self.context.journal.seq = best.seq
         await self._note_change()
         joins = (messages.Register, messages.RegisterSpare)
         # The furthest step any member completed, before a registration stops the job on it.
         steps = [m.step for m, _ in self.backlog if isinstance(m, messages.Register) and m.step is not None]
-        self._memory.high_water = max([self._memory.high_water, *steps])
+        self.context.memory.high_water = max([self.context.memory.high_water, *steps])
         # Members coming back first, each into its place, then new machines (a replacement pod, a
         # restarted supervisor) and spares: a newcomer stops the job, and the decision on it must
         # see every member that is back, not only those registered before it.
@@ -135,32 +127,32 @@ class Takeover:
         registrations.sort(key=lambda join: not _coming_back(join[0]))  # stable: arrival order kept
         for join, member in registrations:
             await self._handle(join, member)
-        memory = self._memory
+        memory = self.context.memory
         if memory.state is JobState.STOPPING and memory.stop_cause is not None:
             # The restart under way when the leader was lost: every member acks (again) with its holdings.
             stop = messages.Stop(generation=memory.generation, kind=FaultKind(memory.stop_cause["kind"]))
-            await self._members.broadcast(stop)
-        for host in self._world.hosts:
-            if host not in self._members and self._status[host].state != "lost":
-                self._status[host].state = "lost"
-                await self._host_lost(host, self._status[host].machine or f"host-{host}")
+            await self.context.members.broadcast(stop)
+        for host in self.context.world.hosts:
+            if host not in self.context.members and self.context.status[host].state != "lost":
+                self.context.status[host].state = "lost"
+                await self._host_lost(host, self.context.status[host].machine or f"host-{host}")
         for message, writer in [(m, w) for m, w in self.backlog if not isinstance(m, joins)]:
             await self._handle(message, writer)
-        await self._journal_writer.write()
+        await self.context.journal.write()
 
     async def _note_change(self) -> None:
         previous = self.previous
         change = {
             "at": time.time(),
-            "term": self._members.term,
+            "term": self.context.members.term,
             "from_host": previous.host if previous else None,
             "from_machine": previous.machine if previous else None,
             "to_host": self.own.host,
             "to_machine": self.own.machine,
             "leaderless_seconds": round(time.time() - self.lost_at, 3),
         }
-        self._memory.leader_changes.append(change)
-        await self._members.event(
+        self.context.memory.leader_changes.append(change)
+        await self.context.members.event(
             f"leader change: host {change['from_host']} -> host {change['to_host']} (term {change['term']}), "
             f"{change['leaderless_seconds']:.1f} s without a leader",
             host=self.own.host,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.journal import JobMemory
+from slicekeeper.supervisor.leader.members import HostStatus
 from slicekeeper.supervisor.straggler import StragglerDetector
 from slicekeeper.supervisor.world import JobWorld
 
@@ -20,6 +21,8 @@ class LeaderView:
     memory: JobMemory
     world: JobWorld
     decisions: Decisions
+    status: dict[int, HostStatus]
+    """Each host's, as the leader keeps them (a straggler's record names its machine)."""
     task_failures: Counter[Task] = field(default_factory=Counter)
 
 
@@ -28,6 +31,7 @@ def leader_view(
 ) -> LeaderView:
     """A fresh job of `slices` x `hosts_per_slice` hosts, its straggler windows started."""
     world = JobWorld(JobShape(slices=slices, hosts_per_slice=hosts_per_slice))
-    decisions = Decisions(PolicyEngine(None), world, detector=detector)
+    status = {host: HostStatus() for host in range(world.full_hosts)}
+    decisions = Decisions(PolicyEngine(None), world, detector=detector, status=status)
     decisions.new_world()
-    return LeaderView(JobMemory(started_at=0.0), world, decisions)
+    return LeaderView(JobMemory(started_at=0.0), world, decisions, status)

@@ -19,7 +19,6 @@ from slicekeeper.supervisor.leader.restart_machine import JobState, RestartState
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import coordinator, eventually, join, run
 
-
 JOB_PART = ("phase", "generation", "restarts", "restarts_without_progress", "failure_reason")
 
 

@@ -113,7 +113,8 @@ def test_a_scale_down_shows_in_the_active_slices_and_hosts_and_is_counted():
 def test_straggler_scores_and_findings_are_exported_per_host():
     leader = _leader()
     collector = JobCollector(lambda: leader)
-    leader.decisions.machine_of = lambda host: f"m{host}"
+    for host in range(4):
+        leader.status[host].machine = f"m{host}"
     for step in range(1, 6):
         for host in range(4):
             work = 0.1 if host != 2 or step < 3 else 0.4  # host 2 becomes four times as slow
