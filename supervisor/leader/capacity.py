@@ -21,7 +21,7 @@ from typing import Protocol
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.background import BackgroundWork, Task
 from slicekeeper.supervisor.leader.journal import JobMemory
-from slicekeeper.supervisor.leader.members import HostStatus, Members
+from slicekeeper.supervisor.leader.members import HostState, HostStatus, Members
 
 
 class Replacement(Protocol):
@@ -221,7 +221,7 @@ class SparePool(_Crew):
         spare = min(self.spares, key=lambda s: s.spare)  # deterministic: the lowest index first
         self.spares.remove(spare)
         status = HostStatus(
-            state="stopped",
+            state=HostState.STOPPED,
             metrics_port=spare.metrics_port,
             replica_address=spare.replica_address,
             machine=spare.machine,
@@ -313,7 +313,7 @@ class PodReplacements(_Crew):
         ends); the job stays stopped until the new pod's supervisor registers, or the timeout."""
         if host in self.members:
             await self.retire(host, reason)
-        self.status[host] = HostStatus(state="awaiting replacement")
+        self.status[host] = HostStatus(state=HostState.AWAITING_REPLACEMENT)
         if host in self._awaited:
             return None
         self._awaited[host] = self._background.later(
@@ -350,7 +350,7 @@ class PodReplacements(_Crew):
             await self.members.send_to(old, messages.Retire(generation=self.memory.generation, reason=reason))
             old.close()
         status = HostStatus(
-            state="registered",
+            state=HostState.REGISTERED,
             metrics_port=report.metrics_port,
             replica_address=report.replica_address,
             machine=machine,

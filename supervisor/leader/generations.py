@@ -26,6 +26,7 @@ from slicekeeper.supervisor.leader import restart_records
 from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.journal import Detection
+from slicekeeper.supervisor.leader.members import HostState
 from slicekeeper.supervisor.leader.restart_machine import JobState
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 from slicekeeper.supervisor.leader.starts import StartMessages
@@ -191,7 +192,7 @@ class Generations:
         ):
             return
         self.context.checkpoints.stopped(report)
-        self.context.status[report.host].state = "stopped"
+        self.context.status[report.host].state = HostState.STOPPED
         acks = self._acks.setdefault(report.generation, set())
         acks.add(report.host)
         if len(acks) == 1:  # the first of a batch
@@ -212,7 +213,7 @@ class Generations:
         ):
             return
         self.finished[report.host] = report
-        self.context.status[report.host].state = "finished"
+        self.context.status[report.host].state = HostState.FINISHED
         await self.send(
             lambda: machine.HostFinished(report.host, report.generation, tuple(self.context.world.hosts))
         )
@@ -278,12 +279,12 @@ class Generations:
         for host in sorted(self.context.members.live()):
             start = starts.get(host)
             if start is None:
-                self.context.status[host].state = "parked"
+                self.context.status[host].state = HostState.PARKED
                 await self.context.members.send(
                     host, messages.Park(generation=generation, restore_step=restore_step)
                 )
                 continue
-            self.context.status[host].state = "starting"
+            self.context.status[host].state = HostState.STARTING
             await self.context.members.send(host, start)
         await self.context.members.event(
             f"generation {generation} starting {_where(first, restore_step)}{self._size()}",

@@ -38,7 +38,7 @@ from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.generations import Generations
 from slicekeeper.supervisor.leader.journal import FaultRecord, JobMemory, JournalWriter
-from slicekeeper.supervisor.leader.members import HostStatus, Members, send
+from slicekeeper.supervisor.leader.members import HostState, HostStatus, Members, send
 from slicekeeper.supervisor.leader.registrations import Registrations
 from slicekeeper.supervisor.leader.remediation import Remediation
 from slicekeeper.supervisor.leader.restart_machine import JobState
@@ -192,7 +192,7 @@ class Leader:
         """A new machine serves `host`: it has no workload to stop, and holds nothing yet."""
         if self.memory.state is JobState.STOPPING:
             await self.generations.send(machine.NoWorkload(host))
-            self.status[host].state = "stopped"
+            self.status[host].state = HostState.STOPPED
         self.decisions.new_world()  # the old machine's timings are not the new one's
 
     async def _no_replacement(self, host: int) -> None:
@@ -362,7 +362,7 @@ class Leader:
                 continue
             self.members.drop(host)
             lost = self.status[host]
-            lost.state, lost.committed, lost.replicas = "lost", set(), {}
+            lost.state, lost.committed, lost.replicas = HostState.LOST, set(), {}
             await self.generations.send(machine.MemberLost(host))
             await self.remediation.host_lost(host, lost.machine)
 
@@ -387,7 +387,7 @@ class Leader:
             case messages.Register():
                 await self.registrations.register(message, writer)
             case messages.StateReport(host=host, state=state):
-                self.status[host].state = state
+                self.status[host].state = HostState(state)
             case messages.Progress():
                 await self._progress(message)
             case messages.Committed(host=host, step=step):
@@ -419,7 +419,7 @@ class Leader:
         if report.generation != self.memory.generation or self.memory.state is not JobState.RUNNING:
             return  # a step of a generation being torn down will be executed again
         status = self.status[report.host]
-        status.step, status.loss, status.state = report.step, report.loss, "training"
+        status.step, status.loss, status.state = report.step, report.loss, HostState.TRAINING
         status.steps_seen.append((report.t, report.step))
         del status.steps_seen[:-50]
         if not self.generations.progressed:

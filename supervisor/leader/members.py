@@ -26,6 +26,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from slicekeeper.supervisor import messages
@@ -49,11 +50,27 @@ the largest lines, more than a member that reads ever holds, so it bounds what t
 one that stopped reading while a burst of journals is written to it."""
 
 
+class HostState(StrEnum):
+    """Where a host stands, as the leader sees it (the status lines and the TrainingJob status show it)."""
+
+    REGISTERING = "registering"
+    REGISTERED = "registered"
+    STARTING = "starting"
+    TRAINING = "training"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FINISHED = "finished"
+    PARKED = "parked"
+    """A host of a dropped slice, idle until the job scales back up."""
+    LOST = "lost"
+    AWAITING_REPLACEMENT = "awaiting replacement"
+
+
 @dataclass
 class HostStatus:
     """What the leader knows of one host."""
 
-    state: str = "registering"
+    state: HostState = HostState.REGISTERING
     step: int = 0
     loss: float | None = None
     metrics_port: int | None = None

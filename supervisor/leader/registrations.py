@@ -17,6 +17,7 @@ from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.generations import Generations
 from slicekeeper.supervisor.leader.journal import FaultRecord
+from slicekeeper.supervisor.leader.members import HostState
 from slicekeeper.supervisor.leader.remediation import Remediation
 from slicekeeper.supervisor.leader.restart_machine import AllRegistered, JobState
 
@@ -57,7 +58,7 @@ class Registrations:
         status.metrics_port = report.metrics_port
         status.replica_address = report.replica_address
         status.machine = report.machine or f"host-{report.host}"
-        status.state = "registered"
+        status.state = HostState.REGISTERED
         await self.context.members.event(
             f"host {report.host} registered", host=report.host, metrics_port=status.metrics_port
         )
@@ -81,12 +82,14 @@ class Registrations:
                 return
             serving.close()  # the same member again (it followed a newer term): its older connection
         self.context.memory.high_water = max(self.context.memory.high_water, report.step or 0)
-        lost = self.context.status[host].state == "lost"
+        lost = self.context.status[host].state == HostState.LOST
         status = self.context.status[host]
         self.context.members.serve(host, writer)
         status.metrics_port, status.replica_address = report.metrics_port, report.replica_address
         status.machine = report.machine or f"host-{host}"
-        status.state = "training" if self.context.memory.state is JobState.RUNNING else "stopping"
+        status.state = (
+            HostState.TRAINING if self.context.memory.state is JobState.RUNNING else HostState.STOPPING
+        )
         await self.context.members.event(f"host {host} rejoined from {status.machine}", host=host)
         await self.context.capacity.returned(host)
         if not self.context.world.takes_part(host):
@@ -97,7 +100,7 @@ class Registrations:
                 host, messages.Stop(generation=generation or 0, kind=FaultKind.SCALE_DOWN)
             )
             await self.context.members.send(host, messages.Park(generation=self.context.memory.generation))
-            status.state = "parked"
+            status.state = HostState.PARKED
             if not report.parked:
                 await self.remediation.rejoined(host)
             elif self.context.memory.state is JobState.STOPPING:
@@ -128,7 +131,7 @@ class Registrations:
         if serving is not None and serving is not writer:
             serving.close()  # the connection of the supervisor that died, not closed yet
         status = self.context.status[host]
-        idle = status.state == "parked"
+        idle = status.state == HostState.PARKED
         self.context.members.serve(host, writer)
         status.metrics_port, status.replica_address = report.metrics_port, report.replica_address
         status.machine = machine
@@ -136,19 +139,19 @@ class Registrations:
         await self.context.capacity.returned(host)
         if not self.context.world.takes_part(host):
             await self.context.members.send(host, messages.Park(generation=self.context.memory.generation))
-            status.state = "parked"
+            status.state = HostState.PARKED
             if not idle:  # else it idled before its supervisor died: no capacity came back
                 await self.remediation.rejoined(host)
             elif self.context.memory.state is JobState.STOPPING:
                 await self.generations.send(self.generations.reconsider())
         elif self.context.memory.state is JobState.STOPPING:
-            status.state = "stopping"
+            status.state = HostState.STOPPING
             kind = FaultKind((self.context.memory.stop_cause or {}).get("kind", FaultKind.CRASH))
             await self.context.members.send(
                 host, messages.Stop(generation=self.context.memory.generation, kind=kind)
             )
         else:
-            status.state = "stopping"
+            status.state = HostState.STOPPING
             await self.remediation.supervisor_restarted(host, machine)
 
     async def spare(self, spare: messages.RegisterSpare, writer: asyncio.StreamWriter) -> None:

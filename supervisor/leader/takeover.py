@@ -23,6 +23,7 @@ from typing import Any
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.election import Holder
+from slicekeeper.supervisor.leader.members import HostState
 from slicekeeper.supervisor.leader.restart_machine import JobState
 
 from slicekeeper.policy.events import FaultKind
@@ -133,8 +134,8 @@ class Takeover:
             stop = messages.Stop(generation=memory.generation, kind=FaultKind(memory.stop_cause["kind"]))
             await self.context.members.broadcast(stop)
         for host in self.context.world.hosts:
-            if host not in self.context.members and self.context.status[host].state != "lost":
-                self.context.status[host].state = "lost"
+            if host not in self.context.members and self.context.status[host].state != HostState.LOST:
+                self.context.status[host].state = HostState.LOST
                 await self._host_lost(host, self.context.status[host].machine or f"host-{host}")
         for message, writer in [(m, w) for m, w in self.backlog if not isinstance(m, joins)]:
             await self._handle(message, writer)
