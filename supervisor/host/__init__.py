@@ -24,13 +24,18 @@ connection to the leader. What it serves is a mode: a spare waiting for a host (
 - `context`: what every part serving a host shares, fixed once the host is known;
 - `generation`: the restart generation this host is in: start (stage, launch), stop, park;
 - `workload`: the workload process, its standby, and its environment (pure functions);
-- `sdk_events`: the SDK socket and what each event means (hang timer, culprit, goodput, metrics);
+- `workload_starts`: what the workloads start with (the leader's newest start, the machine), and
+  when the next standby is pre-started;
+- `sdk_events`: the SDK socket, whose word counts, each event's fields checked;
+- `sdk_effects`: what each event means (hang timer, culprit, goodput, metrics, the leader);
 - `detectors`: the workload's exit classified, its silence judged;
 - `chaos`: the chaos faults aimed at this host, for local runs;
 - `site`: what differs between a local process and a pod, decided once (addresses, the workload's
   command and environment, the leader's replacements, the pod's annotations);
 - `leadership`: this supervisor's part in the election, which leader to follow, and what it does
   while it leads (the term's Leader, the status it publishes);
+- `own_leader`: the leader this supervisor runs in a term it holds the lease: made, served, taking
+  over;
 - `membership`: the connection to whoever leads, rejoined when a leader is lost;
 - `machine_record`: what the machine remembers across restarts of its supervisor;
 - `host_report`: the supervisor's account at its end.

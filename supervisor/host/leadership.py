@@ -9,11 +9,12 @@ supervisor's leader address and takes over from the old one (supervisor.leader.L
 leader that cannot renew in time stands down and closes its server, so its members go looking for
 the new one.
 
-`Leadership` decides when this supervisor leads; `LeaderDuties` says with what. The leader of a
-term is built from the job's plan (restart limits, policy engine, persistent tier, the site's
-coordinator addresses and replacement timeout) so that every candidate builds the same one; while it
-leads, the job's status is published to watchers and, in a pod, on the pod itself (with this host's
-goodput), where the operator reads it.
+`Leadership` decides when this supervisor leads, over two parts: the lease as last seen, which says
+whom to follow (`ObservedLease`), and the leader it runs while it leads (host.own_leader.OwnLeader).
+`LeaderDuties` says with what it leads. The leader of a term is built from the job's plan (restart
+limits, policy engine, persistent tier, the site's coordinator addresses and replacement timeout) so
+that every candidate builds the same one; while it leads, the job's status is published to watchers
+and, in a pod, on the pod itself (with this host's goodput), where the operator reads it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
+from slicekeeper.supervisor.host.own_leader import NewLeader, OwnLeader
 from slicekeeper.supervisor.host.site import PodAnnotations, Site
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import Election, Holder, Lease
@@ -45,8 +47,36 @@ or while its member looks for a new leader (`looking`)."""
 LAST_BROADCAST_SECONDS = 0.2
 """At the job's end, how long the leader lets its last broadcast reach members and watchers."""
 
-NewLeader = Callable[[int, Callable[[], bool]], Leader]
-"""Makes this supervisor's leader for a term, given the check that it still holds the lease."""
+
+class ObservedLease:
+    """The job's lease as this supervisor last saw it: which leader to follow, and the wait for a
+    newer one."""
+
+    def __init__(self) -> None:
+        self.lease: Lease | None = None
+        self._changed = asyncio.Event()
+
+    def seen(self, lease: Lease | None) -> None:
+        """`lease` was read (None: nothing was): a new holder or term wakes whoever waits for one."""
+        if lease is None:
+            return
+        if self.lease is None or (lease.leader, lease.term) != (self.lease.leader, self.lease.term):
+            self.lease = lease
+            self._changed.set()
+
+    async def current(self, *, newer_than: int = 0, timeout: float | None = None) -> Lease | None:
+        """The lease once a holder of a term above `newer_than` is seen (None: not within `timeout`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            lease = self.lease
+            if lease is not None and lease.leader is not None and lease.term > newer_than:
+                return lease
+            self._changed.clear()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
 
 
 class Leadership:
@@ -65,9 +95,10 @@ class Leadership:
         tls: JobTls | None = None,
         say: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True),
     ) -> None:
-        """`tls`: the job's credentials, which the leader's server requires of every member."""
+        """`tls`: the job's credentials, which the leader's server requires of every member;
+        `new_leader`, `journal`, `bind`, `reserved`: as supervisor.host.own_leader.OwnLeader takes
+        them."""
         self.election = election
-        self.tls = tls
         self.own = own
         self.candidate = candidate
         """A host's supervisor may lead; a spare only watches."""
@@ -76,39 +107,38 @@ class Leadership:
         self.successor = successor
         """This supervisor was started again on its machine: a lease its dead predecessor still
         holds is released at once instead of waiting out its duration."""
-        self._new_leader = new_leader
-        self._journal = journal
-        self._bind = bind
-        self._reserved = reserved
-        """The socket bound to this supervisor's leader address at start-up, listened on when it is
-        first elected (None: bound then, on the address's port)."""
         self._say = say
-        self.leader: Leader | None = None
+        self._own_leader = OwnLeader(
+            new_leader, journal=journal, bind=bind, reserved=reserved, tls=tls, say=say
+        )
+        self._observed = ObservedLease()
         self.looking = False
         """This host's member lost its leader and looks for the next: the lease is read more often."""
         self.cut_off = False
         """It led, and heard no member: it does not campaign until its member reaches a leader."""
-        self.lease: Lease | None = None
-        """The lease as last seen: whom to follow."""
-        self._changed = asyncio.Event()
         self.elected: Callable[[Leader], None] = lambda leader: None
         """Called when this supervisor starts leading (its status publishing starts with it)."""
         self.deposed: Callable[[], None] = lambda: None
         """Called when it stops leading (its status publishing stops)."""
 
+    @property
+    def leader(self) -> Leader | None:
+        """This supervisor's leader, while it leads."""
+        return self._own_leader.leader
+
+    @property
+    def tls(self) -> JobTls | None:
+        """The job's credentials (None: connections without TLS, in tests and benchmarks)."""
+        return self._own_leader.tls
+
+    @property
+    def lease(self) -> Lease | None:
+        """The lease as last seen: whom to follow."""
+        return self._observed.lease
+
     async def current(self, *, newer_than: int = 0, timeout: float | None = None) -> Lease | None:
         """The lease once a holder of a term above `newer_than` is seen (None: not within `timeout`)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            lease = self.lease
-            if lease is not None and lease.leader is not None and lease.term > newer_than:
-                return lease
-            self._changed.clear()
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
+        return await self._observed.current(newer_than=newer_than, timeout=timeout)
 
     async def superseded(self, term: int, address: str | None = None) -> Lease:
         """Returns once a leader of a newer term than `term` is seen elsewhere than at `address`. A
@@ -156,7 +186,7 @@ class Leadership:
         except Exception as error:  # the API server or the file unreachable for a moment: try again
             self._say(f"cannot read the job's lease: {error!r}")
             return None
-        self._seen(lease)
+        self._observed.seen(lease)
         return lease
 
     async def _campaign(self) -> None:
@@ -166,7 +196,10 @@ class Leadership:
             self._say(f"cannot take or renew the job's lease: {error!r}")
             held = False
         if held and self.leader is None:
-            await self._lead(self.election.taken_from)
+            leader = await self._own_leader.lead(
+                self.election.term, self.election.leading, self.own, self.election.taken_from
+            )
+            self.elected(leader)
             self.election.keep_renewing()
         elif self.leader is not None and self.leader.standing_down and self.election.leading():
             # It found itself fenced for a moment (its renewals late), or cut off from every member
@@ -179,30 +212,7 @@ class Leadership:
             await self.election.release()
         elif self.leader is not None and not self.election.leading():
             await self._stand_down("lost the job's lease")
-        self._seen(self.election.observed())
-
-    def _seen(self, lease: Lease | None) -> None:
-        if lease is None:
-            return
-        if self.lease is None or (lease.leader, lease.term) != (self.lease.leader, self.lease.term):
-            self.lease = lease
-            self._changed.set()
-
-    async def _lead(self, before: Lease | None) -> None:
-        term = self.election.term
-        leader = self._new_leader(term, self.election.leading)
-        port = self.own.address.rsplit(":", 1)[1]
-        reserved, self._reserved = self._reserved, None
-        await leader.serve(self._bind, int(port), sock=reserved, tls=self.tls, own_host=self.own.host)
-        self.leader = leader
-        previous = before.holder if before is not None else None
-        if previous != self.own and (previous is not None or term > 1):
-            # Someone led before (a record unreadable as a holder still counted a term): take over.
-            whom = f"{previous.machine} (host {previous.host})" if previous else "an unknown holder"
-            self._say(f"elected leader (term {term}) in place of {whom}")
-            lost_at = before.renewed_at if before else time.time()
-            leader.take_over(previous, self.own, self._journal(), lost_at)
-        self.elected(leader)
+        self._observed.seen(self.election.observed())
 
     def adopt(self, election: Election, own: Holder) -> None:
         """This spare took a host over: from now on it is a candidate like every host, as `own`
@@ -231,8 +241,7 @@ class Leadership:
 
     async def _stand_down(self, reason: str) -> None:
         self.election.stop_renewing()
-        leader, self.leader = self.leader, None
-        assert leader is not None
+        leader = self._own_leader.vacate()
         self._say(f"{reason}: standing down as leader")
         leader.stand_down(reason)
         self.deposed()

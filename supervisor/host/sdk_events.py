@@ -1,12 +1,11 @@
-"""What the workload says through its SDK, and what this host makes of it.
+"""What the workload says through its SDK: the socket it says it on, and whose word counts.
 
 The workload's SDK writes one JSON line per event to a Unix socket (`slicekeeper/protocol.py`):
-phases, step begin / own work done / step end, checkpoints saved, failed or restored, done. Each
-event feeds the hang detector (activity), the culprit tracker (where the workload is), the goodput
-accountant (what the time is spent on) and the metrics, and the ones the leader needs are reported
-to it. A pre-started standby process connects early and says hello; it speaks for a generation only
-once promoted. Right after a restore, the first steps must give a finite loss, or the restored step
-is declared bad.
+phases, step begin / own work done / step end, checkpoints saved, failed or restored, done. Only the
+current generation's workload's word counts; each of its events is logged, its fields checked, and
+then it takes effect on this host (host.sdk_effects: the hang detector, the culprit tracker, the
+goodput accountant, the metrics, the leader). A pre-started standby process connects early and says
+hello; it speaks for a generation only once promoted.
 """
 
 from __future__ import annotations
@@ -17,27 +16,19 @@ import math
 import os
 import socket
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.checkpoints.restore_plan import Tier
 from slicekeeper.supervisor.culprit import ActivityTracker
 from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.context import HostContext
+from slicekeeper.supervisor.host.sdk_effects import EventEffects
 from slicekeeper.supervisor.host.workload import Standby, send_sdk_line
 
 from slicekeeper import protocol
-from slicekeeper.goodput import PHASE_CATEGORY
-from slicekeeper.policy.events import FaultKind
-from slicekeeper.protocol import Event, Phase
+from slicekeeper.protocol import Event
 
-SANITY_STEPS = 3
-"""Steps after a restore whose loss must be finite, or the restored step is declared bad."""
-
-_STEP_EVENTS = (Event.PHASE, Event.STEP_BEGIN, Event.WORK_DONE, Event.STEP_END)
 _WITH_STEP = {event for event in Event if event not in (Event.HELLO, Event.PHASE, Event.PROGRAMS)}
 _NAMES_LIMIT = 64
 """Program names a `programs` event may list, in each of its lists."""
@@ -98,7 +89,8 @@ def _said_hello(standby: Standby, line: bytes) -> bool:
 
 
 class SdkEvents:
-    """The SDK socket's server and the handling of each event of the current generation's workload."""
+    """The SDK socket's server: whose word counts (the current generation's workload, its standby once
+    promoted), the way back to it, and its events handed on to take effect (host.sdk_effects)."""
 
     def __init__(
         self,
@@ -118,31 +110,39 @@ class SdkEvents:
         this host had done before it started: a standby's imports (seconds of CPU) started earlier
         slowed the first step and the steps executed again, the recovery itself."""
         self._context = context
-        self._detector = detector
-        self._activity = activity
-        self._checkpoint_saved = checkpoint_saved
         self._standby = standby
-        self._step_begun = step_begun
-        self._work_done = work_done
-        self._productive_again = productive_again
+        self._effects = EventEffects(
+            context,
+            detector=detector,
+            activity=activity,
+            checkpoint_saved=checkpoint_saved,
+            step_begun=step_begun,
+            work_done=work_done,
+            productive_again=productive_again,
+        )
         self._generation = -1
         """The generation whose workload's word counts (`begin`), unless `_stopping` (`stopped`)."""
         self._stopping = False
-        self.done: dict[str, Any] | None = None
-        """The current generation's `done` event: it finished training (its exit says the rest)."""
-        self.fingerprint: str | None = None
-        """The parameters' fingerprint of the newest `done`."""
-        self.last_checkpoint: int | None = None
-        """The newest committed local step."""
-        self._first_step_pending = True
-        self._standby_after: int | None = 0
-        """Pre-start the standby once a step beyond this one ends (None: done for this generation)."""
-        self._sanity_left = 0
-        self._restored_step: int | None = None
         self._eof: dict[int, asyncio.Event] = {}
         """Per generation: set when that workload's SDK connection has been read to the end."""
         self._speaking: tuple[int, asyncio.StreamWriter] | None = None
         """The generation whose workload is connected now, and the way to it (`request_save`)."""
+        self._server: asyncio.Server | None = None
+
+    @property
+    def done(self) -> dict[str, Any] | None:
+        """The current generation's `done` event: it finished training (its exit says the rest)."""
+        return self._effects.done
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The parameters' fingerprint of the newest `done`."""
+        return self._effects.fingerprint
+
+    @property
+    def last_checkpoint(self) -> int | None:
+        """The newest committed local step."""
+        return self._effects.last_checkpoint
 
     async def serve(self, path: Path) -> asyncio.Server:
         """Listen on the Unix socket `path`, which only the job's user may connect to: its mode is 0600,
@@ -158,28 +158,29 @@ class SdkEvents:
         except OSError:
             sock.close()
             raise
-        return await asyncio.start_unix_server(self._connection, sock=sock, limit=protocol.SDK_LINE_LIMIT)
+        self._server = await asyncio.start_unix_server(
+            self._connection, sock=sock, limit=protocol.SDK_LINE_LIMIT
+        )
+        return self._server
+
+    def close(self) -> None:
+        """Listen no more (the supervisor ends)."""
+        if self._server is not None:
+            self._server.close()
 
     def drop_checkpoints_after(self, restore_step: int | None) -> None:
         """The steps after the restore step are dropped from every tier of this machine: the newest
         committed step is now the restore step (none: from scratch). Called before the generation
         moves, so that no scrape of the new generation sees a dropped step."""
-        if self.last_checkpoint is not None and (restore_step is None or self.last_checkpoint > restore_step):
-            self.last_checkpoint = restore_step
-            self._context.metrics.last_checkpoint_step.set(restore_step or 0)
+        self._effects.drop_checkpoints_after(restore_step)
 
     def begin(self, generation: int, restore_step: int | None, now: float, *, host_count: int) -> None:
         """A generation of `host_count` hosts starts: its workload's word counts; a new process (the
         startup allowance applies again, then the first steps' allowance for its world), nothing done
         yet, its first step to come, no sanity check (yet)."""
         self._generation, self._stopping = generation, False
-        self._detector.restart(now, host_count=host_count)
-        self._activity.restart(now, restore_step)
-        self.done = None
-        self._first_step_pending = True
-        self._standby_after = self._context.accountant.high_water
+        self._effects.begin(restore_step, now, host_count=host_count)
         self._eof[generation] = asyncio.Event()
-        self._restored_step, self._sanity_left = restore_step, 0
 
     def stopped(self, generation: int) -> None:
         """Generation `generation` is being stopped (or this host parked): no workload's word counts
@@ -188,7 +189,7 @@ class SdkEvents:
 
     def check_restored_steps(self) -> None:
         """The restore step was staged: the next steps' losses must be finite."""
-        self._sanity_left = SANITY_STEPS
+        self._effects.check_restored_steps()
 
     async def request_save(self, generation: int, step: int) -> bool:
         """Ask generation `generation`'s workload to save `step` and hold (protocol.SAVE_AT): False
@@ -244,109 +245,6 @@ class SdkEvents:
                 self._eof[generation].set()
 
     async def _on_event(self, message: dict[str, Any]) -> None:
-        now = time.time()
         generation = self._generation
         self._context.log({"source": "workload", "generation": generation, **message})
-        event = _event(message)
-        if event is Event.PHASE:
-            phase = Phase(message["phase"])
-            self._detector.activity(now, phase)
-            self._activity.phase(now, phase.value)
-            self._context.accountant.switch(PHASE_CATEGORY[phase], now)
-        elif event is Event.STEP_BEGIN:
-            step = int(message["step"])
-            self._detector.activity(now, Phase.IDLE)
-            self._activity.step_begun(now, step)
-            self._context.accountant.begin_step(step, now, first_of_start=self._first_step_pending)
-            self._step_begun(step)
-        elif event is Event.WORK_DONE:
-            # Not activity for the hang timer: silence is counted from the step's begin on every host,
-            # the one that stopped and the ones waiting for it alike; the leader tells them apart.
-            self._activity.work_done(now, int(message["step"]))
-            self._work_done(int(message["step"]))
-        elif event is Event.STEP_END:
-            if not await self._step_ended(now, int(message["step"]), message):
-                return
-        elif event is Event.CHECKPOINT_SAVED:
-            self._detector.activity(now)
-            self.last_checkpoint = int(message["step"])
-            self._context.metrics.last_checkpoint_step.set(self.last_checkpoint)
-            self._checkpoint_saved(self.last_checkpoint)
-            await self._context.report(messages.Committed(step=self.last_checkpoint))
-        elif event is Event.CHECKPOINT_FAILED:
-            await self._checkpoint_failed(now, message)
-        elif event is Event.CHECKPOINT_RESTORED:
-            self._detector.activity(now)
-            # What the workload says it loaded, next to what this supervisor staged for it.
-            await self._context.report(messages.Loaded(generation=generation, step=int(message["step"])))
-        elif event is Event.DONE:
-            self._detector.activity(now, Phase.TEARDOWN)  # it must still exit, within the phase allowance
-            self.done = message
-            self.fingerprint = message.get("fingerprint")
-        else:
-            self._detector.activity(now)
-        if event not in _STEP_EVENTS:
-            self._activity.other(now)
-
-    async def _step_ended(self, now: float, step: int, message: dict[str, Any]) -> bool:
-        """A step ended; False when its loss condemned the restored step (nothing more to do)."""
-        self._activity.step_ended(now, step)
-        duration = self._context.accountant.end_step(step, now)
-        self._detector.step_completed(now, duration)
-        self._first_step_pending = False
-        if self._standby_after is not None and step > self._standby_after:
-            self._standby_after = None
-            self._productive_again()
-        if duration is not None:
-            self._context.metrics.step_duration.observe(duration)
-        if self._sanity_left > 0 and await self._restored_state_is_bad(step, message.get("loss")):
-            return False
-        self._context.metrics.steps.inc()
-        self._context.metrics.step.set(step)
-        await self._context.report(
-            messages.Progress(
-                generation=self._generation,
-                step=step,
-                loss=message.get("loss"),
-                work=message.get("work"),
-                core=message.get("core"),
-            )
-        )
-        return True
-
-    async def _checkpoint_failed(self, now: float, message: dict[str, Any]) -> None:
-        self._detector.activity(now)
-        during = message.get("during", "save")
-        if during == "save":
-            # The metric's labels are the tiers: a tier a workload makes up adds none (counted as local,
-            # as the report below says).
-            tier = message.get("tier")
-            self._context.metrics.checkpoint_failures.labels(
-                tier=tier if tier in set(Tier) else Tier.LOCAL
-            ).inc()
-        await self._context.report(
-            messages.CheckpointInvalid(
-                step=int(message["step"]),
-                tier="local",
-                reason="save failed" if during == "save" else "corrupt",
-                detail=message.get("reason", ""),
-            )
-        )
-        self._context.say(f"checkpoint of step {message['step']} failed: {message.get('reason')}")
-
-    async def _restored_state_is_bad(self, step: int, loss: Any) -> bool:
-        """The first steps after a restore must give a finite loss, or the restored step is bad."""
-        self._sanity_left -= 1
-        if loss is None or math.isfinite(float(loss)):
-            return False
-        self._sanity_left = 0
-        detail = f"loss {loss} at step {step}, right after restoring step {self._restored_step}"
-        await self._context.report(
-            messages.Fault(
-                generation=self._generation,
-                kind=FaultKind.NONFINITE_LOSS,
-                detail=detail,
-                invalid_step=self._restored_step,
-            )
-        )
-        return True
+        await self._effects.take(_event(message), message, generation)

@@ -2,17 +2,17 @@
 
 A host's supervisor knows its host at its start; a spare learns it when the leader assigns one
 (supervisor.host.spare). Either way the parts serving the host are built then, each handed the same
-frozen context (supervisor.host.context): the workload process and its standby (host.workload), the
-SDK's events (host.sdk_events), the restart generation with its exit and hang watches
-(host.generation, host.detectors), the chaos faults aimed at the host (host.chaos). Here the leader's
-commands to a host are carried out (`obey`: messages.Start, Stop, Park, Journal, ActivityRequest),
-the host says how it joins a leader, and its account is made (host.host_report).
+frozen context (supervisor.host.context): the workload process and its standby (host.workload), what
+its workloads start with (host.workload_starts), the SDK's events (host.sdk_events), the restart
+generation with its exit and hang watches (host.generation, host.detectors), the chaos faults aimed
+at the host (host.chaos). Here the leader's commands to a host are carried out (`obey`:
+messages.Start, Stop, Park, Journal, ActivityRequest), the host says how it joins a leader, and its
+account is made (host.host_report).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,14 +29,9 @@ from slicekeeper.supervisor.host.host_report import host_report
 from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.host.notices import SigtermNotice, save_on_notice
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
-from slicekeeper.supervisor.host.sdk_socket import remove_sdk_socket, sdk_socket_path
-from slicekeeper.supervisor.host.workload import (
-    Standby,
-    WorkloadMachine,
-    Workloads,
-    presumed_start,
-    workload_env,
-)
+from slicekeeper.supervisor.host.sdk_socket import remove_sdk_socket
+from slicekeeper.supervisor.host.workload import Workloads
+from slicekeeper.supervisor.host.workload_starts import WorkloadStarts
 from slicekeeper.supervisor.leader.journal import received
 
 from slicekeeper.chaos import COLLECTIVE
@@ -69,11 +64,6 @@ class ServedHost:
         self.journal: messages.Journal | None = None
         """The newest journal the leader sent: what a leader taking over carries on."""
         self.retired = False
-        self._start = presumed_start(context.plan.shape.host_count, context.host)
-        """The leader's newest start (before its first, the one presumed): what the next standby is
-        made for."""
-        self._sdk_socket = sdk_socket_path(context.folder)
-        self._sdk_server: asyncio.Server | None = None
         self._hang_watch: asyncio.Task[None] | None = None
         self.detector = HangDetector(context.plan.training_job.spec.health)
         self.sigterm = SigtermNotice(
@@ -92,14 +82,17 @@ class ServedHost:
             write_report=write_report,
             leading=leading,
         )
+        self._starts = WorkloadStarts(
+            context, workloads=self.workloads, chaos=self.chaos, checkpoint_dir=tiers.local_dir
+        )
         self.sdk = SdkEvents(
             context,
             detector=self.detector,
             activity=self.activity,
             checkpoint_saved=tiers.saved,
-            standby=self._standby,
+            standby=self._starts.standby,
             step_begun=self._step_begun,
-            productive_again=self._productive_again,
+            productive_again=self._starts.prestart,
             work_done=self._work_done,
         )
         self.generation = Generation(
@@ -118,38 +111,24 @@ class ServedHost:
     def accountant(self) -> GoodputAccountant:
         return self.context.accountant
 
-    def _standby(self) -> Standby | None:
-        return self.workloads.standby
-
     def _step_begun(self, step: int) -> None:
         self.chaos.inject(step, self.workloads.current, self.generation.number)
 
     def _work_done(self, step: int) -> None:
         self.chaos.inject(step, self.workloads.current, self.generation.number, at=COLLECTIVE)
 
-    def _productive_again(self) -> None:
-        self.context.spawn(self.workloads.prestart(self.workload_env(self._start)))
-
     def workload_env(self, start: messages.Start) -> dict[str, str]:
         """The workload's environment for `start`, from what this host holds (supervisor.host.workload)."""
-        machine = WorkloadMachine(
-            socket=self._sdk_socket,
-            temp_dir=self.context.folder / "tmp",
-            checkpoint_dir=self._tiers.local_dir,
-            cores=self.context.site.cores(),
-            environ=os.environ,
-            slow=self.chaos.slow_spec(),
-        )
-        return workload_env(self.context, start, machine)
+        return self._starts.env(start)
 
     # --- serving ------------------------------------------------------------------------------
     async def begin(self, *, prestart: bool) -> None:
         """Listen to the workload's SDK and watch for hangs; `prestart`: the first generation (or,
         after a supervisor restart, the restart it rejoins) needs a workload, whose imports are done
         while the hosts gather and the leader decides."""
-        self._sdk_server = await self.sdk.serve(self._sdk_socket)
+        await self.sdk.serve(self._starts.socket)
         if prestart:
-            self.context.spawn(self.workloads.prestart(self.workload_env(self._start)))
+            self._starts.prestart()
         self._hang_watch = self.context.spawn(self.generation.hangs.run())
 
     async def end(self) -> None:
@@ -158,9 +137,8 @@ class ServedHost:
             self._hang_watch.cancel()
         self.workloads.drop_standby()
         await self.workloads.stop()
-        if self._sdk_server is not None:
-            self._sdk_server.close()
-        remove_sdk_socket(self._sdk_socket, self.context.folder)
+        self.sdk.close()
+        remove_sdk_socket(self._starts.socket, self.context.folder)
 
     def interrupt(self) -> None:
         """The supervisor stops at once: the time accounted so far, the workload SIGKILLed."""
@@ -185,8 +163,7 @@ class ServedHost:
     async def obey(self, command: messages.Command) -> None:
         match command:
             case messages.Start() as start:
-                self._start = start
-                await self.generation.start(start, self.workload_env(start))
+                await self.generation.start(start, self._starts.started(start))
             case messages.Stop() as stop:  # the fault is this host's when the leader named it so
                 await self.generation.stop(stop, blamed=stop.host == self.host)
             case messages.Journal() as journal:
