@@ -1,9 +1,11 @@
 """`slicekeeper run`: the job on one machine, one supervisor process per TPU host.
 
-The local runtime plays the operator's part with processes: it lays the job out (api.local_layout),
-starts one supervisor per host (each runs one workload process), watches the leader's status to
-show live progress (supervisor.live_view: redrawn in place on a terminal, plain lines in a log), and
-at the end gathers every host's accounting into the report (JSON, and a page to look at next to it:
+The local runtime plays the operator's part with processes: what the run is, checked once, is a
+frozen RunSetup (supervisor.local_setup: the job laid out (api.local_layout), its chaos, its folders);
+its machines (`Machines`) start one supervisor per host (each runs one workload process) and per
+spare; a watcher of the leader's status shows live progress (supervisor.local_watch, drawn by
+supervisor.live_view: redrawn in place on a terminal, plain lines in a log); at the end every host's
+accounting is gathered into the report (JSON, and a page to look at next to it:
 slicekeeper.report_page). A supervisor killed by a signal while the job runs is started again on its
 machine, as a kubelet restarts a container. Ctrl-C stops every process it started: supervisors get
 SIGTERM, then SIGKILL; workloads die with them.
@@ -23,36 +25,25 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Final, TextIO
 
-from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier, PersistentTierError
 from slicekeeper.supervisor.host import partition
-from slicekeeper.supervisor.leader.election import LEASE_FILE, read_lease_file
-from slicekeeper.supervisor.live_view import ProgressMode, run_view
+from slicekeeper.supervisor.live_view import ProgressMode, RunView, run_view
+from slicekeeper.supervisor.local_setup import RunSetup
+from slicekeeper.supervisor.local_watch import StatusWatch
 from slicekeeper.supervisor.plan import JobPlan
-from slicekeeper.supervisor.ports import free_port
-from slicekeeper.supervisor.tls import JobTls
 from slicekeeper.supervisor.workload_process import die_with_parent
 
 from slicekeeper import credentials, protocol
 from slicekeeper.api import TrainingJob
-from slicekeeper.chaos import ChaosKind, check_hosts, parse_chaos
-from slicekeeper.errors import UserError
 from slicekeeper.recovery_breakdown import add_breakdowns
 from slicekeeper.report import build_report, format_report
 from slicekeeper.report_page import write_page
 from slicekeeper.shape import JobLayout
 
-DEFAULT_CACHE = (
-    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slicekeeper" / "jax-compilation-cache"
-)
-CREDENTIALS_DIR = "credentials"
-"""In the run directory: this run's own CA and certificate (slicekeeper.credentials), its user's only."""
 STOP_GRACE_SECONDS = 5.0
 UNHEARD_END_SECONDS = 15.0
 """A host's supervisor still running this long after the job ended did not hear the end (its machine
@@ -60,7 +51,7 @@ is cut off by a partition): it is stopped rather than waited for until it gives 
 MACHINE_RESTARTS = 3
 """How often one machine's supervisor is started again after dying of a signal, at most."""
 LONE_FAILURE_SECONDS = 60.0
-"""How long the other hosts' supervisors may go on after one failed on its own (see _hosts_ended)."""
+"""How long the other hosts' supervisors may go on after one failed on its own (see Machines.hosts_ended)."""
 STATUS_LOST: Final = 256
 """A supervisor's code when another waiter in this process reaped it first (not an exit code: those
 are 0-255, or minus a signal): a stale `subprocess.Popen` whose own child was reaped behind its back
@@ -142,215 +133,37 @@ def _exit_code(status: os.waitid_result) -> int:
     return status.si_status if status.si_code == os.CLD_EXITED else -status.si_status
 
 
-def _check_writable(path: Path, what: str) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".slicekeeper-probe"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as error:
-        raise UserError(f"{what}: '{path}' is not writable: {error.strerror or error}") from None
+class Machines:
+    """The run's machines and the supervisor of each, kept running as a kubelet keeps a container (one
+    killed by a signal is started again on its machine), and stopped together at the end."""
 
+    def __init__(self, setup: RunSetup, view: RunView) -> None:
+        self._setup = setup
+        self._view = view
+        self.names: list[str] = []
+        """Every machine the run started, in order: `host-i`, then `spare-j`."""
+        self.processes: list[SupervisorProcess] = []
+        """Every supervisor process started, the ones started again included."""
+        self.spares: list[asyncio.Task[int]] = []
+        """The spare machines' keepers (kept running like the hosts')."""
+        self.stopping = False
+        """The run is over, or interrupted: supervisors ending now are not started again."""
 
-class LocalRuntime:
-    def __init__(
-        self,
-        job: TrainingJob,
-        layout: JobLayout,
-        *,
-        steps: int | None = None,
-        chaos: str | None = None,
-        report_path: Path | None = None,
-        out: TextIO = sys.stdout,
-        progress: ProgressMode = "auto",
-    ) -> None:
-        self.job = job
-        self.faults = parse_chaos(chaos)
-        check_hosts(self.faults, layout.shape.host_count)
-        self._partitions = any(f.kind is ChaosKind.PARTITION for f in self.faults)
-        """Chaos `partition` among the faults: each machine runs under a group id of its own
-        (supervisor.host.partition)."""
-        if self._partitions:
-            partition.check_available()
-        self.layout = layout
-        """The job scaled down to this machine (slicekeeper.api.local_layout)."""
-        self.total_steps = steps if steps is not None else job.spec.workload.steps
-        if self.total_steps < 1:
-            raise UserError("--steps: must be at least 1")
-        work_dir = job.spec.local.work_dir
-        if work_dir:
-            self.run_dir = (
-                Path(work_dir) / f"{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-            )
-            _check_writable(self.run_dir, "spec.local.workDir")
-        else:
-            self.run_dir = Path(tempfile.mkdtemp(prefix=f"slicekeeper-{job.metadata.name}-"))
-        self.checkpoint_root = Path(job.spec.checkpoint.local_dir) / self.run_dir.name
-        _check_writable(self.checkpoint_root, "spec.checkpoint.localDir")
-        self.report_path = report_path or self.run_dir / "report.json"
-        _check_writable(self.report_path.parent, "--report")
-        self.spares = job.spec.local.spares
-        self.run_key = f"{job.metadata.name}/{self.run_dir.name}"
-        persistent = job.spec.checkpoint.persistent
-        if persistent is not None:
-            # Reported now, not at the first save minutes into the run.
-            try:
-                PersistentTier(persistent.uri, self.run_key).probe()
-            except PersistentTierError as error:
-                raise UserError(f"spec.checkpoint.persistent.uri: {error}") from None
-        self.out = out
-        self.view = run_view(out, progress, job_name=job.metadata.name, total_steps=self.total_steps)
-        """Where everything the run prints goes (`progress`: live, plain, or auto by `out`)."""
-        self._supervisors: list[SupervisorProcess] = []
-        self._machines: list[str] = []
-        self._capacity = [f for f in self.faults if f.kind is ChaosKind.SPARE]
-        """Chaos `spare:+N@step=S`: spare machines that join when the job reaches step S."""
-        self._spares: list[asyncio.Task[int]] = []
-        """The spare machines' supervisors (kept running like the hosts')."""
-        self._interrupted = False
-        self._stopping = False
-        """The run is over: supervisors ending now are not started again."""
-        self._printed_ports = False
-
-    def _say(self, text: str) -> None:
-        self.view.say(text)
-
-    def _plan(self) -> JobPlan:
-        return JobPlan(
-            training_job=self.job,
-            layout=self.layout,
-            run_dir=str(self.run_dir),
-            leader=f"127.0.0.1:{free_port()}",
-            total_steps=self.total_steps,
-            checkpoint_root=str(self.checkpoint_root),
-            compilation_cache=os.environ.get("SLICEKEEPER_COMPILATION_CACHE", str(DEFAULT_CACHE)),
-            local=True,
-            chaos=[str(f) for f in self.faults],
-            metrics_port=self.job.spec.local.metrics_port,
-            spares=self.spares,
-            run_key=self.run_key,
-            credentials=str(self.run_dir / CREDENTIALS_DIR),
-        )
-
-    async def run(self) -> dict[str, Any]:
-        plan = self._plan()
-        credentials.generate(self.job.metadata.name).write(Path(plan.credentials))
-        plan_path = self.run_dir / "plan.json"
-        plan.write(plan_path)
-        shape = self.layout.shape
-        self._say(
-            f"slicekeeper: running {self.job.metadata.name} locally: {shape.slices} slice(s) x "
-            f"{shape.hosts_per_slice} host(s) x {shape.devices_per_host} CPU device(s), "
-            f"{self.total_steps} steps" + (f", {self.spares} spare(s)" if self.spares else "")
-        )
-        if self.faults:
-            self._say("  chaos: " + ", ".join(str(f) for f in self.faults))
-        self._say(f"  run directory: {self.run_dir}  (plan, logs, reports)")
-        started = time.time()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, self._interrupt)
-        try:
-            self.view.start()
-            hosts = [
-                self._keep(plan, plan_path, machine) for machine in plan.machines[: plan.shape.host_count]
-            ]
-            for machine in plan.machines[plan.shape.host_count :]:
-                self._spares.append(self._keep(plan, plan_path, machine))
-            watcher = asyncio.create_task(self._watch(plan, plan_path))
-            codes = await self._hosts_ended(hosts)
-            # The job is over once every host's supervisor ended. Spares end when the leader says so;
-            # one that joined too late to hear it is stopped below (_stop_all), after a short grace.
-            spares = [keeper for keeper in self._spares if not keeper.done()]
-            if spares:
-                await asyncio.wait(spares, timeout=STOP_GRACE_SECONDS)
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-        finally:
-            self.view.stop()
-            self._stopping = True
-            await self._stop_all()
-            for keeper in self._spares:
-                keeper.cancel()
-            if self._partitions:
-                for table in await asyncio.to_thread(partition.remove_all, self.run_key):
-                    self._say(f"  chaos: removed the partition left in place ({table})")
-            shutil.rmtree(self.checkpoint_root, ignore_errors=True)
-        wall = time.time() - started
-        report = self._gather(plan, started, wall)
-        events = self.run_dir / "policy-events.jsonl"
-        if events.exists():
-            # The decisions' event log, next to the report: `slicekeeper policy replay` reads it.
-            events_copy = self.report_path.with_name(self.report_path.stem + ".events.jsonl")
-            shutil.copyfile(events, events_copy)
-            report["events_log"] = str(events_copy)
-        if self._interrupted:
-            report["state"], report["failure_reason"] = "interrupted", "stopped by the user (Ctrl-C)"
-        elif report["state"] != "succeeded" and not report.get("failure_reason"):
-            report["failure_reason"] = (
-                f"supervisors exited with {codes}; see {self.run_dir}/host-*/supervisor.log"
-            )
-        self.report_path.write_text(json.dumps(report, indent=1))
-        self._say("")
-        self._say(format_report(report))
-        self._say(f"  report: {self.report_path}")
-        write_page_beside(report, self.report_path, self._say)
-        return report
-
-    def _gather(self, plan: JobPlan, started: float, wall: float) -> dict[str, Any]:
-        summary_path = self.run_dir / "job-summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"state": "failed"}
-        hosts = []
-        for machine in self._machines:
-            # report.json, and the reports of supervisors that ran on the machine before it
-            for path in sorted(plan.machine_dir(machine).glob("report*.json")):
-                hosts.append(json.loads(path.read_text()))
-        report = build_report(
-            job_name=self.job.metadata.name,
-            started_at=started,
-            wall_seconds=wall,
-            summary=summary,
-            hosts=hosts,
-        )
-        report["run_dir"] = str(self.run_dir)
-        add_breakdowns(report, self.run_dir)
-        return report
-
-    async def _hosts_ended(self, hosts: list[asyncio.Task[int]]) -> list[int]:
-        """Every host's supervisor's exit code, once all ended. One that failed on its own (exit 1,
-        or an end whose status another waiter took: STATUS_LOST) while the others still run after
-        the time a leader is waited for means the run is broken (e.g. it died before it registered,
-        and the job waits for it): every other is stopped."""
-        summary = self.run_dir / "job-summary.json"
-        while pending := [host for host in hosts if not host.done()]:
-            # Looked at before waiting: a host's task may have ended before this one first ran.
-            failed = [h for h in hosts if h.done() and h.result() in (protocol.EXIT_JOB_FAILED, STATUS_LOST)]
-            if not failed:
-                await asyncio.wait(pending, timeout=STOP_GRACE_SECONDS, return_when=asyncio.FIRST_COMPLETED)
-                if summary.exists() and time.time() - summary.stat().st_mtime > UNHEARD_END_SECONDS:
-                    # The job ended a while ago: who still runs cannot hear it (a machine cut off).
-                    self._say("slicekeeper: the job ended; stopping the supervisors that did not hear it")
-                    self._stopping = True
-                    await self._stop_all()
-                    await asyncio.gather(*hosts)
-                continue
-            # asyncio.wait, not wait_for: a timeout must not cancel the hosts' tasks.
-            await asyncio.wait(pending, timeout=LONE_FAILURE_SECONDS)
-            if not all(host.done() for host in hosts):
-                machine = self._machines[hosts.index(failed[0])]
-                self._say(f"slicekeeper: {machine}'s supervisor failed and the others went on; stopping")
-                self._stopping = True
-                await self._stop_all()
-                await asyncio.gather(*hosts)
-        return [host.result() for host in hosts]
-
-    def _keep(
+    def keep(
         self, plan: JobPlan, plan_path: Path, machine: str, joined_by: str | None = None
     ) -> asyncio.Task[int]:
         """Run one machine's supervisor until it ends; its exit code."""
-        self._machines.append(machine)
+        self.names.append(machine)
         return asyncio.create_task(self._keep_running(plan, plan_path, machine, joined_by))
+
+    def keep_spare(self, plan: JobPlan, plan_path: Path, machine: str, joined_by: str | None = None) -> None:
+        """Run spare machine `machine`'s supervisor until it ends (`joined_by`: the chaos fault it
+        joined the job by, None: one of the job's spares)."""
+        self.spares.append(self.keep(plan, plan_path, machine, joined_by))
+
+    def next_spare(self) -> str:
+        """The name of the next spare machine to join."""
+        return f"spare-{sum(1 for m in self.names if m.startswith('spare-'))}"
 
     async def _keep_running(self, plan: JobPlan, plan_path: Path, machine: str, joined_by: str | None) -> int:
         """A supervisor killed by a signal is started again on its machine, as a kubelet restarts a
@@ -360,14 +173,14 @@ class LocalRuntime:
         while True:
             process = self._launch(plan, plan_path, machine, joined_by, restart)
             code = await process.wait()
-            if self._stopping or self._interrupted or code >= 0 or -code in (signal.SIGTERM, signal.SIGINT):
+            if self.stopping or code >= 0 or -code in (signal.SIGTERM, signal.SIGINT):
                 return code
             if restart >= MACHINE_RESTARTS:
                 died = signal.Signals(-code).name
-                self._say(f"  {machine}: its supervisor died again ({died}); not started again")
+                self._view.say(f"  {machine}: its supervisor died again ({died}); not started again")
                 return code
             restart += 1
-            self.view.event(
+            self._view.event(
                 f"{machine}: its supervisor died ({signal.Signals(-code).name}); "
                 "starting it again on the same machine"
             )
@@ -384,38 +197,64 @@ class LocalRuntime:
         argv = [sys.executable, "-m", "slicekeeper.supervisor", "--plan", str(plan_path), f"--{role}", index]
         # With a partition among the faults, a group id of its own: how its packets are told apart.
         ordinal = int(index) + (plan.shape.host_count if role == "spare" else 0)
-        group = partition.GROUP_ID_BASE + ordinal if self._partitions else None
+        group = partition.GROUP_ID_BASE + ordinal if self._setup.partitions else None
         with (machine_dir / "supervisor.log").open("ab") as log:
-            self._supervisors.append(SupervisorProcess.start(argv + extra, log, group=group))
-        return self._supervisors[-1]
+            self.processes.append(SupervisorProcess.start(argv + extra, log, group=group))
+        return self.processes[-1]
 
-    async def _capacity_returns(self, plan: JobPlan, plan_path: Path, step: int) -> None:
-        """Chaos `spare:+N@step=S`: the job reached step S, N new spare machines join it."""
-        for fault in [f for f in self._capacity if f.step <= step]:
-            self._capacity.remove(fault)
-            for _ in range(fault.count):
-                spare = f"spare-{sum(1 for m in self._machines if m.startswith('spare-'))}"
-                self.view.event(f"chaos: {fault}: {spare} joins")
-                self._spares.append(self._keep(plan, plan_path, spare, joined_by=str(fault)))
+    async def hosts_ended(self, hosts: list[asyncio.Task[int]]) -> list[int]:
+        """Every host's supervisor's exit code, once all ended. One that failed on its own (exit 1,
+        or an end whose status another waiter took: STATUS_LOST) while the others still run after
+        the time a leader is waited for means the run is broken (e.g. it died before it registered,
+        and the job waits for it): every other is stopped."""
+        summary = self._setup.run_dir / "job-summary.json"
+        while pending := [host for host in hosts if not host.done()]:
+            # Looked at before waiting: a host's task may have ended before this one first ran.
+            failed = [h for h in hosts if h.done() and h.result() in (protocol.EXIT_JOB_FAILED, STATUS_LOST)]
+            if not failed:
+                await asyncio.wait(pending, timeout=STOP_GRACE_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+                if summary.exists() and time.time() - summary.stat().st_mtime > UNHEARD_END_SECONDS:
+                    # The job ended a while ago: who still runs cannot hear it (a machine cut off).
+                    self._view.say(
+                        "slicekeeper: the job ended; stopping the supervisors that did not hear it"
+                    )
+                    await self.stop_all()
+                    await asyncio.gather(*hosts)
+                continue
+            # asyncio.wait, not wait_for: a timeout must not cancel the hosts' tasks.
+            await asyncio.wait(pending, timeout=LONE_FAILURE_SECONDS)
+            if not all(host.done() for host in hosts):
+                machine = self.names[hosts.index(failed[0])]
+                self._view.say(f"slicekeeper: {machine}'s supervisor failed and the others went on; stopping")
+                await self.stop_all()
+                await asyncio.gather(*hosts)
+        return [host.result() for host in hosts]
 
-    def _interrupt(self) -> None:
-        if not self._interrupted:
-            self._interrupted = True
-            self._say("\nslicekeeper: interrupted; stopping every host")
-            asyncio.get_running_loop().call_later(STOP_GRACE_SECONDS, self._kill_all)
-        for process in self._supervisors:
+    async def spares_end(self) -> None:
+        """The job is over: spares end when the leader says so; one that joined too late to hear it
+        is given a short grace (then stopped with the rest)."""
+        spares = [keeper for keeper in self.spares if not keeper.done()]
+        if spares:
+            await asyncio.wait(spares, timeout=STOP_GRACE_SECONDS)
+
+    def interrupt(self) -> None:
+        """The user stops the run: no supervisor is started again, each is sent SIGTERM."""
+        self.stopping = True
+        for process in self.processes:
             process.send_signal(signal.SIGTERM)
 
-    def _kill_all(self) -> None:
+    def kill_all(self) -> None:
         """The grace period is over: SIGKILL every running supervisor's process group (workloads
         follow)."""
-        for process in self._supervisors:
+        for process in self.processes:
             process.kill_group()
 
-    async def _stop_all(self) -> None:
-        """Nothing left running: SIGTERM, a grace period, then SIGKILL of each process group. Only
-        supervisors not reaped yet are signalled: one that ended had its group killed then."""
-        alive = [p for p in self._supervisors if p.returncode is None]
+    async def stop_all(self) -> None:
+        """Nothing left running, nothing started again: SIGTERM, a grace period, then SIGKILL of each
+        process group. Only supervisors not reaped yet are signalled: one that ended had its group
+        killed then."""
+        self.stopping = True
+        alive = [p for p in self.processes if p.returncode is None]
         for process in alive:
             process.send_signal(signal.SIGTERM)
         ends = [asyncio.create_task(process.wait()) for process in alive]
@@ -425,46 +264,122 @@ class LocalRuntime:
             process.kill_group()
         await asyncio.gather(*ends)
 
-    async def _watch(self, plan: JobPlan, plan_path: Path) -> None:
-        """Show live progress from the leader's status lines (and bring in spares due at a step),
-        following the leader the job's lease names when it changes."""
-        lease_file = Path(plan.run_dir) / LEASE_FILE
-        tls = JobTls(Path(plan.credentials))
-        address, deadline = plan.leader, time.time() + 60
-        while True:
-            host, port = address.rsplit(":", 1)
-            try:
-                reader, writer = await tls.connect(host, int(port), limit=protocol.CONTROL_LINE_LIMIT)
-            except OSError:
-                if time.time() > deadline:
-                    return
-                await asyncio.sleep(0.2)
-                lease = await asyncio.to_thread(read_lease_file, lease_file)
-                if lease is not None and lease.leader is not None:
-                    address = lease.leader.address
-                continue
-            writer.write(messages.Watch().encode())
-            await self._show(plan, plan_path, reader)
-            writer.close()
-            deadline = time.time() + 60
 
-    async def _show(self, plan: JobPlan, plan_path: Path, reader: asyncio.StreamReader) -> None:
-        with contextlib.suppress(OSError):  # ConnectionError, or ssl.SSLError on a cut TLS stream
-            while line := await reader.readline():
-                message = messages.to_watcher(line)
-                if isinstance(message, messages.EventNote):
-                    self.view.event(message.text, message.t)
-                    continue
-                if self._capacity and message.state == "running":
-                    await self._capacity_returns(plan, plan_path, max(h.step for h in message.hosts))
-                ports = [h.metrics_port for h in message.hosts]
-                if not self._printed_ports and all(ports):
-                    self._printed_ports = True
-                    self._say(
-                        "  metrics: "
-                        + ", ".join(f"host {i} http://127.0.0.1:{p}/metrics" for i, p in enumerate(ports))
-                    )
-                self.view.status(message)
+class LocalRuntime:
+    def __init__(
+        self,
+        job: TrainingJob,
+        layout: JobLayout,
+        *,
+        steps: int | None = None,
+        chaos: str | None = None,
+        report_path: Path | None = None,
+        out: TextIO = sys.stdout,
+        progress: ProgressMode = "auto",
+    ) -> None:
+        self.setup = RunSetup.prepare(job, layout, steps=steps, chaos=chaos, report_path=report_path)
+        """What the run is, checked (supervisor.local_setup)."""
+        self.view = run_view(out, progress, job_name=job.metadata.name, total_steps=self.setup.total_steps)
+        """Where everything the run prints goes (`progress`: live, plain, or auto by `out`)."""
+        self.machines = Machines(self.setup, self.view)
+        self._interrupted = False
+
+    def _say(self, text: str) -> None:
+        self.view.say(text)
+
+    async def run(self) -> dict[str, Any]:
+        setup = self.setup
+        plan = setup.plan()
+        credentials.generate(setup.job.metadata.name).write(Path(plan.credentials))
+        plan_path = setup.run_dir / "plan.json"
+        plan.write(plan_path)
+        shape = setup.layout.shape
+        self._say(
+            f"slicekeeper: running {setup.job.metadata.name} locally: {shape.slices} slice(s) x "
+            f"{shape.hosts_per_slice} host(s) x {shape.devices_per_host} CPU device(s), "
+            f"{setup.total_steps} steps" + (f", {setup.spares} spare(s)" if setup.spares else "")
+        )
+        if setup.faults:
+            self._say("  chaos: " + ", ".join(str(f) for f in setup.faults))
+        self._say(f"  run directory: {setup.run_dir}  (plan, logs, reports)")
+        started = time.time()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self._interrupt)
+        try:
+            self.view.start()
+            hosts = [
+                self.machines.keep(plan, plan_path, machine)
+                for machine in plan.machines[: plan.shape.host_count]
+            ]
+            for machine in plan.machines[plan.shape.host_count :]:
+                self.machines.keep_spare(plan, plan_path, machine)
+            watch = StatusWatch(plan, plan_path, view=self.view, machines=self.machines, faults=setup.faults)
+            watcher = asyncio.create_task(watch.run())
+            codes = await self.machines.hosts_ended(hosts)
+            # The job is over once every host's supervisor ended. Spares end when the leader says so;
+            # one that joined too late to hear it is stopped below (stop_all), after a short grace.
+            await self.machines.spares_end()
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        finally:
+            self.view.stop()
+            await self.machines.stop_all()
+            for keeper in self.machines.spares:
+                keeper.cancel()
+            if setup.partitions:
+                for table in await asyncio.to_thread(partition.remove_all, setup.run_key):
+                    self._say(f"  chaos: removed the partition left in place ({table})")
+            shutil.rmtree(setup.checkpoint_root, ignore_errors=True)
+        wall = time.time() - started
+        report = self._gather(plan, started, wall)
+        report_path = setup.report_path
+        events = setup.run_dir / "policy-events.jsonl"
+        if events.exists():
+            # The decisions' event log, next to the report: `slicekeeper policy replay` reads it.
+            events_copy = report_path.with_name(report_path.stem + ".events.jsonl")
+            shutil.copyfile(events, events_copy)
+            report["events_log"] = str(events_copy)
+        if self._interrupted:
+            report["state"], report["failure_reason"] = "interrupted", "stopped by the user (Ctrl-C)"
+        elif report["state"] != "succeeded" and not report.get("failure_reason"):
+            report["failure_reason"] = (
+                f"supervisors exited with {codes}; see {setup.run_dir}/host-*/supervisor.log"
+            )
+        report_path.write_text(json.dumps(report, indent=1))
+        self._say("")
+        self._say(format_report(report))
+        self._say(f"  report: {report_path}")
+        write_page_beside(report, report_path, self._say)
+        return report
+
+    def _gather(self, plan: JobPlan, started: float, wall: float) -> dict[str, Any]:
+        run_dir = self.setup.run_dir
+        summary_path = run_dir / "job-summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"state": "failed"}
+        hosts = []
+        for machine in self.machines.names:
+            # report.json, and the reports of supervisors that ran on the machine before it
+            for path in sorted(plan.machine_dir(machine).glob("report*.json")):
+                hosts.append(json.loads(path.read_text()))
+        report = build_report(
+            job_name=self.setup.job.metadata.name,
+            started_at=started,
+            wall_seconds=wall,
+            summary=summary,
+            hosts=hosts,
+        )
+        report["run_dir"] = str(run_dir)
+        add_breakdowns(report, run_dir)
+        return report
+
+    def _interrupt(self) -> None:
+        if not self._interrupted:
+            self._interrupted = True
+            self._say("\nslicekeeper: interrupted; stopping every host")
+            asyncio.get_running_loop().call_later(STOP_GRACE_SECONDS, self.machines.kill_all)
+        self.machines.interrupt()
 
 
 def write_page_beside(report: dict[str, Any], report_path: Path, say: Callable[[str], None]) -> None:

@@ -43,12 +43,12 @@ async def hosts_ending(run: LocalRuntime, programs: list[str]) -> tuple[list[int
     processes = []
     for program in programs:
         process = SupervisorProcess.start([sys.executable, "-c", program])
-        run._supervisors.append(process)
-        run._machines.append(f"host-{len(processes)}")
+        run.machines.processes.append(process)
+        run.machines.names.append(f"host-{len(processes)}")
         processes.append(process)
     hosts = [asyncio.create_task(process.wait()) for process in processes]
     try:
-        codes = await asyncio.wait_for(run._hosts_ended(hosts), timeout=60)
+        codes = await asyncio.wait_for(run.machines.hosts_ended(hosts), timeout=60)
     except TimeoutError:
         ended = {i: p.returncode for i, p in enumerate(processes) if p.returncode is not None}
         for process in processes:

@@ -50,11 +50,11 @@ async def main(tmp: Path) -> None:
     run = LocalRuntime(job, JobLayout(job.metadata.name, shape))
     ended = SupervisorProcess.start([sys.executable, "-c", "pass"])
     running = SupervisorProcess.start([sys.executable, "-c", {RUNNING!r}])
-    run._supervisors += [ended, running]
+    run.machines.processes += [ended, running]
     await ended.wait()
     Path("/proc/sys/kernel/ns_last_pid").write_text(str(ended.pid - 1))
     other = subprocess.Popen([sys.executable, "-c", {RUNNING!r}], start_new_session=True)
-    await run._stop_all()
+    await run.machines.stop_all()
     try:  # a SIGKILL takes effect once its target is scheduled
         other.wait(timeout=1)
     except subprocess.TimeoutExpired:
@@ -123,12 +123,12 @@ def test_a_supervisor_whose_exit_status_another_waiter_took_still_ends_the_run(t
     async def hosts_ending() -> list[int]:
         run = runtime(tmp_path, out)
         for index, program in enumerate([RUNNING, "raise SystemExit(1)", RUNNING]):
-            run._supervisors.append(SupervisorProcess.start([sys.executable, "-c", program]))
-            run._machines.append(f"host-{index}")
+            run.machines.processes.append(SupervisorProcess.start([sys.executable, "-c", program]))
+            run.machines.names.append(f"host-{index}")
         # Another waiter reaps host-1 by its pid before the runtime's loop gets to look.
-        os.waitpid(run._supervisors[1].pid, 0)
-        hosts = [asyncio.create_task(process.wait()) for process in run._supervisors]
-        return await asyncio.wait_for(run._hosts_ended(hosts), timeout=30)
+        os.waitpid(run.machines.processes[1].pid, 0)
+        hosts = [asyncio.create_task(process.wait()) for process in run.machines.processes]
+        return await asyncio.wait_for(run.machines.hosts_ended(hosts), timeout=30)
 
     codes = asyncio.run(hosts_ending())
     assert codes[1] == STATUS_LOST and codes[0] < 0 and codes[2] < 0, codes
