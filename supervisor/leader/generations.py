@@ -1,16 +1,22 @@
 """The restart state machine's driver: carries out what `leader.restart_machine` decides.
 
-The transitions themselves are pure (leader.restart_machine): this module reads the machine's state
-from the job's memory and its own bookkeeping, feeds it each event, writes the new state back and
-carries out the commands in order: the journal written, the members told, the ack deadline armed
-through the leader's background work (fenced, its failure an outcome), a generation started (the
-restore plan chosen, a fresh coordinator address, each host's sources), the job ended. What a command
-leads to (the start done or given up) comes back as an event.
+The transitions are pure (leader.restart_machine); the machine's state is one value in the job's
+memory (`JobMemory.restart`), written here alone. Every part of the leader sends the driver events
+(`send`): they wait in one queue and are taken one at a time, never re-entered. An event's
+transition gives the new state and commands; each command is carried out by its one applier, in
+order: the journal written, the members told, the ack deadline armed through the leader's background
+work (fenced, its failure an outcome), a start checked (the persistent tier read before the first
+start, the hosts with no machine), a generation launched (the restore plan chosen, a fresh
+coordinator address, each host's sources), the job ended. What a command finds out goes back into
+the queue as an event (`StartChecked`), taken after the commands under way; a command that raises
+fails the job with the reason, so none is dropped unseen.
 
 Hosts of a dropped slice get `park` instead of `start`. What changes who takes part (a replacement,
 a scale-down or up) is decided and applied while the job is stopped (leader.remediation); the start
-waits for it: whatever must finish first holds the start (`hold`/`release`: a decision under way, a
-policy's `Wait`, a leader carrying on a journal), and so does a replacement on its way (the capacity).
+waits for it: whatever must finish first holds the start (`Hold`/`Release` events: a decision under
+way, a policy's `Wait`, a leader carrying on a journal), and so does a replacement on its way (the
+capacity). An event that needs the facts of its turn (who is live, which hosts take part) is sent as
+a function that makes it (`fault_stop`, `reconsider`).
 """
 
 from __future__ import annotations
