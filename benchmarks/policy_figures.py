@@ -16,7 +16,7 @@ from typing import Any
 
 from harness import RunFailed, read_events, step_intervals
 from policy_scenarios import HEALTHY, LOSE_STEP, SCALE_DOWN, SCALE_DOWN_HOSTS, SLOW_HOST, SLOW_STEP, Scenario
-from slicekeeper.supervisor.straggler import StragglerDetector
+from slicekeeper.supervisor.signals.straggler import StragglerDetector
 
 
 # --- figures of one run -----------------------------------------------------------------------------

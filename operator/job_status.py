@@ -7,7 +7,7 @@ Two sources, both on the pods (the operator never talks to the supervisors):
   carries, summed into `restarts.replace`), whether every pod Succeeded;
 - the leader's view (slicekeeper.leader_view), which the leading supervisor (slice 0 worker 0's at the
   start, any host's after a hand-over; the newest term's view counts) publishes on its own pod
-  (annotation `slicekeeper.dev/status`, supervisor/own_pod.py): the training step, the slices taking part
+  (annotation `slicekeeper.dev/status`, supervisor/pod/own_pod.py): the training step, the slices taking part
   (`slicesActive`, fewer after a scale-down), in-job restarts by kind, the newest restorable
   checkpoint step, goodput, and whether the job is restarting or finished.
 

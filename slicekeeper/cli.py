@@ -22,7 +22,7 @@ from slicekeeper.errors import JobFailed, UserError
 
 
 def _run(args: argparse.Namespace) -> int:
-    from slicekeeper.supervisor.local_runtime import LocalRuntime
+    from slicekeeper.supervisor.local.local_runtime import LocalRuntime
 
     from slicekeeper.api import local_layout
 

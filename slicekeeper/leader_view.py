@@ -1,7 +1,7 @@
 """The leader's view of its job, as the `slicekeeper.dev/status` annotation on the leader's pod carries it.
 
 The leading supervisor builds it (supervisor/leader/status.py) and writes it on its own pod
-(supervisor/own_pod.py); the operator reads it from the pods and merges it into the TrainingJob's
+(supervisor/pod/own_pod.py); the operator reads it from the pods and merges it into the TrainingJob's
 status (operator/job_status.py). The two never share a process, only this annotation: both ends use
 this one definition, so neither indexes the other's JSON by a key it guessed.
 

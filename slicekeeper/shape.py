@@ -4,7 +4,7 @@ names of its hosts.
 A job has `slices` slices (data-parallel replicas over DCN) of `hosts_per_slice` hosts each, each host
 with `devices_per_host` devices. Host h is worker h % hosts_per_slice of slice h // hosts_per_slice:
 the global host index, which shard and checkpoint the host owns, fixed for the life of the job. The
-operator's layout (`JobLayout`, below), the leader's world (supervisor.world) and the policy's view of
+operator's layout (`JobLayout`, below), the leader's world (supervisor.leader.world) and the policy's view of
 it (slicekeeper.policy.World) all say it with this one type. Hosts as a collection are a tuple in rank
 order; a number of hosts is a count (`host_count`).
 

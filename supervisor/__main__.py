@@ -3,7 +3,7 @@
 - `python -m slicekeeper.supervisor --plan plan.json --host N | --spare N`: local mode (the local
   runtime writes the plan and starts one per host process);
 - `python -m slicekeeper.supervisor --in-pod -- COMMAND...`: a TPU pod's entrypoint; its plan comes from
-  the pod's environment and the job's ConfigMap (supervisor/pod_plan.py), COMMAND is the workload.
+  the pod's environment and the job's ConfigMap (supervisor/pod/pod_plan.py), COMMAND is the workload.
 """
 
 import argparse
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from slicekeeper.supervisor.host import HostSupervisor
 from slicekeeper.supervisor.plan import JobPlan
-from slicekeeper.supervisor.pod_plan import pod_plan
+from slicekeeper.supervisor.pod.pod_plan import pod_plan
 
 from slicekeeper import protocol
 from slicekeeper.credentials import CredentialsError

@@ -30,7 +30,7 @@ from pydantic import (
     TypeAdapter,
     model_validator,
 )
-from slicekeeper.supervisor.checkpoints.restore_plan import RestoreSource
+from slicekeeper.supervisor.checkpoint_vocabulary import RestoreSource
 
 from slicekeeper import protocol
 from slicekeeper.chaos import ChaosKind
@@ -108,7 +108,7 @@ class Progress(Report):
     work: float | None = None
     core: int | None = None
     """Local mode: the CPU core the host's own work runs on (protocol.ENV_OWN_WORK_CORE); the leader
-    compares a host's work with that of the hosts sharing its core (supervisor.straggler)."""
+    compares a host's work with that of the hosts sharing its core (supervisor.signals.straggler)."""
     earlier: list[tuple[int, float, float | None]] = []
 
 
@@ -200,7 +200,7 @@ class Fault(Report):
 
 
 class ActivityReport(Report):
-    """Where the host's workload is (supervisor.culprit.Activity), asked at a hang report."""
+    """Where the host's workload is (supervisor.signals.culprit.Activity), asked at a hang report."""
 
     type: Literal["activity"] = "activity"
     generation: int
@@ -209,7 +209,7 @@ class ActivityReport(Report):
     phase: str
     silent_seconds: float
     process: str = "running"
-    """The workload's process: running, stopped or gone (supervisor.culprit.process_state)."""
+    """The workload's process: running, stopped or gone (supervisor.signals.culprit.process_state)."""
 
 
 class Stopped(Report):

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from slicekeeper.supervisor.checkpoints.persistent_tier import StoreReads
-from slicekeeper.supervisor.checkpoints.restore_plan import Tier
+from slicekeeper.supervisor.checkpoint_vocabulary import StoreReads, Tier
 
 from slicekeeper.goodput import BADPUT, Category, GoodputAccountant
 
@@ -81,7 +80,7 @@ class _RoleCollector(Collector):
 
 
 class _StoreReadsCollector(Collector):
-    """The persistent tier's own read counts (checkpoints.persistent_tier.StoreReads), at scrape time."""
+    """The persistent tier's own read counts (checkpoint_vocabulary.StoreReads), at scrape time."""
 
     def __init__(self, reads: StoreReads) -> None:
         self._reads = reads

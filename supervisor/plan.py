@@ -1,7 +1,7 @@
 """Everything a supervisor needs to know about its job, written once by whoever starts it.
 
 The local runtime writes `plan.json` into the run directory; in a pod the same fields come from the
-rendered environment (supervisor.pod_plan). The plan is a value: the TrainingJob in it is the
+rendered environment (supervisor.pod.pod_plan). The plan is a value: the TrainingJob in it is the
 pydantic model, validated once per process where the plan is made or read, and JSON only at that
 edge (`write`, `read`).
 """

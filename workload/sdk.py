@@ -136,7 +136,8 @@ class StepRecord:
     core: OwnWorkCore | None = None
     """Local mode: own work runs on this core until `work_done()`."""
     on_work_done: Callable[[], None] | None = None
-    """Tells the supervisor this host's own work is done (where a hang stopped, supervisor.culprit)."""
+    """Tells the supervisor this host's own work is done (where a hang stopped:
+    supervisor.signals.culprit)."""
 
     def __post_init__(self) -> None:
         if self.began is None:

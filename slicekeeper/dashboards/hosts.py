@@ -26,7 +26,7 @@ def dashboard() -> Dashboard:
             .title("Straggler score per host")
             .description(
                 "Each host's own work per step over the other hosts' (1 is normal, 2 twice as slow; "
-                "supervisor/straggler.py): a host that turns hot is becoming a straggler."
+                "supervisor/signals/straggler.py): a host that turns hot is becoming a straggler."
             )
             .datasource(DATASOURCE)
             .with_target(query(f"max by (host) (slicekeeper_straggler_score{{{JOB}}})", "{{host}}"))

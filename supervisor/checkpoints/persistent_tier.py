@@ -36,11 +36,11 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from fsspec.core import url_to_fs  # type: ignore[import-untyped]
+from slicekeeper.supervisor.checkpoint_vocabulary import StoreReads
 
 from slicekeeper import shard_folder
 from slicekeeper.shard_folder import MANIFEST, STEP_PREFIX, CorruptCheckpoint, Manifest, ShardFile
@@ -53,18 +53,6 @@ CHUNK = shard_folder.HASH_BLOCK
 
 class PersistentTierError(Exception):
     """The persistent tier is unreachable or an operation on it failed; the message names the URI."""
-
-
-@dataclass
-class StoreReads:
-    """What one PersistentTier instance read from the store, counted at each read."""
-
-    shards: int = 0
-    """Host shards downloaded (complete or not): restores served by the store."""
-    objects: int = 0
-    """Objects opened for reading: shard files, manifests, COMMITTED markers."""
-    bytes: int = 0
-    """Bytes read from those objects."""
 
 
 def _reason(error: BaseException) -> str:

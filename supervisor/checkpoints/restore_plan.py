@@ -17,17 +17,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Annotated, Required
 
-from pydantic import AfterValidator
-from typing_extensions import TypedDict  # pydantic validates a TypedDict from here on Python < 3.12
-
-
-class Tier(StrEnum):
-    LOCAL = "local"
-    PEER = "peer"
-    PERSISTENT = "persistent"
+from slicekeeper.supervisor.checkpoint_vocabulary import RestoreSource, Tier
 
 
 @dataclass(frozen=True)
@@ -47,21 +38,6 @@ class Source:
         if self.owner is not None:
             message["owner"] = self.owner
         return message
-
-
-class RestoreSource(TypedDict, total=False):
-    """Where a host stages its shard of the restore step from, as the leader's `start` lists it
-    (supervisor.messages.Start validates it). A TypedDict of plain JSON values: on the wire a source
-    names only what it has (`{"tier": "local"}`)."""
-
-    tier: Required[Annotated[str, AfterValidator(lambda name: Tier(name).value)]]
-    """A `Tier`'s value."""
-    holder: int
-    """For the peer tier: the host whose supervisor holds the copy."""
-    address: str
-    """For the peer tier: where the holder's supervisor serves its copies."""
-    owner: int
-    """Whose shard the copy is, when not the restoring host's own: a twin's."""
 
 
 def describe(source: RestoreSource) -> str:

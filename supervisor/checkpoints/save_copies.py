@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.checkpoint_vocabulary import Tier
 from slicekeeper.supervisor.checkpoints import store_calls
 from slicekeeper.supervisor.checkpoints.peer_tier import (
     ReplicationError,
@@ -21,7 +22,6 @@ from slicekeeper.supervisor.checkpoints.peer_tier import (
     replica_holders,
 )
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTierError
-from slicekeeper.supervisor.checkpoints.restore_plan import Tier
 from slicekeeper.supervisor.checkpoints.tier_context import Serving, TierContext
 
 from slicekeeper import shard_folder

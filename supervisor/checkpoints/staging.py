@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.checkpoint_vocabulary import RestoreSource, Tier
 from slicekeeper.supervisor.checkpoints import store_calls
 from slicekeeper.supervisor.checkpoints.peer_tier import ReplicationError, fetch_replica
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTierError
-from slicekeeper.supervisor.checkpoints.restore_plan import RestoreSource, Tier, describe
+from slicekeeper.supervisor.checkpoints.restore_plan import describe
 from slicekeeper.supervisor.checkpoints.tier_context import TierContext
 
 from slicekeeper import shard_folder

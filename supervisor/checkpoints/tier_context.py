@@ -10,9 +10,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slicekeeper.supervisor.checkpoint_vocabulary import Tier
 from slicekeeper.supervisor.checkpoints.peer_tier import ReplicaStore
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
-from slicekeeper.supervisor.checkpoints.restore_plan import Tier
 from slicekeeper.supervisor.metrics import SupervisorMetrics
 from slicekeeper.supervisor.reporting import Log, Report
 from slicekeeper.supervisor.tls import JobTls

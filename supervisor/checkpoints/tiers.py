@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.checkpoint_vocabulary import RestoreSource
 from slicekeeper.supervisor.checkpoints import staging
 from slicekeeper.supervisor.checkpoints.peer_tier import ReplicaServer, ReplicaStore
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
-from slicekeeper.supervisor.checkpoints.restore_plan import RestoreSource
 from slicekeeper.supervisor.checkpoints.save_copies import SaveCopies
 from slicekeeper.supervisor.checkpoints.staging import Staged
 from slicekeeper.supervisor.checkpoints.tier_context import Serving, TierContext

@@ -34,7 +34,7 @@ from slicekeeper.chaos import BEGIN, ChaosKind, Fault, parse_chaos
 LOST_EXIT_CODE = 137
 """How a supervisor whose machine a `lose` fault took ends (as if SIGKILLed). A `crash-supervisor`
 fault SIGKILLs the supervisor for real: the local runtime starts again a supervisor killed by a
-signal, never one that exited (supervisor.local_runtime)."""
+signal, never one that exited (supervisor.local.local_runtime)."""
 
 
 def faults_of(specs: list[str], host: int | None, fired: set[str]) -> list[Fault]:

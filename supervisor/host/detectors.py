@@ -2,8 +2,8 @@
 
 An exit is classified (finished after the SDK's `done`, or a crash, with its exit code or signal)
 once the workload's last SDK lines are read. Silence is judged by the hang detector
-(supervisor/hang.py), whose allowance follows what the workload is doing; a hang is reported once
-per silence, and the leader then names the host that stopped (supervisor/culprit.py), or, when no
+(supervisor/signals/hang.py), whose allowance follows what the workload is doing; a hang is reported once
+per silence, and the leader then names the host that stopped (supervisor/signals/culprit.py), or, when no
 host stands out, looks again before it restarts the job.
 """
 
@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.metrics import SupervisorMetrics
 from slicekeeper.supervisor.reporting import Report
+from slicekeeper.supervisor.signals.hang import HangDetector
 from slicekeeper.supervisor.workload_process import ExitStatus, WorkloadProcess
 
 from slicekeeper.goodput import Category, GoodputAccountant

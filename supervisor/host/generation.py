@@ -15,13 +15,14 @@ import time
 from collections.abc import Sequence
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.checkpoints.restore_plan import RestoreSource, describe
+from slicekeeper.supervisor.checkpoint_vocabulary import RestoreSource
+from slicekeeper.supervisor.checkpoints.restore_plan import describe
 from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
-from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.context import HostContext
 from slicekeeper.supervisor.host.detectors import ExitWatch, HangWatch
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
 from slicekeeper.supervisor.host.workload import Workloads
+from slicekeeper.supervisor.signals.hang import HangDetector
 
 from slicekeeper.goodput import Category
 from slicekeeper.policy.events import FaultKind
@@ -40,7 +41,7 @@ class Generation:
         sdk: SdkEvents,
         detector: HangDetector,
     ) -> None:
-        """`detector`: judges the workload's silence (supervisor.hang)."""
+        """`detector`: judges the workload's silence (supervisor.signals.hang)."""
         self._context = context
         self._workloads = workloads
         self._tiers = tiers

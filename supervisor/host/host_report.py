@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
-from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.generation import Generation
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
 from slicekeeper.supervisor.messages import Journal
+from slicekeeper.supervisor.signals.hang import HangDetector
 
 from slicekeeper.goodput import GoodputAccountant
 from slicekeeper.shape import HostId

@@ -6,7 +6,7 @@ packet it sends or is sent is dropped, so that the kernel's retransmissions and 
 unanswered as across a dead link. After T seconds the rules go and the partition heals.
 
 How: every machine of a run that has a partition fault runs under a group id of its own
-(supervisor.local_runtime starts it so), and one nftables table per cut machine, in the output hook
+(supervisor.local.local_runtime starts it so), and one nftables table per cut machine, in the output hook
 that every packet of a local run passes (they all travel over loopback), drops
 - what the machine's sockets send, matched by that group id (`meta skgid`): a connection it opens
   later never gets past its first SYN;

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.checkpoints.restore_plan import Tier
-from slicekeeper.supervisor.culprit import ActivityTracker
-from slicekeeper.supervisor.hang import HangDetector
+from slicekeeper.supervisor.checkpoint_vocabulary import Tier
 from slicekeeper.supervisor.host.context import HostContext
+from slicekeeper.supervisor.signals.culprit import ActivityTracker
+from slicekeeper.supervisor.signals.hang import HangDetector
 
 from slicekeeper.goodput import PHASE_CATEGORY
 from slicekeeper.policy.events import FaultKind

@@ -20,11 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slicekeeper.supervisor.culprit import ActivityTracker
-from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.context import HostContext
 from slicekeeper.supervisor.host.sdk_effects import EventEffects
 from slicekeeper.supervisor.host.workload import Standby, send_sdk_line
+from slicekeeper.supervisor.signals.culprit import ActivityTracker
+from slicekeeper.supervisor.signals.hang import HangDetector
 
 from slicekeeper import protocol
 from slicekeeper.protocol import Event

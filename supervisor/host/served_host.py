@@ -19,8 +19,6 @@ from typing import Any
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
-from slicekeeper.supervisor.culprit import ActivityTracker, process_state
-from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.chaos import Chaos
 from slicekeeper.supervisor.host.confinement import Confinement
 from slicekeeper.supervisor.host.context import HostContext
@@ -33,6 +31,8 @@ from slicekeeper.supervisor.host.sdk_socket import remove_sdk_socket
 from slicekeeper.supervisor.host.workload import Workloads
 from slicekeeper.supervisor.host.workload_starts import WorkloadStarts
 from slicekeeper.supervisor.leader.journal import received
+from slicekeeper.supervisor.signals.culprit import ActivityTracker, process_state
+from slicekeeper.supervisor.signals.hang import HangDetector
 
 from slicekeeper.chaos import COLLECTIVE
 from slicekeeper.goodput import GoodputAccountant
@@ -70,7 +70,7 @@ class ServedHost:
             context, float(context.plan.training_job.spec.disruption.termination_grace_period_seconds)
         )
         self.activity = ActivityTracker()
-        """Where the workload is, for the leader naming a hang's culprit (supervisor.culprit)."""
+        """Where the workload is, for the leader naming a hang's culprit (supervisor.signals.culprit)."""
         confinement = Confinement(context.site.hidden_from_workload(), say=context.say)
         self.workloads = Workloads(context, confinement=confinement)
         self.chaos = Chaos(

@@ -7,7 +7,7 @@ coordinator is, the job's lease and how patiently the leader is reached, the mac
 workload's own work, what the workload's command and environment take from where it runs
 (supervisor.host.workload), how the leader brings a lost host's successor (spare supervisors or a
 new pod, supervisor.leader.capacity), whether the leader's events go to the log, and the pod's
-annotations (a pod's only door to the API server, supervisor/own_pod.py). No other module of the
+annotations (a pod's only door to the API server, supervisor/pod/own_pod.py). No other module of the
 supervisors branches on local or cluster (tests/unit/test_code_vocabulary.py). Locally every
 supervisor shares the loopback address of the leader and serves its metrics on a port of its own; in
 a pod each has the pod's IP and is reached by its host name through the job's headless Service, and
@@ -32,8 +32,8 @@ from slicekeeper.supervisor.host.confinement import SERVICE_ACCOUNT_DIR
 from slicekeeper.supervisor.host.workload import GO_VARIABLES, own_cores
 from slicekeeper.supervisor.leader.capacity import Replacements, declared_spares, pod_replacements
 from slicekeeper.supervisor.leader.election import Election, Holder, cluster_election, local_election
-from slicekeeper.supervisor.own_pod import OwnPod
 from slicekeeper.supervisor.plan import JobPlan
+from slicekeeper.supervisor.pod.own_pod import OwnPod
 from slicekeeper.supervisor.ports import free_port
 
 from slicekeeper import protocol

@@ -40,9 +40,9 @@ from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.job_metrics import JobCollector
 from slicekeeper.supervisor.metrics import Role, SupervisorMetrics
-from slicekeeper.supervisor.own_pod import OwnPod
 from slicekeeper.supervisor.plan import JobPlan
-from slicekeeper.supervisor.pod_notices import PodNotice, seconds_left, watch_notices
+from slicekeeper.supervisor.pod.own_pod import OwnPod
+from slicekeeper.supervisor.pod.pod_notices import PodNotice, seconds_left, watch_notices
 from slicekeeper.supervisor.reporting import EventLog
 from slicekeeper.supervisor.tls import JobTls
 

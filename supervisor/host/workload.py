@@ -22,18 +22,17 @@ import os
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.host.confinement import Confinement
+from slicekeeper.supervisor.plan import JobPlan
+from slicekeeper.supervisor.reporting import Log
 from slicekeeper.supervisor.workload_process import WorkloadProcess
 
 from slicekeeper import protocol
 from slicekeeper.api import WorkloadSpec
 from slicekeeper.shape import HostId, JobLayout, host_ranges
-
-if TYPE_CHECKING:  # the context names the site, which asks this module what a workload needs
-    from slicekeeper.supervisor.host.context import HostContext
 
 Send = Callable[[asyncio.StreamWriter, dict[str, Any]], Awaitable[None]]
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
@@ -67,6 +66,33 @@ class WorkloadSite(Protocol):
     def command(self, argv: list[str]) -> list[str]:
         """The command line `argv` as run there."""
         ...
+
+
+class WorkloadContext(Protocol):
+    """What a host's workload takes from the host it serves: its frozen context
+    (supervisor.host.context.HostContext). Named here as a protocol, not imported: that context
+    names the site, which asks this module what a workload needs."""
+
+    @property
+    def plan(self) -> JobPlan: ...
+    @property
+    def identity(self) -> HostId: ...
+    @property
+    def site(self) -> WorkloadSite: ...
+    @property
+    def folder(self) -> Path:
+        """The machine's folder: the workload's log."""
+        ...
+
+    @property
+    def finished(self) -> asyncio.Event:
+        """Set when the supervisor ends: no standby is started then."""
+        ...
+
+    @property
+    def log(self) -> Log: ...
+    @property
+    def spawn(self) -> Spawn: ...
 
 
 def megascale_env(
@@ -109,7 +135,7 @@ class WorkloadMachine:
     """The chaos `slow` spec (protocol.ENV_CHAOS_SLOW): a property of the machine (host.chaos)."""
 
 
-def workload_env(context: HostContext, start: messages.Start, machine: WorkloadMachine) -> dict[str, str]:
+def workload_env(context: WorkloadContext, start: messages.Start, machine: WorkloadMachine) -> dict[str, str]:
     """The workload's whole environment for `start` (its generation, coordinator, restore step, world
     and rank): the supervisor's own (`machine.environ`), the job's `env`, then the protocol's
     variables, then the machine's (`context.site`: where it runs)."""
@@ -221,7 +247,7 @@ class Workloads:
     """This host's workload process and the standby pre-started for the next generation."""
 
     def __init__(
-        self, context: HostContext, *, send: Send = send_sdk_line, confinement: Confinement | None = None
+        self, context: WorkloadContext, *, send: Send = send_sdk_line, confinement: Confinement | None = None
     ) -> None:
         """`send`: writes one line to the SDK socket; `confinement`: what the workload may not read
         (supervisor.host.confinement). No standby is started once the supervisor is finishing."""

@@ -10,6 +10,7 @@ decisions.py     the policy asked, its decisions and the straggler detector reco
 capacity.py      where a replacement machine comes from: spares locally, new pods in a cluster
 checkpoints.py   what every host and tier holds, and the restore plan
 status.py        the status lines, the TrainingJob status, the job summary
+world.py         which slices take part in the job now: scale-down and back up by whole slices
 """
 
 from slicekeeper.supervisor.leader.leader import Leader

@@ -42,7 +42,7 @@ class Task(StrEnum):
     NOTICE = "notice", "acting on a notice of an announced loss"
     """Saving on a notice of an announced loss, then deciding on it (leader.announced)."""
     HANG_CULPRIT = "hang_culprit", "naming a hang's culprit"
-    """Naming a hang's culprit from the members' answers (supervisor.culprit)."""
+    """Naming a hang's culprit from the members' answers (supervisor.signals.culprit)."""
     WAIT = "wait", "reconsidering after a Wait"
     """Reconsidering an event once a policy's `Wait` is over."""
     STOP_ACKS = "stop_acks", "taking in the members' stop acknowledgements"

@@ -345,7 +345,7 @@ class PodReplacements(_Crew):
             # The pod this one replaces may live on (its node cut off from the API server, which
             # deleted it): told to retire, its supervisor stops its workload and ends, before the
             # new pod's workload starts. (Its request for a replacement then names the uid of a pod
-            # that is gone, and is refused: supervisor/own_pod.py.)
+            # that is gone, and is refused: supervisor/pod/own_pod.py.)
             reason = f"host {host} was taken over by a new pod on {machine}"
             await self.members.send_to(old, messages.Retire(generation=self.memory.generation, reason=reason))
             old.close()

@@ -15,13 +15,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.checkpoint_vocabulary import Tier
 from slicekeeper.supervisor.checkpoints import store_calls
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier, PersistentTierError
-from slicekeeper.supervisor.checkpoints.restore_plan import Holdings, RestorePlan, Tier, plan_restore
+from slicekeeper.supervisor.checkpoints.restore_plan import Holdings, RestorePlan, plan_restore
 from slicekeeper.supervisor.leader import restart_records
 from slicekeeper.supervisor.leader.journal import JobMemory
 from slicekeeper.supervisor.leader.members import HostStatus, Members
-from slicekeeper.supervisor.world import JobWorld
+from slicekeeper.supervisor.leader.world import JobWorld
 
 T = TypeVar("T")
 

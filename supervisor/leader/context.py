@@ -16,7 +16,7 @@ from slicekeeper.supervisor.leader.checkpoints import Checkpoints
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.journal import JobMemory, JournalWriter
 from slicekeeper.supervisor.leader.members import HostStatus, Members
-from slicekeeper.supervisor.world import JobWorld
+from slicekeeper.supervisor.leader.world import JobWorld
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from typing import Any
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.members import HostStatus
-from slicekeeper.supervisor.straggler import Finding, StragglerDetector
-from slicekeeper.supervisor.world import JobWorld
+from slicekeeper.supervisor.leader.world import JobWorld
+from slicekeeper.supervisor.signals.straggler import Finding, StragglerDetector
 
 from slicekeeper import policy
 from slicekeeper.policy.engine import PolicyEngine

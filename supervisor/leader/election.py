@@ -445,11 +445,11 @@ def read_lease_file(path: Path) -> Lease | None:
 def cluster_election(
     lease_name: str, namespace: str, holder: Holder, job: str, job_uid: str | None = None
 ) -> Election:
-    """In a pod: the supervisor's client (supervisor/own_pod.py: the pod's service account, or
+    """In a pod: the supervisor's client (supervisor/pod/own_pod.py: the pod's service account, or
     KUBECONFIG as the fake kubelet's pods have it; rate limit and retries); the Lease owned by the job
     when its uid is known."""
     from kubernetes import client
-    from slicekeeper.supervisor.own_pod import pod_api_client
+    from slicekeeper.supervisor.pod.own_pod import pod_api_client
 
     owner = (job, job_uid) if job_uid else None
     lock = KubernetesLeaseLock(lease_name, namespace, holder.identity(), {protocol.LABEL_JOB: job}, owner)

@@ -21,7 +21,7 @@ from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.journal import JobMemory
 from slicekeeper.supervisor.leader.restart_machine import JobState
-from slicekeeper.supervisor.world import JobWorld
+from slicekeeper.supervisor.leader.world import JobWorld
 
 SCALE_KINDS = ("down", "up")
 """The kinds of scale event (supervisor.leader.remediation), counted from 0 so that a rule sees them."""
@@ -160,7 +160,7 @@ def _stragglers(decisions: Decisions, host_count: int) -> Iterator[Metric]:
     score = GaugeMetricFamily(
         "slicekeeper_straggler_score",
         "Per host: its own work per step over the other hosts' (medians over the detector's window; "
-        "1 is normal, 2 twice as slow; supervisor/straggler.py).",
+        "1 is normal, 2 twice as slow; supervisor/signals/straggler.py).",
         labels=["host"],
     )
     for host, value in sorted(decisions.detector.scores().items()):

@@ -46,8 +46,8 @@ from slicekeeper.supervisor.leader.restart_rule import RestartRule
 from slicekeeper.supervisor.leader.silence import Silence
 from slicekeeper.supervisor.leader.takeover import SECONDS as takeover_seconds
 from slicekeeper.supervisor.leader.takeover import Takeover
+from slicekeeper.supervisor.leader.world import JobWorld
 from slicekeeper.supervisor.tls import JobTls
-from slicekeeper.supervisor.world import JobWorld
 
 from slicekeeper import protocol
 from slicekeeper.policy.engine import PolicyEngine

@@ -12,7 +12,7 @@ looked up by its type. A decision that raises fails the job with the reason (the
 work counts it), never leaving it stopped with nothing to start it again.
 
 A hang is put down to the host that stopped, not to the first host whose timer fired: the leader
-asks every member where its workload is and names the one furthest behind (supervisor.culprit).
+asks every member where its workload is and names the one furthest behind (supervisor.signals.culprit).
 When no host stands out, it asks again one allowance later and restarts the job only if no host
 moved meanwhile: a job only slower than its hang allowance is not restarted.
 """
@@ -27,7 +27,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.culprit import GONE, Activity, moved, name_culprit
 from slicekeeper.supervisor.leader import remedies
 from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.context import LeaderContext
@@ -41,6 +40,7 @@ from slicekeeper.supervisor.leader.restart_machine import (
     NoWorkload,
     Release,
 )
+from slicekeeper.supervisor.signals.culprit import GONE, Activity, moved, name_culprit
 
 from slicekeeper import policy
 from slicekeeper.chaos import ChaosKind
@@ -50,7 +50,7 @@ DECIDING, WAITING = "a decision under way", "a policy's Wait"
 """What a remedy holds the next start for (leader.generations)."""
 
 ACTIVITY_REPLY_SECONDS = 2.0
-"""At a hang report, how long every member gets to say where its workload is (supervisor.culprit);
+"""At a hang report, how long every member gets to say where its workload is (supervisor.signals.culprit);
 one that does not answer in time is taken for the host that stopped."""
 
 HANG_CONFIRM_MAX_SECONDS = 30.0
@@ -119,7 +119,7 @@ class Remediation:
         return generation == self.context.memory.generation and self.context.memory.state is JobState.RUNNING
 
     async def _hang_culprit(self, report: messages.Fault) -> tuple[int, messages.Fault] | None:
-        """Ask every member where its workload is and name the host that stopped (supervisor.culprit);
+        """Ask every member where its workload is and name the host that stopped (supervisor.signals.culprit);
         returns it with the report's detail saying who noticed and why that host. When no host stands
         out, ask again one allowance later: None when a host moved meanwhile (the job was only slow)."""
         generation = self.context.memory.generation

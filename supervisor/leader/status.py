@@ -13,7 +13,7 @@ from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.journal import JobMemory
 from slicekeeper.supervisor.leader.members import HostStatus
-from slicekeeper.supervisor.world import JobWorld
+from slicekeeper.supervisor.leader.world import JobWorld
 
 from slicekeeper.leader_view import LastRestore
 from slicekeeper.leader_view import LeaderView as LeaderView  # what Leader.cluster_status returns

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slicekeeper.supervisor import own_pod
+from slicekeeper.supervisor.pod import own_pod
 
 from slicekeeper import protocol
 from tests.support.operator_harness import Kube, emulated_cluster

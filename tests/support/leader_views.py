@@ -9,8 +9,8 @@ from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.journal import JobMemory
 from slicekeeper.supervisor.leader.members import HostStatus
-from slicekeeper.supervisor.straggler import StragglerDetector
-from slicekeeper.supervisor.world import JobWorld
+from slicekeeper.supervisor.leader.world import JobWorld
+from slicekeeper.supervisor.signals.straggler import StragglerDetector
 
 from slicekeeper.policy.engine import PolicyEngine
 from slicekeeper.shape import JobShape

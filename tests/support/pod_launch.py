@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from slicekeeper.supervisor.pod_plan import RUN_DIR
+from slicekeeper.supervisor.pod.pod_plan import RUN_DIR
 
 from slicekeeper import protocol
 

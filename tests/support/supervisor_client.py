@@ -1,4 +1,4 @@
-"""The supervisor's API client (supervisor/own_pod.py) pointed at a test's API server, as a pod's is.
+"""The supervisor's API client (supervisor/pod/own_pod.py) pointed at a test's API server, as a pod's is.
 
 A pod's supervisor builds its client once, from the pod's service account or KUBECONFIG, which the
 library reads when it is imported; a test builds it afresh against its own server, and monkeypatch
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import kubernetes
 import pytest
-from slicekeeper.supervisor import own_pod
+from slicekeeper.supervisor.pod import own_pod
 
 from tests.support.operator_process import kubeconfig
 

@@ -1,7 +1,7 @@
 """The rules toward the API server (slicekeeper/api_rules.py) as a supervisor's client keeps them.
 
 Against a small HTTP server of this process that answers as a busy API server would: a 429 with
-`Retry-After: 1`, then a 500, then the pod. The supervisor's client (supervisor/own_pod.py, whose
+`Retry-After: 1`, then a 500, then the pod. The supervisor's client (supervisor/pod/own_pod.py, whose
 client the job's Lease uses too) gets its annotation through, the second attempt no sooner than the
 Retry-After said; a plain client of the library fails at the 429 (the negative control). Its rate
 limit spaces a burst of requests out: at most `burst` at once, then `qps` a second.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import kubernetes
 import pytest
-from slicekeeper.supervisor import own_pod
 from slicekeeper.supervisor.leader.election import Holder, cluster_election
+from slicekeeper.supervisor.pod import own_pod
 
 from slicekeeper.api_rules import TokenBucket, limited_client
 from tests.support.supervisor_client import point_supervisor_client

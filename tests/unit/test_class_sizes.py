@@ -21,9 +21,9 @@ decorated with `@dataclass` (any form), or deriving, by a base's name, from pyda
 `NamedTuple`, `TypedDict`, an `Enum`, an exception (`Exception`, `BaseException`, a name ending in
 `Error` or `Exception`) or from another record class of the same tree; and whose methods assign no
 attribute of `self` but its own fields and what `__post_init__` or `model_post_init` derived from them
-(a record's methods may change its data, never hold more). Every other class is a behaviour. The host's supervisor, which owns only what belongs to the
-machine and its process (the host it serves is a mode with its own parts, supervisor.host), holds no
-more than HOST_SUPERVISOR_ATTRIBUTES.
+(a record's methods may change its data, never hold more). Every other class is a behaviour. The
+host's supervisor, which owns only what belongs to the machine and its process (the host it serves is
+a mode with its own parts, supervisor.host), holds no more than HOST_SUPERVISOR_ATTRIBUTES.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Naming a hang's culprit from where each host's workload was (supervisor.culprit).
+"""Naming a hang's culprit from where each host's workload was (supervisor.signals.culprit).
 
 Every case has a reporter that is not the culprit, so a rule that named the reporter (what the
 leader did before) fails each of them.
@@ -12,7 +12,13 @@ import subprocess
 import time
 
 import pytest
-from slicekeeper.supervisor.culprit import Activity, ActivityTracker, Stage, name_culprit, process_state
+from slicekeeper.supervisor.signals.culprit import (
+    Activity,
+    ActivityTracker,
+    Stage,
+    name_culprit,
+    process_state,
+)
 
 
 def at(step: int, stage: Stage, silent: float = 2.0, phase: str = "idle") -> Activity:

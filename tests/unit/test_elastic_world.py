@@ -1,8 +1,9 @@
 """The job's world: which slices take part, ranks, twins, and what a scale-up can bring back."""
 
 import pytest
-from slicekeeper.supervisor.checkpoints.restore_plan import Holdings, Source, Tier, plan_restore
-from slicekeeper.supervisor.world import JobWorld
+from slicekeeper.supervisor.checkpoint_vocabulary import Tier
+from slicekeeper.supervisor.checkpoints.restore_plan import Holdings, Source, plan_restore
+from slicekeeper.supervisor.leader.world import JobWorld
 
 from slicekeeper.shape import JobShape
 

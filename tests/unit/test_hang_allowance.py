@@ -1,4 +1,4 @@
-"""No false alarm at any size: the hang allowance grows with what it times (supervisor/hang.py), and a
+"""No false alarm at any size: the hang allowance grows with what it times (supervisor/signals/hang.py), and a
 host reports each silence once (supervisor/host/detectors.py).
 
 The figures are the ones measured with `slicekeeper run examples/trainingjob.yaml --hosts 16
@@ -14,9 +14,9 @@ import time
 
 import pytest
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.detectors import HangWatch
 from slicekeeper.supervisor.metrics import SupervisorMetrics
+from slicekeeper.supervisor.signals.hang import HangDetector
 
 from slicekeeper.api import HealthSpec
 from slicekeeper.goodput import GoodputAccountant

@@ -1,4 +1,4 @@
-"""A hang where no host stands out is confirmed before every host is restarted (supervisor/culprit.py,
+"""A hang where no host stands out is confirmed before every host is restarted (supervisor/signals/culprit.py,
 supervisor/leader/remediation.py).
 
 Every host waiting in the same step is what a collective hung as a whole looks like, and also what a
@@ -10,10 +10,10 @@ later, and restarts the job only if none went on. A real Leader over TCP with fa
 from __future__ import annotations
 
 import pytest
-from slicekeeper.supervisor import culprit
-from slicekeeper.supervisor.culprit import Activity, Stage
 from slicekeeper.supervisor.leader import remediation
 from slicekeeper.supervisor.leader.restart_machine import JobState
+from slicekeeper.supervisor.signals import culprit
+from slicekeeper.supervisor.signals.culprit import Activity, Stage
 
 from tests.support.fake_members import Member, eventually, join, run
 from tests.support.leader_jobs import nothing_arrives, running_job, shut

@@ -1,7 +1,7 @@
 """The hang detector allows silence according to what the workload is doing, never a fixed timeout."""
 
 import pytest
-from slicekeeper.supervisor.hang import HangDetector
+from slicekeeper.supervisor.signals.hang import HangDetector
 
 from slicekeeper.api import HealthSpec
 from slicekeeper.protocol import Phase

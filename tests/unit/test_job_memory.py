@@ -29,9 +29,7 @@ def through_json(memory: JobMemory) -> JobMemory:
 def test_a_memory_with_every_field_filled_in_survives_json():
     memory = JobMemory(
         started_at=1000.0,
-        restart=RestartState(
-            phase=JobState.STOPPING, generation=3, restarts=3, restarts_without_progress=1
-        ),
+        restart=RestartState(phase=JobState.STOPPING, generation=3, restarts=3, restarts_without_progress=1),
         high_water=57,
         restarts=Counter({"crash": 2, "hang": 1}),
         stop_cause={"kind": "hang", "host": 2, "t": 1050.0, "high_water": 57, "planned": False},

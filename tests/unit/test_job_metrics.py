@@ -9,7 +9,7 @@ from slicekeeper.supervisor.leader.job_metrics import JobCollector
 from slicekeeper.supervisor.leader.journal import Detection, FaultRecord
 from slicekeeper.supervisor.leader.restart_machine import JobState, RestartState
 from slicekeeper.supervisor.metrics import Role, SupervisorMetrics
-from slicekeeper.supervisor.straggler import StragglerDetector
+from slicekeeper.supervisor.signals.straggler import StragglerDetector
 
 from slicekeeper.goodput import GoodputAccountant
 from tests.support.leader_views import LeaderView, leader_view

@@ -1,7 +1,7 @@
 """One vocabulary for the job's shape: the layout, the leader's world and the policy's view agree."""
 
 import pytest
-from slicekeeper.supervisor.world import JobWorld
+from slicekeeper.supervisor.leader.world import JobWorld
 
 from slicekeeper.policy import World
 from slicekeeper.shape import JobLayout, JobShape

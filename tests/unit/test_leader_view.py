@@ -10,7 +10,7 @@ from slicekeeper.operator.job_status import derive, leader_view
 from slicekeeper.supervisor.leader.journal import JobMemory
 from slicekeeper.supervisor.leader.restart_machine import JobState, RestartState
 from slicekeeper.supervisor.leader.status import cluster_status
-from slicekeeper.supervisor.world import JobWorld
+from slicekeeper.supervisor.leader.world import JobWorld
 
 from slicekeeper import protocol
 from slicekeeper.api import parse_training_job

@@ -1,4 +1,4 @@
-"""What `slicekeeper run` shows while a job runs (supervisor/live_view.py), fed by hand.
+"""What `slicekeeper run` shows while a job runs (supervisor/local/live_view.py), fed by hand.
 
 The plain view (a log, a pipe) prints every event and at most one status line per interval, in the
 formats users and tests grep for; the live view (a terminal) draws the job's state, a progress bar,
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 from rich.console import Console
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.live_view import (
+from slicekeeper.supervisor.local.live_view import (
     EVENTS_SHOWN,
     PROGRESS_MODES,
     LiveView,

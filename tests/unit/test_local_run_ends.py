@@ -1,6 +1,6 @@
 """A local run ends when its hosts' supervisors do, and a supervisor that failed alone ends it too.
 
-`slicekeeper run` waits for every host's supervisor (supervisor/local_runtime.py). One that exits 1
+`slicekeeper run` waits for every host's supervisor (supervisor/local/local_runtime.py). One that exits 1
 on its own while the others run on (it died before it registered, say, and the job waits for it
 forever) would leave the run hanging: after LONE_FAILURE_SECONDS the others are stopped, and nothing
 is left running. A failure the others share (the leader failed the job, so every supervisor exits)
@@ -16,8 +16,8 @@ import os
 import sys
 
 import pytest
-from slicekeeper.supervisor import local_runtime
-from slicekeeper.supervisor.local_runtime import LocalRuntime, SupervisorProcess
+from slicekeeper.supervisor.local import local_runtime
+from slicekeeper.supervisor.local.local_runtime import LocalRuntime, SupervisorProcess
 
 from slicekeeper.api import TrainingJob, dump_training_job, load_training_job
 from slicekeeper.shape import JobLayout, JobShape

@@ -1,6 +1,6 @@
 """A local run signals and reaps only the supervisor processes it still owns.
 
-`slicekeeper run` holds each supervisor through a pidfd (supervisor/local_runtime.py,
+`slicekeeper run` holds each supervisor through a pidfd (supervisor/local/local_runtime.py,
 SupervisorProcess). A pid is only a number: once its process is reaped the kernel gives it to the next
 process started, so a pid kept past that names another program, and its process group another
 program's group. And any waiter in the process that reaps by pid (a stale `subprocess.Popen` polling
@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
-from slicekeeper.supervisor import local_runtime
-from slicekeeper.supervisor.local_runtime import STATUS_LOST, LocalRuntime, SupervisorProcess
+from slicekeeper.supervisor.local import local_runtime
+from slicekeeper.supervisor.local.local_runtime import STATUS_LOST, LocalRuntime, SupervisorProcess
 
 from slicekeeper.api import TrainingJob, dump_training_job, load_training_job
 from slicekeeper.shape import JobLayout, JobShape
@@ -38,7 +38,7 @@ import asyncio, json, subprocess, sys
 from pathlib import Path
 from slicekeeper.api import TrainingJob, dump_training_job, load_training_job
 from slicekeeper.shape import JobLayout, JobShape
-from slicekeeper.supervisor.local_runtime import LocalRuntime, SupervisorProcess
+from slicekeeper.supervisor.local.local_runtime import LocalRuntime, SupervisorProcess
 from tests.support.plans import EXAMPLE
 
 async def main(tmp: Path) -> None:

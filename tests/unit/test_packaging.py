@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -68,6 +69,24 @@ def test_neither_slicekeeper_nor_the_operator_folder_has_an_init_module():
     # operator/__init__.py makes the folder shadow the standard library (module docstring).
     assert not (ROOT / "operator" / "__init__.py").exists()
     assert not (ROOT / "slicekeeper" / "__init__.py").exists()
+
+
+def test_every_folder_of_modules_is_a_package_pyproject_names():
+    # setuptools builds only the packages listed; a folder left out is missing from the wheel (and
+    # from the strict editable install) without an error.
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages, folders = set(setuptools["packages"]), setuptools["package-dir"]
+    unnamed = set()
+    for top in ("slicekeeper", "operator", "supervisor", "workload"):
+        for module in (ROOT / top).rglob("*.py"):
+            folder = module.parent.relative_to(ROOT)
+            if top == "slicekeeper":  # in place: no package-dir entry
+                name, mapped_from = ".".join(folder.parts), None
+            else:
+                name, mapped_from = ".".join(("slicekeeper", *folder.parts)), folder.as_posix()
+            if name not in packages or folders.get(name) != mapped_from:
+                unnamed.add(f"{folder} as {name}")
+    assert not unnamed, f"folders of modules not in [tool.setuptools] packages/package-dir: {sorted(unnamed)}"
 
 
 def test_the_installed_cli_entry_point_runs():

@@ -2,7 +2,7 @@
 (plan.json locally, the job's ConfigMap in a pod), and every part after that reads the model it holds;
 the served host computes its workload's environment from three values it holds and hands it down,
 instead of being called back with a dozen and a half of them (supervisor/plan.py,
-supervisor/pod_plan.py, supervisor/host/workload.py)."""
+supervisor/pod/pod_plan.py, supervisor/host/workload.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from slicekeeper.supervisor.host import HostSupervisor
 from slicekeeper.supervisor.host.served_host import ServedHost
 from slicekeeper.supervisor.host.workload import Workloads, workload_env
 from slicekeeper.supervisor.plan import JobPlan
-from slicekeeper.supervisor.pod_plan import pod_plan
+from slicekeeper.supervisor.pod.pod_plan import pod_plan
 
 from slicekeeper import protocol
 from slicekeeper.api import TrainingJob, load_training_job

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from slicekeeper.operator.render import render
-from slicekeeper.supervisor.pod_plan import pod_plan
+from slicekeeper.supervisor.pod.pod_plan import pod_plan
 
 from slicekeeper import protocol
 from slicekeeper.api import load_training_job, parse_training_job

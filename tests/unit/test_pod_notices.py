@@ -12,9 +12,9 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from slicekeeper.supervisor import pod_notices
-from slicekeeper.supervisor.own_pod import OwnPod
-from slicekeeper.supervisor.pod_notices import PodNotice, parse_notice, watch_notices
+from slicekeeper.supervisor.pod import pod_notices
+from slicekeeper.supervisor.pod.own_pod import OwnPod
+from slicekeeper.supervisor.pod.pod_notices import PodNotice, parse_notice, watch_notices
 
 MAINTENANCE = json.dumps({"kind": "maintenance", "at": 1_900_000_000.0, "source": "node label"})
 PREEMPTION = json.dumps({"kind": "preemption", "at": 1_900_000_100.0})

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slicekeeper.supervisor.local_runtime import write_page_beside
+from slicekeeper.supervisor.local.local_runtime import write_page_beside
 
 from slicekeeper import report_page
 from slicekeeper.report_page import page_path, render_page, write_page

@@ -1,13 +1,12 @@
 """The restart state machine's pure transitions (supervisor.leader.restart_machine): states x events
-in tables, and random event sequences that must never leave a job stopped with nothing pending."""
+in tables. Random sequences of events, with safety and liveness checked and mutants of the machine as
+negative controls, are in test_restart_properties.py."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from slicekeeper.supervisor.leader import restart_machine as m
 from slicekeeper.supervisor.leader.restart_machine import JobState
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
@@ -187,101 +186,3 @@ def test_a_start_given_up_while_stopping_waits_again_under_its_deadline():
     state = dataclasses.replace(STOPPING, starting=True, ack_deadline=False)
     after, commands = m.transition(state, m.StartAbandoned(), RULE)
     assert (after.starting, after.ack_deadline, kinds(commands)) == (False, True, ["ArmAckDeadline"])
-
-
-# --- random sequences: never stuck ---------------------------------------------------------------
-
-HOSTS = st.sampled_from(WORLD)
-CURRENT = -1
-"""A generation the driver replaces by the running one: most events are about the generation now."""
-GENERATIONS = st.sampled_from([CURRENT, CURRENT, CURRENT, 0, 1])
-READINESS = st.builds(
-    m.Readiness, live=st.frozensets(HOSTS).map(lambda s: s | {0}), world=st.just(WORLD), holding=st.booleans()
-)
-ACKS = st.builds(
-    m.StopAcked,
-    hosts=st.frozensets(HOSTS, min_size=1, max_size=3),
-    generation=GENERATIONS,
-    readiness=READINESS,
-)
-DEADLINES = st.builds(m.AckDeadlinePassed, generation=GENERATIONS, readiness=READINESS, seconds=st.just(30.0))
-EVENTS = st.one_of(  # weighted towards what a restart is made of: faults, acks, deadlines
-    st.builds(m.AllRegistered),
-    st.builds(
-        m.FaultStop,
-        host=HOSTS,
-        kind=st.sampled_from(["crash", "hang", "host_lost"]),
-        detail=st.just("x"),
-        t=st.just(1.0),
-        live=st.just(ALL),
-        world=st.just(WORLD),
-        planned=st.booleans(),
-    ),
-    ACKS,
-    ACKS,
-    ACKS,
-    DEADLINES,
-    DEADLINES,
-    st.builds(m.NoWorkload, host=HOSTS),
-    st.builds(m.MemberLost, host=HOSTS),
-    st.builds(m.Reconsider, readiness=READINESS),
-    st.builds(m.StartAbandoned),
-    st.builds(m.Progressed),
-    st.builds(m.HostFinished, host=HOSTS, generation=GENERATIONS, world=st.just(WORLD)),
-    st.builds(m.JobFails, reason=st.just("because")),
-)
-
-
-class Driver:
-    """What the real driver does with the commands that lead to events: a start is carried out
-    (it starts the next generation, or is given up), the rest is I/O with no event of its own."""
-
-    def __init__(self) -> None:
-        self.state = m.RestartState()
-        self.starts_outstanding = 0
-
-    def feed(self, event: m.Event, start_works: bool) -> None:
-        if getattr(event, "generation", None) == CURRENT:
-            event = dataclasses.replace(event, generation=self.state.generation)  # type: ignore[type-var]
-        self.state, commands = m.transition(self.state, event, RULE)
-        for command in commands:
-            if isinstance(command, m.StartGeneration):
-                first = self.state.phase is JobState.REGISTERING
-                follow: m.Event = (
-                    m.Started(self.state.generation + (0 if first else 1))
-                    if start_works
-                    else m.StartAbandoned()
-                )
-                self.feed(follow, start_works)
-
-
-@settings(max_examples=500, deadline=None)
-@given(st.lists(st.tuples(EVENTS, st.booleans()), max_size=40))
-def test_no_sequence_of_events_leaves_a_job_stopped_with_nothing_pending(steps):
-    driver = Driver()
-    for event, start_works in steps:
-        driver.feed(event, start_works)
-        assert m.pending(driver.state), f"stuck after {event}: {driver.state}"
-        if driver.state.over:
-            assert not (driver.state.ack_deadline or driver.state.starting)
-
-
-def test_the_property_catches_a_machine_that_drops_its_deadline_while_waiting(monkeypatch):
-    """Negative control: a deadline that is not armed again while a decision holds the start leaves
-    a job stopped with nothing pending, and the check says so."""
-
-    def forgetful(state: m.RestartState, event: m.AckDeadlinePassed) -> m.Outcome:
-        return dataclasses.replace(state, ack_deadline=False), []
-
-    monkeypatch.setattr(m, "_deadline", forgetful)
-    driver = Driver()
-    driver.state = dataclasses.replace(RUNNING)
-    for event in (
-        fault(),
-        m.StopAcked(frozenset({0}), 4, ready(holding=True)),
-        m.StopAcked(frozenset({1}), 4, ready(holding=True)),
-        m.StopAcked(frozenset({2}), 4, ready(holding=True)),
-        m.AckDeadlinePassed(4, ready(holding=True), 30.0),
-    ):
-        driver.feed(event, start_works=True)
-    assert not m.pending(driver.state)

@@ -1,7 +1,8 @@
 """The restore plan: the newest step every host can restore, and each host's sources cheapest first."""
 
 import pytest
-from slicekeeper.supervisor.checkpoints.restore_plan import Holdings, RestorePlan, Source, Tier, plan_restore
+from slicekeeper.supervisor.checkpoint_vocabulary import Tier
+from slicekeeper.supervisor.checkpoints.restore_plan import Holdings, RestorePlan, Source, plan_restore
 
 LOCAL = Source(Tier.LOCAL)
 PERSISTENT = Source(Tier.PERSISTENT)

@@ -29,13 +29,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.checkpoints.restore_plan import Tier
-from slicekeeper.supervisor.culprit import ActivityTracker
-from slicekeeper.supervisor.hang import HangDetector
+from slicekeeper.supervisor.checkpoint_vocabulary import Tier
 from slicekeeper.supervisor.host.detectors import finished_message
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
 from slicekeeper.supervisor.host.workload import Standby
 from slicekeeper.supervisor.metrics import SupervisorMetrics
+from slicekeeper.supervisor.signals.culprit import ActivityTracker
+from slicekeeper.supervisor.signals.hang import HangDetector
 
 from slicekeeper import protocol
 from slicekeeper.api_spec import HealthSpec

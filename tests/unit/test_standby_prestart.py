@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.culprit import ActivityTracker
-from slicekeeper.supervisor.hang import HangDetector
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
 from slicekeeper.supervisor.metrics import SupervisorMetrics
+from slicekeeper.supervisor.signals.culprit import ActivityTracker
+from slicekeeper.supervisor.signals.hang import HangDetector
 
 from slicekeeper import protocol
 from slicekeeper.api_spec import HealthSpec

@@ -10,7 +10,7 @@ import random
 from collections.abc import Iterator
 
 import pytest
-from slicekeeper.supervisor.straggler import Finding, StragglerDetector
+from slicekeeper.supervisor.signals.straggler import Finding, StragglerDetector
 
 Timeline = list[tuple[int, dict[int, float | None]]]
 """(step, {host: own work}) in step order."""

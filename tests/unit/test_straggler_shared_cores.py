@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from slicekeeper.supervisor.straggler import Finding, StragglerDetector
+from slicekeeper.supervisor.signals.straggler import Finding, StragglerDetector
 
 
 def findings(

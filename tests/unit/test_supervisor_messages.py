@@ -4,7 +4,8 @@ import json
 
 import pytest
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.checkpoints.restore_plan import Source, Tier
+from slicekeeper.supervisor.checkpoint_vocabulary import Tier
+from slicekeeper.supervisor.checkpoints.restore_plan import Source
 
 MEMBER_REPORTS = [
     messages.Register(

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from slicekeeper.supervisor.checkpoints.persistent_tier import StoreReads
+from slicekeeper.supervisor.checkpoint_vocabulary import StoreReads
 from slicekeeper.supervisor.leader.job_metrics import JobCollector
 from slicekeeper.supervisor.metrics import Role, SupervisorMetrics
 

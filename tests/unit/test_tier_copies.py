@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.checkpoint_vocabulary import Tier
 from slicekeeper.supervisor.checkpoints import save_copies
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier, PersistentTierError
-from slicekeeper.supervisor.checkpoints.restore_plan import Tier
 from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
 from slicekeeper.supervisor.metrics import SupervisorMetrics
 

@@ -1,6 +1,6 @@
 """What a local run is, decided and checked once before any process starts.
 
-`slicekeeper run` (supervisor.local_runtime) checks what it is given at its edge: the chaos faults
+`slicekeeper run` (supervisor.local.local_runtime) checks what it is given at its edge: the chaos faults
 against the job's hosts (and, for a partition, that nftables can cut a machine off), the steps, that
 the work, checkpoint and report folders are writable, that the persistent tier answers. What it
 decided is one frozen `RunSetup`, which the run's parts share (the machines' keepers, the live

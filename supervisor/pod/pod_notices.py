@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
-from slicekeeper.supervisor.own_pod import OwnPod
+from slicekeeper.supervisor.pod.own_pod import OwnPod
 
 from slicekeeper import protocol
 

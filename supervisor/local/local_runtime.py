@@ -1,10 +1,10 @@
 """`slicekeeper run`: the job on one machine, one supervisor process per TPU host.
 
 The local runtime plays the operator's part with processes: what the run is, checked once, is a
-frozen RunSetup (supervisor.local_setup: the job laid out (api.local_layout), its chaos, its folders);
+frozen RunSetup (supervisor.local.local_setup: the job laid out (api.local_layout), its chaos, its folders);
 its machines (`Machines`) start one supervisor per host (each runs one workload process) and per
-spare; a watcher of the leader's status shows live progress (supervisor.local_watch, drawn by
-supervisor.live_view: redrawn in place on a terminal, plain lines in a log); at the end every host's
+spare; a watcher of the leader's status shows live progress (supervisor.local.local_watch, drawn by
+supervisor.local.live_view: redrawn in place on a terminal, plain lines in a log); at the end every host's
 accounting is gathered into the report (JSON, and a page to look at next to it:
 slicekeeper.report_page). A supervisor killed by a signal while the job runs is started again on its
 machine, as a kubelet restarts a container. Ctrl-C stops every process it started: supervisors get
@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import IO, Any, Final, TextIO
 
 from slicekeeper.supervisor.host import partition
-from slicekeeper.supervisor.live_view import ProgressMode, RunView, run_view
-from slicekeeper.supervisor.local_setup import RunSetup
-from slicekeeper.supervisor.local_watch import StatusWatch
+from slicekeeper.supervisor.local.live_view import ProgressMode, RunView, run_view
+from slicekeeper.supervisor.local.local_setup import RunSetup
+from slicekeeper.supervisor.local.local_watch import StatusWatch
 from slicekeeper.supervisor.plan import JobPlan
 from slicekeeper.supervisor.workload_process import die_with_parent
 
@@ -278,7 +278,7 @@ class LocalRuntime:
         progress: ProgressMode = "auto",
     ) -> None:
         self.setup = RunSetup.prepare(job, layout, steps=steps, chaos=chaos, report_path=report_path)
-        """What the run is, checked (supervisor.local_setup)."""
+        """What the run is, checked (supervisor.local.local_setup)."""
         self.view = run_view(out, progress, job_name=job.metadata.name, total_steps=self.setup.total_steps)
         """Where everything the run prints goes (`progress`: live, plain, or auto by `out`)."""
         self.machines = Machines(self.setup, self.view)

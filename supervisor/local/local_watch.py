@@ -1,7 +1,7 @@
 """A local run's live progress, read from its leader's status lines as a watcher.
 
-`slicekeeper run` (supervisor.local_runtime) connects to the job's leader as a watcher
-(messages.Watch) and shows each status and event note (supervisor.live_view), following the leader
+`slicekeeper run` (supervisor.local.local_runtime) connects to the job's leader as a watcher
+(messages.Watch) and shows each status and event note (supervisor.local.live_view), following the leader
 the job's lease names when it changes. The statuses also say when the job reached a step at which
 chaos `spare:+N@step=S` brings new spare machines in (they join through the run's machines' keepers).
 """
@@ -12,30 +12,40 @@ import asyncio
 import contextlib
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.election import LEASE_FILE, read_lease_file
-from slicekeeper.supervisor.live_view import RunView
+from slicekeeper.supervisor.local.live_view import RunView
 from slicekeeper.supervisor.plan import JobPlan
 from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper import protocol
 from slicekeeper.chaos import ChaosKind, Fault
 
-if TYPE_CHECKING:  # the keepers' module runs this watch
-    from slicekeeper.supervisor.local_runtime import Machines
-
 LEADER_WAIT_SECONDS = 60.0
 """How long the watch looks for a leader (the first, or the next one the lease names) before it
 gives up showing progress."""
+
+
+class Spares(Protocol):
+    """Where the spare machines due at a step join the run: its machines' keepers
+    (supervisor.local.local_runtime.Machines, which runs this watch)."""
+
+    def next_spare(self) -> str:
+        """The name of the next spare machine to join."""
+        ...
+
+    def keep_spare(self, plan: JobPlan, plan_path: Path, machine: str, joined_by: str | None = None) -> None:
+        """Run spare machine `machine`'s supervisor until it ends (`joined_by`: the chaos fault)."""
+        ...
 
 
 class StatusWatch:
     """The leader's status lines shown as they come, and the spare machines due at a step brought in."""
 
     def __init__(
-        self, plan: JobPlan, plan_path: Path, *, view: RunView, machines: Machines, faults: tuple[Fault, ...]
+        self, plan: JobPlan, plan_path: Path, *, view: RunView, machines: Spares, faults: tuple[Fault, ...]
     ) -> None:
         """`plan`, `plan_path`: the run's plan and where the supervisors read it; `faults`: the run's
         chaos faults, of which `spare:+N@step=S` bring machines in."""
