@@ -51,12 +51,30 @@ class Leases(Protocol):
     def __call__(self, *, newer_than: int, timeout: float) -> Awaitable[Lease | None]: ...
 
 
+class ReceivedFirst(asyncio.StreamReader):
+    """A leader connection's reader that hands out every line the connection brought before it ended,
+    however it ended. asyncio's own raises the error a connection broke off with (a reset, a broken
+    pipe) before the lines it still holds, and a leader killed while its member is busy (stopping its
+    workload) breaks off just so, once the member's report to it is refused: the journals it wrote
+    after the stop (the decision, a hot-swap's assignment) would go with it, and the next leader would
+    carry on without them. Here such an end is an end like a clean one, after the lines received."""
+
+    def set_exception(self, exc: Exception) -> None:
+        if isinstance(exc, OSError):  # ssl.SSLError and TimeoutError are OSErrors too
+            self.feed_eof()
+        else:
+            super().set_exception(exc)
+
+
 async def open_control_connection(host: str, port: int, tls: JobTls | None = None) -> Streams:
     """A connection whose lines may be as long as the leader's journal (protocol.CONTROL_LINE_LIMIT),
-    with the job's credentials (`tls`; None: plain TCP, in unit tests)."""
-    if tls is None:
-        return await asyncio.open_connection(host, port, limit=protocol.CONTROL_LINE_LIMIT)
-    return await tls.connect(host, port, limit=protocol.CONTROL_LINE_LIMIT)
+    with the job's credentials (`tls`; None: plain TCP, in unit tests), read by `ReceivedFirst`."""
+    loop = asyncio.get_running_loop()
+    reader = ReceivedFirst(limit=protocol.CONTROL_LINE_LIMIT, loop=loop)
+    stream = asyncio.StreamReaderProtocol(reader, loop=loop)
+    options = {} if tls is None else tls.client_options()
+    transport, _ = await loop.create_connection(lambda: stream, host, port, **options)
+    return reader, asyncio.StreamWriter(transport, stream, reader, loop)
 
 
 class LeaderUnreachable(OSError):

@@ -19,6 +19,7 @@ import ssl
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from slicekeeper import credentials
 
@@ -90,9 +91,12 @@ class JobTls:
 
     async def connect(self, host: str, port: int, *, limit: int = 2**16) -> Streams:
         """A connection to another of the job's supervisors, both sides authenticated."""
-        return await asyncio.open_connection(
-            host, port, ssl=self.client, limit=limit, ssl_handshake_timeout=HANDSHAKE_SECONDS
-        )
+        return await asyncio.open_connection(host, port, limit=limit, **self.client_options())
+
+    def client_options(self) -> dict[str, Any]:
+        """How a client connection to another of the job's supervisors is made (the TLS arguments of
+        `loop.create_connection`): `connect`'s, for a caller that makes its own streams."""
+        return {"ssl": self.client, "ssl_handshake_timeout": HANDSHAKE_SECONDS}
 
 
 def _reason(error: BaseException) -> str:

@@ -11,12 +11,18 @@ happened to its parameters, and the report shows the hand-over.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import signal
+import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.support.cli_runs import (
     ROOT,
@@ -28,11 +34,12 @@ from tests.support.cli_runs import (
     started_cli,
     supervisor_of,
 )
-from tests.support.recovery_checks import problems
+from tests.support.recovery_checks import problems, tiers
 
 STEPS = 40  # run_job's default
 LOCKSTEP = ROOT / "tests" / "fixtures" / "lockstep_loop.py"
 ELASTIC_STEPS = 100
+T = TypeVar("T")
 
 
 def test_losing_the_leaders_host_hands_the_job_to_another_host(tmp_path, clean_fingerprint):
@@ -209,21 +216,178 @@ def killing_the_leader_at(tmp_path: Path, said: str, *args: str, **spec: Any) ->
 def test_the_leader_lost_in_the_middle_of_a_hot_swap_lets_its_successor_finish_it(
     tmp_path, clean_fingerprint
 ):
-    """Host 2 is lost and a spare is assigned its identity; while the spare stages host 2's shard
-    from a peer, host 0's supervisor (the leader) is killed. Its successor carries on the journal,
-    which holds the assignment: the spare joins as host 2, the swap is counted once, and the job ends
-    with the fault-free parameters."""
-    chaos = "lose:host=2@step=15"
-    report, run_dir = killing_the_leader_at(tmp_path, "hot-swap: spare 0", "--spares", "1", "--chaos", chaos)
+    """Host 2 is lost and a spare is assigned its identity; before the next generation starts, host
+    0's supervisor (the leader) is killed. Its successor carries on the journal, which holds the
+    assignment: the spare joins as host 2 and restores host 2's shard from a peer, every other host
+    restores its own, the swap is counted once, and the job ends with the fault-free parameters.
+
+    Staged so that no machine's speed changes the story. Left alone, the leader starts the next
+    generation a few milliseconds after the assignment, as soon as the other hosts acked the stop (a
+    kill sent when the runtime prints the assignment lands after that start on a slower machine), and
+    a successor elected elsewhere gathers the members without host 0 when its restarted supervisor is
+    slow to start (host 0 is then taken for lost, and with it the only replica of host 2's shard).
+    So once every host holds a checkpoint step (host 2's shard of it on a peer), the other members
+    are paused before host 2's fault fires: the leader waits for their acks until it is killed, and
+    they are resumed once host 0's restarted supervisor leads, so that all of them come back to it."""
+    job = sdk_loop_job(tmp_path / "job.yaml", checkpoint=KEEP_EVERY_STEP)
+    report_path = tmp_path / "report.json"
+    args = ("--spares", "1", "--chaos", "lose:host=2@step=30")
+    with started_cli("run", str(job), "--report", str(report_path), *args) as process:
+        output = CliOutput(process)
+        run_dir = Path(output.wait_for("run directory:").split("run directory:")[1].split()[0])
+        held = awaited(lambda: every_host_holds_a_step(run_dir), "a step every host holds")
+        with paused(run_dir, ["host-1", "host-3", "spare-0"]):
+            assert not fired(run_dir, 2), "host 2's fault fired before the other members were paused"
+            output.wait_for("hot-swap: spare 0 (spare-0) takes over host 2")
+            os.kill(supervisor_of(str(run_dir), 0), signal.SIGKILL)
+            successor = awaited(lambda: leader_after(run_dir, term=1), "leader after term 1")
+            assert successor == "host-0", successor  # the only machine not paused
+        _, err = process.communicate(timeout=180)
+    assert process.returncode == 0, err[-3000:]
+    report = read_report(report_path)
     assert problems(report, fingerprint=clean_fingerprint, steps=STEPS) == []
+    # A restore, not a start from scratch: the step every host held when they were paused, or newer;
+    # the spare took host 2's shard from a peer (host 0), every other host its own.
+    [swap] = [r for r in report["recoveries"] if r["cause"] == "host_lost"]
+    assert swap["restore_step"] is not None and swap["restore_step"] >= held, (held, swap)
+    assert swap["world"] == [0, 1, 2, 3], swap
+    assert tiers(report, swap["generation"]) == {0: "local", 1: "local", 2: "peer", 3: "local"}
     # Counted once: journaled before the spare was told, carried on by the successor.
     assert report["hot_swaps"]["hosts"] == [2] and report["hot_swaps"]["count"] == 1
     assert report["hosts"][2]["machines"] == ["host-2", "spare-0"]
     # Host 0's crash, while the job was stopping for host 2, costs that restart or one of its own.
     assert report["restarts"]["host_lost"] == 1 and set(report["restarts"]) <= {"host_lost", "crash"}
     [change] = report["leader_changes"]
-    assert change["from_host"] == 0, change
-    assert processes_mentioning(run_dir) == []
+    assert (change["from_host"], change["to_host"]) == (0, 0) and change["term"] >= 2, change
+    assert processes_mentioning(str(run_dir)) == []
+
+
+KEEP_EVERY_STEP = {"maxToKeep": STEPS, "peer": {"replicas": 1, "maxToKeep": STEPS}}
+"""Retention that drops no step of the job: what a host held when it was paused stays restorable."""
+WAIT_SECONDS = 60.0
+"""The longest a staged run is waited on for one thing; a member is paused at most this long."""
+
+
+class CliOutput:
+    """The CLI's output lines, read on a thread of their own: the test waits for one with a deadline
+    while it watches the run directory (and the CLI never blocks on a full pipe meanwhile)."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._stdout = process.stdout
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self._stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def wait_for(self, text: str) -> str:
+        """The next line holding `text` (the lines before it are passed over)."""
+        deadline = time.monotonic() + WAIT_SECONDS
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                break
+            assert line is not None, f"the CLI ended before it said {text!r}"
+            if text in line:
+                return line
+        raise AssertionError(f"the CLI did not say {text!r} within {WAIT_SECONDS:g} s")
+
+
+def awaited(found: Callable[[], T | None], what: str) -> T:
+    """What `found` returns once it is no longer None (polled), within `WAIT_SECONDS`."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while (value := found()) is None:
+        assert time.monotonic() < deadline, f"no {what} within {WAIT_SECONDS:g} s"
+        time.sleep(0.02)
+    return value
+
+
+def events(run_dir: Path, machine: str, kind: str) -> list[dict[str, Any]]:
+    """The events of `kind` in a machine's event log (a line still being written is left out)."""
+    log = run_dir / machine / "events.jsonl"
+    text = log.read_text() if log.exists() else ""
+    lines = text[: text.rfind("\n") + 1].splitlines()
+    return [e for e in map(json.loads, (line for line in lines if f'"{kind}"' in line)) if e["type"] == kind]
+
+
+def every_host_holds_a_step(run_dir: Path) -> int | None:
+    """The newest step that hosts 0, 1 and 3 committed to their local tier and host 2's supervisor
+    replicated to a peer (the copy its replacement restores), by their event logs; None: none yet."""
+    held = [{e["step"] for e in events(run_dir, f"host-{h}", "checkpoint_saved")} for h in (0, 1, 3)]
+    held.append({e["step"] for e in events(run_dir, "host-2", "replicated")})
+    common = set.intersection(*held)
+    return max(common) if common else None
+
+
+def fired(run_dir: Path, host: int) -> bool:
+    """Whether a chaos fault fired on the machine serving `host` (it logs one before inflicting it)."""
+    return bool(events(run_dir, f"host-{host}", "chaos"))
+
+
+def leader_after(run_dir: Path, term: int) -> str | None:
+    """The machine holding the job's lease in a term after `term` (None: no such leader yet)."""
+    try:
+        lease = json.loads((run_dir / "leader-lease.json").read_text())
+    except (OSError, ValueError):  # not written yet, or being written
+        return None
+    holder = str(lease["holder"])
+    if int(lease["transitions"]) + 1 <= term or holder.startswith("released:"):
+        return None
+    return holder.split("/")[0]
+
+
+@contextlib.contextmanager
+def paused(run_dir: Path, machines: list[str]) -> Iterator[None]:
+    """The supervisors of `machines` and their workloads stopped (SIGSTOP, as a cgroup freezer would
+    stop a pod) for the block, then resumed (SIGCONT): a paused member acks no stop, so the leader
+    starts no generation, and takes no lease, so it leads nobody."""
+    pids: list[int] = []
+    try:
+        for machine in machines:
+            supervisor = supervisor_of_machine(str(run_dir), machine)
+            os.kill(supervisor, signal.SIGSTOP)  # first: it starts nothing the loop below would miss
+            pids.append(supervisor)
+            for child in descendants(supervisor):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGSTOP)
+                    pids.append(child)
+        yield
+    finally:
+        for pid in reversed(pids):  # workloads first: their supervisor wakes to their events
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def supervisor_of_machine(run_dir: str, machine: str) -> int:
+    """The pid of the first supervisor a local run started on `machine` (`host-1`, `spare-0`)."""
+    role, index = machine.rsplit("-", 1)
+    wanted = [b"slicekeeper.supervisor", run_dir.encode(), f"--{role}\0{index}\0".encode()]
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            command = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+            if all(part in command for part in wanted) and b"--restart" not in command:
+                return int(entry.name)
+    raise LookupError(f"no supervisor runs on {machine} for {run_dir}")
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (its workload, the workload's children), parents first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if entry.name.isdigit():
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        below = children.get(frontier.pop(0), [])
+        found += below
+        frontier += below
+    return found
 
 
 def test_the_leader_lost_in_the_middle_of_a_scale_up_lets_its_successor_finish_it(tmp_path):
