@@ -19,6 +19,7 @@ import json
 import os
 import re
 import signal
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -182,6 +183,13 @@ Disruption = Callable[[Kube, FakeTpuCluster], Awaitable[None]]
 """Something done to a running job once it trained past a step."""
 
 
+def shared_claims() -> Path:
+    """The PersistentVolumeClaims of every short job of the session: their pods share one compilation
+    cache (spec.workload.compilationCache.claimName), so the first job compiles the programs and the
+    others load them, as a job's replacement pods do; each job's own checks are unchanged."""
+    return Path(tempfile.gettempdir()) / "short-jobs-claims"
+
+
 async def short_job(
     tmp_path: Path,
     steps: int = SHORT_STEPS,
@@ -192,14 +200,16 @@ async def short_job(
     """The example job of `steps` steps run to its end on four pods; with `disrupt` (step, what), `what`
     is done once training passed `step` (a spare node stands by for a pod replaced meanwhile). Returns
     the final status."""
+    job = training_job(tmp_path, steps=steps)
+    job["spec"]["workload"]["compilationCache"] = {"claimName": "compiled-programs"}
     async with (
         emulated_cluster() as kube,
-        FakeTpuCluster(kube, tmp_path / "cluster", V5P_16_LABELS) as cluster,
+        FakeTpuCluster(kube, tmp_path / "cluster", V5P_16_LABELS, claims=shared_claims()) as cluster,
         operator(kube),
     ):
         spare = ["a-2"] if disrupt is not None else []  # a node for host 0's new pod
         await cluster.add_pools(pools or {"pool-a": ["a-0", "a-1", *spare], "pool-b": ["b-0", "b-1"]})
-        await kube.apply(training_job(tmp_path, steps=steps))
+        await kube.apply(job)
         if disrupt is not None:
             step, what = disrupt
             await eventually(lambda: steps_ended(cluster) > step, timeout=STARTUP, what=f"a step past {step}")

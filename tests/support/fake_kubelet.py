@@ -96,6 +96,9 @@ class FakeTpuCluster:
     unschedulable: set[str] = field(default_factory=set)
     """Uids already reported Unschedulable (reported once, as the scheduler's condition)."""
     dns_delay: float = DNS_DELAY_SECONDS
+    claims: Path | None = None
+    """Where the PersistentVolumeClaims the pods mount live (None: under `workdir`): a folder several
+    clusters of one session share lets a later job load what an earlier one compiled."""
     _addresses: dict[str, PodAddress] = field(default_factory=dict)
     """By pod uid: every pod its own IP."""
     _task: asyncio.Task[None] | None = None
@@ -275,7 +278,7 @@ class FakeTpuCluster:
         write_hosts(dns, hosts)
         maps = {c["metadata"]["name"]: c for c in self.kube.emulator.live("v1/configmaps", namespace)}
         secrets = {s["metadata"]["name"]: s for s in self.kube.emulator.live("v1/secrets", namespace)}
-        sources = pod_volumes(pod, directory, maps, secrets)
+        sources = pod_volumes(pod, directory, maps, secrets, self.claims or self.workdir / "claims")
         run_dir = directory / "run-dir"
         run_dir.mkdir()
         script = mount_script(container, sources, run_dir=run_dir, dns=dns)

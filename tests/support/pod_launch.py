@@ -59,11 +59,18 @@ def pod_volumes(
     directory: Path,
     config_maps: Mapping[str, dict[str, Any]],
     secrets: Mapping[str, dict[str, Any]],
+    claims: Path,
 ) -> dict[str, str]:
     """volume name -> a directory holding its content (ConfigMaps and Secrets as files, the latter
-    with their defaultMode; emptyDirs empty)."""
+    with their defaultMode; emptyDirs empty; a PersistentVolumeClaim's the folder `claims/<name>`
+    every pod that mounts the claim shares, as a ReadWriteMany volume is)."""
     sources: dict[str, str] = {}
     for volume in pod["spec"].get("volumes") or []:
+        if "persistentVolumeClaim" in volume:
+            shared = claims / volume["persistentVolumeClaim"]["claimName"]
+            shared.mkdir(parents=True, exist_ok=True)
+            sources[volume["name"]] = str(shared)
+            continue
         path = directory / "volumes" / volume["name"]
         path.mkdir(parents=True)
         if "configMap" in volume:
