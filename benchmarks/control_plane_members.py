@@ -62,10 +62,14 @@ class Stats:
     stop_last: dict[int, float] = field(default_factory=dict)
     """generation stopped -> when the last of this process's hosts got its stop."""
     stop_count: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    stop_hosts: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
+    """generation stopped -> this process's hosts that got its stop, once per stop received."""
     ack_last: dict[int, float] = field(default_factory=dict)
     start_last: dict[int, float] = field(default_factory=dict)
     """generation started -> when the last of this process's hosts got its start."""
     start_count: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    start_hosts: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
+    """generation started -> this process's hosts that got its start, once per start received."""
     journal_bytes: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     """journal seq -> bytes of it received by this process's hosts, in total."""
     journal_count: dict[int, int] = field(default_factory=lambda: defaultdict(int))
@@ -95,12 +99,13 @@ class Stats:
 
     @classmethod
     def merged(cls, reports: list[dict[str, Any]]) -> Stats:
-        """Several processes' stats (`to_json`) as one: of each time the latest, counts summed."""
+        """Several processes' stats (`to_json`) as one: of each time the latest, counts summed, lists of
+        hosts joined."""
         merged = cls()
         for report in reports:
             for name, value in report.items():
                 mine = getattr(merged, name)
-                if isinstance(mine, defaultdict):  # counts
+                if isinstance(mine, defaultdict):  # counts, lists of hosts
                     for key, count in value.items():
                         mine[int(key)] += count
                 elif isinstance(mine, dict):  # times (`sent` by what was said, the others by number)
@@ -236,6 +241,7 @@ class SimulatedHost:
                 self.committed = [s for s in self.committed if restore is not None and s <= restore]
                 stats.start_last[self.generation] = now
                 stats.start_count[self.generation] += 1
+                stats.start_hosts[self.generation].append(self.host)
                 if restore is not None:
                     self.say({"type": "restored", "step": restore, "tier": "local", "seconds": 0.0})
                     self.say({"type": "loaded", "generation": self.generation, "step": restore})
@@ -244,6 +250,7 @@ class SimulatedHost:
                 self.training = False
                 stats.stop_last[generation] = now
                 stats.stop_count[generation] += 1
+                stats.stop_hosts[generation].append(self.host)
                 self.say({"type": "stopped", "generation": generation, "committed": self.committed})
                 stats.ack_last[generation] = time.time()
             elif kind == "activity_request":

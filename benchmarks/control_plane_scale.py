@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -332,12 +333,30 @@ class Run:
         return counted >= self.hosts - 1
 
     def check_round(self, merged: Stats, generation: int) -> None:
-        stopped, started = merged.stop_count.get(generation, 0), merged.start_count.get(generation + 1, 0)
-        if stopped != self.hosts or started != self.hosts or merged.unexpected:
+        world = range(self.hosts)
+        stops = not_once_each(merged.stop_hosts.get(generation, []), world)
+        starts = not_once_each(merged.start_hosts.get(generation + 1, []), world)
+        wrong = [f"{what} {hosts}" for what, hosts in (("stopped", stops), ("started", starts)) if hosts]
+        if wrong or merged.unexpected:
             raise BenchmarkFailed(
-                f"generation {generation}: {stopped} hosts stopped and {started} started of {self.hosts} "
-                f"(each exactly once); unexpected: {merged.unexpected[:5]}"
+                f"generation {generation}: each of {self.hosts} hosts must be stopped and started exactly "
+                f"once, but {'; '.join(wrong) or 'so they were'}; unexpected: {merged.unexpected[:5]}"
             )
+
+
+def not_once_each(received: list[int], world: range) -> str | None:
+    """None when each host of `world` received a command exactly once (`received`: the host of each
+    one received, a host twice if it got it twice); else the hosts that did not (the first few)."""
+    counts = Counter(received)
+    wrong = {
+        "more than once": sorted(host for host, count in counts.items() if count > 1),
+        "never": [host for host in world if host not in counts],
+        "outside the world": sorted(host for host in counts if host not in world),
+    }
+    said = [
+        f"{what}: {hosts[:5]}{' ...' if len(hosts) > 5 else ''}" for what, hosts in wrong.items() if hosts
+    ]
+    return "; ".join(said) or None
 
 
 CARRIED = ("faults", "detections", "recoveries", "restores", "hot_swaps", "leader_changes")

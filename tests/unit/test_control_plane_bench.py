@@ -1,19 +1,21 @@
 """The control-plane benchmark's own checks (benchmarks/control_plane_scale.py): its simulated hosts
-speak the real protocol, and its check that a new leader carried on its predecessor's journal fails
-on a journal that lost something. The benchmark itself runs at 200 hosts in
+speak the real protocol, its check that each host was stopped and started exactly once in a round
+fails on a host started twice and another never, and its check that a new leader carried on its
+predecessor's journal fails on a journal that lost something. The benchmark itself runs at 200 hosts in
 tests/integration/test_control_plane_scale.py."""
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from slicekeeper.supervisor import messages
 
-from benchmarks.control_plane_members import MemberProcess, SimulatedHost
-from benchmarks.control_plane_scale import continues
+from benchmarks.control_plane_members import MemberProcess, SimulatedHost, Stats
+from benchmarks.control_plane_scale import BenchmarkFailed, Run, continues, not_once_each
 from slicekeeper import credentials
 
 
@@ -61,6 +63,54 @@ def test_every_line_a_simulated_host_says_is_one_the_leader_reads(tmp_path: Path
     reported = [p.step for p in progress] + [step for p in progress for step, _, _ in p.earlier]
     assert sorted(reported) == list(range(1, 11))  # every step, once, whether alone or held back
     assert len(progress) < 10
+
+
+class TestEachHostOnce:
+    def test_each_host_of_the_world_once_passes(self) -> None:
+        assert not_once_each([3, 0, 2, 1], range(4)) is None
+
+    @pytest.mark.parametrize(
+        ("received", "said"),
+        [
+            ([0, 1, 1, 3], "more than once: [1]; never: [2]"),  # four, as a total would want
+            ([0, 1, 2], "never: [3]"),
+            ([0, 1, 2, 3, 3], "more than once: [3]"),
+            ([0, 1, 2, 3, 7], "outside the world: [7]"),
+            ([], "never: [0, 1, 2, 3]"),
+        ],
+    )
+    def test_negative_control_a_host_missing_repeated_or_foreign_fails(
+        self, received: list[int], said: str
+    ) -> None:
+        assert not_once_each(received, range(4)) == said
+
+    def test_at_scale_the_first_few_hosts_are_named(self) -> None:
+        said = not_once_each([], range(25_000))
+        assert said == "never: [0, 1, 2, 3, 4] ..."
+
+
+def process_stats(stopped: list[int], started: list[int]) -> dict[str, Any]:
+    """One member process's report of generation 4's stops and generation 5's starts, with the counts."""
+    stats = Stats()
+    stats.stop_hosts[4], stats.stop_count[4] = stopped, len(stopped)
+    stats.start_hosts[5], stats.start_count[5] = started, len(started)
+    return stats.to_json()
+
+
+class TestRoundCheck:
+    """Run.check_round over the member processes' merged reports (hosts 0-1 in one, 2-3 in the other)."""
+
+    def test_a_round_where_each_host_stopped_and_started_once_passes(self) -> None:
+        merged = Stats.merged([process_stats([1, 0], [0, 1]), process_stats([2, 3], [3, 2])])
+        Run.check_round(SimpleNamespace(hosts=4), merged, 4)  # type: ignore[arg-type]
+
+    def test_negative_control_a_host_started_twice_and_another_never_fails_with_the_totals_right(
+        self,
+    ) -> None:
+        merged = Stats.merged([process_stats([0, 1], [0, 1, 1]), process_stats([2, 3], [3])])
+        assert merged.stop_count[4] == merged.start_count[5] == 4  # what the check counted before
+        with pytest.raises(BenchmarkFailed, match=r"started more than once: \[1\]; never: \[2\]"):
+            Run.check_round(SimpleNamespace(hosts=4), merged, 4)  # type: ignore[arg-type]
 
 
 class TestJournalCarriedOn:
