@@ -23,7 +23,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-from slicekeeper.supervisor.host.detectors import SDK_DRAIN_SECONDS
 
 from tests.support.cli_runs import ROOT, processes_mentioning
 from tests.support.example_runs import run_example
@@ -60,10 +59,6 @@ def test_kill_corrupt_hang_and_slow_restore_the_newest_steps_and_end_with_the_fa
         ("hang", "hang"),
         ("slow", "straggler"),
     ]
-    # The killed process's end is seen by its supervisor's event loop as it happens, its last SDK
-    # lines with it (supervisor/workload_process.py): what the crash's detection takes is the end
-    # itself, well below the SDK drain's limit, which only an exit seen late would reach.
-    assert report["faults"][0]["detection_seconds"] < SDK_DRAIN_SECONDS
     # The slowed machine is found (others may be too on a loaded machine; docs/benchmarks.md), never
     # before it was slowed; with no spare the default policy leaves it training.
     [straggler] = [s for s in report["stragglers"] if s["host"] == 3]
