@@ -421,6 +421,16 @@ TARGETS = {
 }
 
 
+def misses(lines: list[dict[str, Any]]) -> list[str]:
+    """Each figure over its target, named with the size it was measured at."""
+    return [
+        f"{label} at {line['hosts']:,} hosts: {line[key]:,} over the target {target:,}"
+        for line in lines
+        for key, (label, target) in TARGETS.items()
+        if target is not None and line[key] > target
+    ]
+
+
 def table(lines: list[dict[str, Any]]) -> str:
     header = f"{'':34}" + "".join(f"{line['hosts']:>12,}" for line in lines) + f"{'target':>12}"
     rows = [header]
@@ -488,7 +498,10 @@ def main(argv: list[str] | None = None) -> int:
         print(table(lines), flush=True)
     for failure in failures:
         print(f"FAILED: {failure}", flush=True)
-    return 1 if failures else 0
+    missed = misses(lines)
+    for miss in missed:
+        print(f"MISSED: {miss}", flush=True)
+    return 1 if failures or missed else 0
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import pytest
 from slicekeeper.supervisor import messages
 
 from benchmarks.control_plane_members import MemberProcess, SimulatedHost, Stats
-from benchmarks.control_plane_scale import BenchmarkFailed, Run, continues, not_once_each
+from benchmarks.control_plane_scale import TARGETS, BenchmarkFailed, Run, continues, misses, not_once_each
 from slicekeeper import credentials
 
 
@@ -140,3 +140,10 @@ class TestJournalCarriedOn:
 
     def test_negative_control_a_leader_starting_afresh_does_not(self) -> None:
         assert continues(journal(5), journal(0)) is not None
+
+
+def test_a_figure_over_its_target_is_named_as_missed_and_one_within_is_not():
+    within = {key: (target or 0) / 2 for key, (_, target) in TARGETS.items()} | {"hosts": 1000}
+    assert misses([within]) == []
+    over = within | {"handover_s": 14.83}
+    assert misses([over]) == ["hand-over (s) at 1,000 hosts: 14.83 over the target 10.0"]
