@@ -78,6 +78,9 @@ class AnnouncedLosses:
         """(generation, step) of the save asked for on a notice, shared by the notices that follow."""
         self._asked_for: set[int] = set()
         """The noticed hosts of that save: it is done once each one's shard reached its peers."""
+        self._saved: set[tuple[int, int, int]] = set()
+        """(generation, step, noticed host) of saves seen done: a notice sharing a save whose decision
+        another notice's wait made first (and so stopped the job) still counts its step as saved."""
 
     async def notice(self, report: messages.Notice) -> None:
         host, left = report.host, report.at - time.time()
@@ -154,6 +157,8 @@ class AnnouncedLosses:
             )
         pending = set(hosts)
         while time.time() < until:
+            if (generation, step, report.host) in self._saved:
+                return step  # seen done by another notice's wait, which may have stopped the job since
             if (
                 self.context.memory.generation != generation
                 or self.context.memory.state is not JobState.RUNNING
@@ -161,6 +166,7 @@ class AnnouncedLosses:
                 break  # stopped meanwhile (a fault): the restart restores what there is
             pending = {h for h in pending if step not in self.context.status[h].committed}
             if not pending and all((h, step) in self._replicated for h in self._asked_for):
+                self._saved.update((generation, step, h) for h in self._asked_for)
                 noticed = ", ".join(str(h) for h in sorted(self._asked_for))
                 await self.context.members.event(
                     f"step {step} saved on every host and replicated for host {noticed}"
