@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from pathlib import Path
 
 from slicekeeper.workload.local_tier import CorruptCheckpoint, LocalTier, Shards
@@ -90,6 +91,11 @@ class Checkpointer:
             else:
                 print(f"slicekeeper: local checkpoint of step {step} failed: {error!r}", file=sys.stderr)
                 self._session.checkpoint_failed(step, tier="local", reason=repr(error))
+
+    def flush(self) -> None:
+        """Wait for the saves under way and report them; later saves go on as before."""
+        futures_wait([future for _, future in self._pending])
+        self.poll()
 
     def close(self) -> None:
         """Wait for the saves under way and report them."""

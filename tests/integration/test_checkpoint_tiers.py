@@ -121,7 +121,14 @@ def test_a_silently_bad_restored_state_is_caught_by_its_loss_and_an_older_step_r
     tmp_path, clean_fingerprint
 ):
     loop = ROOT / "tests" / "fixtures" / "silently_bad_checkpoint_loop.py"
-    workload = {"command": [sys.executable, str(loop)], "args": [], "steps": STEPS, "standby": False}
+    barrier = {"name": "SLICEKEEPER_TEST_BARRIER", "value": str(tmp_path / "committed-step-10")}
+    workload = {
+        "command": [sys.executable, str(loop)],
+        "args": [],
+        "steps": STEPS,
+        "standby": False,
+        "env": [barrier],
+    }
     result, report = run_job(tmp_path, "--chaos", "kill:host=1@step=13", workload=workload)
     assert result.returncode == 0, result.stderr
     assert problems(report, fingerprint=clean_fingerprint, steps=STEPS) == []

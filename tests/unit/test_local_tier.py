@@ -3,6 +3,7 @@
 import json
 import shutil
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -316,3 +317,30 @@ def test_a_restore_the_supervisor_already_verified_is_not_hashed_again(tmp_path,
     assert restored is not None and restored["x"].tolist() == [0.0, 1.0, 2.0, 3.0]
     assert len(hashed) == (0 if verified else 1)
     checkpointer.close()
+
+
+def test_a_flush_reports_the_save_under_way_and_later_saves_go_on(tmp_path, monkeypatch):
+    from slicekeeper.workload.checkpointing import Checkpointer
+    from slicekeeper.workload.sdk import HostIdentity, Session
+
+    sent: list[dict] = []
+
+    class Recording(Session):
+        def _send(self, event, **fields):
+            sent.append({"type": event.value, **fields})
+
+    real_sha256 = shard_folder.sha256_file
+
+    def slow_sha256(path):
+        time.sleep(0.2)  # the save is still under way when the loop asks
+        return real_sha256(path)
+
+    monkeypatch.setattr(shard_folder, "sha256_file", slow_sha256)
+    env = {"SLICEKEEPER_CHECKPOINT_DIR": str(tmp_path), "SLICEKEEPER_CHECKPOINT_INTERVAL": "5"}
+    checkpointer = Checkpointer(Recording(HostIdentity.from_env(env), None))
+    checkpointer.maybe_save(5, lambda: {"x": np.arange(4.0)})
+    checkpointer.flush()
+    assert [m["step"] for m in sent if m["type"] == "checkpoint_saved"] == [5]
+    checkpointer.maybe_save(10, lambda: {"x": np.arange(4.0)})
+    checkpointer.close()
+    assert [m["step"] for m in sent if m["type"] == "checkpoint_saved"] == [5, 10]
