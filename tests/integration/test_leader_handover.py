@@ -192,27 +192,6 @@ def test_the_leader_lost_while_the_job_runs_scaled_down_leaves_its_successor_the
     assert processes_mentioning(report["run_dir"]) == []
 
 
-def killing_the_leader_at(tmp_path: Path, said: str, *args: str, **spec: Any) -> tuple[dict[str, Any], str]:
-    """`slicekeeper run` of the SDK loop job with `args`; once the runtime says `said`, host 0's
-    supervisor (the leader) is killed (the runtime starts it again). The run must succeed: its report
-    and run directory."""
-    job = sdk_loop_job(tmp_path / "job.yaml", **spec)
-    report_path = tmp_path / "report.json"
-    with started_cli("run", str(job), "--report", str(report_path), *args) as process:
-        assert process.stdout is not None
-        run_dir = None
-        for line in process.stdout:
-            if "run directory:" in line:
-                run_dir = line.split("run directory:")[1].split()[0]
-            if said in line:
-                break
-        assert run_dir is not None
-        os.kill(supervisor_of(run_dir, 0), signal.SIGKILL)
-        _, err = process.communicate(timeout=180)
-    assert process.returncode == 0, err[-3000:]
-    return read_report(report_path), run_dir
-
-
 def test_the_leader_lost_in_the_middle_of_a_hot_swap_lets_its_successor_finish_it(
     tmp_path, clean_fingerprint
 ):
@@ -323,6 +302,11 @@ def every_host_holds_a_step(run_dir: Path) -> int | None:
     return max(common) if common else None
 
 
+def trains_in_a_later_generation(run_dir: Path, machine: str) -> bool | None:
+    """True once the machine's workload committed a step in a generation after the first (None: not yet)."""
+    return any(e["generation"] > 0 for e in events(run_dir, machine, "checkpoint_saved")) or None
+
+
 def fired(run_dir: Path, host: int) -> bool:
     """Whether a chaos fault fired on the machine serving `host` (it logs one before inflicting it)."""
     return bool(events(run_dir, f"host-{host}", "chaos"))
@@ -392,13 +376,34 @@ def descendants(pid: int) -> list[int]:
 
 def test_the_leader_lost_in_the_middle_of_a_scale_up_lets_its_successor_finish_it(tmp_path):
     """Slice 1 dropped (host 3 lost), capacity returns and the policy scales back up: a spare is
-    assigned host 3; then the leader's supervisor is killed. The successor finishes the scale-up."""
+    assigned host 3; then the leader's supervisor is killed. The successor finishes the scale-up.
+
+    Staged like the hot-swap's, so that no machine's speed changes the story (a loaded machine printed
+    the scale-up so late that the run had ended before the kill). Once host 1 trains in the
+    scaled-down world, hosts 1 and 2 are paused before capacity returns: host 0 trains on alone to the
+    step the spare comes at, the leader decides the scale-up, assigns the spare and waits for host 1's
+    ack until it is killed. The spare is paused too, so that host 0's restarted supervisor is the only
+    machine to lead; all are resumed once it does."""
     policy = tmp_path / "policy.py"
     policy.write_text(ELASTIC_AND_REMEMBERING)
-    chaos = "lose:host=3@step=30,spare:+1@step=60"
-    report, run_dir = killing_the_leader_at(
-        tmp_path, "scale-up: spare", "--policy", str(policy), "--chaos", chaos, steps=ELASTIC_STEPS
-    )
+    job = sdk_loop_job(tmp_path / "job.yaml", steps=ELASTIC_STEPS)
+    report_path = tmp_path / "report.json"
+    args = ("--policy", str(policy), "--chaos", "lose:host=3@step=30,spare:+1@step=60")
+    with started_cli("run", str(job), "--report", str(report_path), *args) as process:
+        output = CliOutput(process)
+        run_dir = Path(output.wait_for("run directory:").split("run directory:")[1].split()[0])
+        output.wait_for("scale-down: slice(s)")
+        awaited(lambda: trains_in_a_later_generation(run_dir, "host-1"), "host 1 trains after the scale-down")
+        with paused(run_dir, ["host-1", "host-2"]):
+            assert not (run_dir / "spare-0").exists(), "the spare came before hosts 1 and 2 were paused"
+            output.wait_for("scale-up: spare 0 (spare-0) takes over host 3")
+            with paused(run_dir, ["spare-0"]):
+                os.kill(supervisor_of(str(run_dir), 0), signal.SIGKILL)
+                successor = awaited(lambda: leader_after(run_dir, term=1), "leader after term 1")
+                assert successor == "host-0", successor  # the only machine not paused
+        _, err = process.communicate(timeout=180)
+    assert process.returncode == 0, err[-3000:]
+    report = read_report(report_path)
     assert [(e["kind"], e["from_hosts"], e["to_hosts"]) for e in report["scale_events"]] == [
         ("down", 4, 2),
         ("up", 2, 4),
@@ -410,4 +415,4 @@ def test_the_leader_lost_in_the_middle_of_a_scale_up_lets_its_successor_finish_i
     assert change["from_host"] == 0, change
     assert report["params_fingerprint"] == sdk_loop_fingerprint(ELASTIC_STEPS)
     assert report["steps_completed"] == ELASTIC_STEPS
-    assert processes_mentioning(run_dir) == []
+    assert processes_mentioning(str(run_dir)) == []
