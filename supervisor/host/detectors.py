@@ -43,7 +43,7 @@ def crash_message(status: ExitStatus, generation: int, workload: WorkloadProcess
     return messages.Fault(
         generation=generation,
         kind=FaultKind.CRASH,
-        exit_code=status.returncode if status.returncode >= 0 else None,
+        exit_code=status.exit_code,
         signal=status.signal_name,
         detail=f"workload {detail} (log: {workload.log_path})",
     )
