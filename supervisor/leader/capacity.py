@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader.admission import HostState
 from slicekeeper.supervisor.leader.background import BackgroundWork, Task
 from slicekeeper.supervisor.leader.journal import JobMemory
-from slicekeeper.supervisor.leader.members import HostState, HostStatus, Members
+from slicekeeper.supervisor.leader.members import HostStatus, Members
 
 
 class Replacement(Protocol):

@@ -29,10 +29,10 @@ from typing import Any
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader import restart_machine as machine
 from slicekeeper.supervisor.leader import restart_records
+from slicekeeper.supervisor.leader.admission import HostState
 from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.journal import Detection
-from slicekeeper.supervisor.leader.members import HostState
 from slicekeeper.supervisor.leader.restart_machine import JobState
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 from slicekeeper.supervisor.leader.starts import StartMessages

@@ -29,6 +29,7 @@ from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
 from slicekeeper.supervisor.checkpoints.restore_plan import RestorePlan
 from slicekeeper.supervisor.leader import restart_machine as machine
 from slicekeeper.supervisor.leader import status as views
+from slicekeeper.supervisor.leader.admission import HostState
 from slicekeeper.supervisor.leader.announced import AnnouncedLosses
 from slicekeeper.supervisor.leader.background import BackgroundWork, Task
 from slicekeeper.supervisor.leader.capacity import LeaderParts, Replacement, Replacements, spare_pool
@@ -38,7 +39,7 @@ from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.generations import Generations
 from slicekeeper.supervisor.leader.journal import FaultRecord, JobMemory, JournalWriter
-from slicekeeper.supervisor.leader.members import HostState, HostStatus, Members, send
+from slicekeeper.supervisor.leader.members import HostStatus, Members, send
 from slicekeeper.supervisor.leader.registrations import Registrations
 from slicekeeper.supervisor.leader.remediation import Remediation
 from slicekeeper.supervisor.leader.restart_machine import JobState

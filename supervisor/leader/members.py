@@ -26,10 +26,10 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader.admission import HostState
 
 from slicekeeper import protocol
 
@@ -48,22 +48,6 @@ MEMBER_BUFFER_LIMIT = 4 * protocol.CONTROL_LINE_LIMIT
 """Bytes of commands a connection may hold unsent before it is dropped, whatever the deadline: four of
 the largest lines, more than a member that reads ever holds, so it bounds what the leader keeps for
 one that stopped reading while a burst of journals is written to it."""
-
-
-class HostState(StrEnum):
-    """Where a host stands, as the leader sees it (the status lines and the TrainingJob status show it)."""
-
-    REGISTERING = "registering"
-    REGISTERED = "registered"
-    STARTING = "starting"
-    TRAINING = "training"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    FINISHED = "finished"
-    PARKED = "parked"
-    """A host of a dropped slice, idle until the job scales back up."""
-    LOST = "lost"
-    AWAITING_REPLACEMENT = "awaiting replacement"
 
 
 @dataclass

@@ -14,12 +14,22 @@ import asyncio
 import time
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader.admission import (
+    UNKNOWN_CAUSE,
+    Admission,
+    Back,
+    HostState,
+    Joining,
+    Step,
+    admit,
+    all_registered,
+    back,
+)
 from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.generations import Generations
 from slicekeeper.supervisor.leader.journal import FaultRecord
-from slicekeeper.supervisor.leader.members import HostState
 from slicekeeper.supervisor.leader.remediation import Remediation
-from slicekeeper.supervisor.leader.restart_machine import AllRegistered, JobState
+from slicekeeper.supervisor.leader.restart_machine import AllRegistered, NoWorkload
 
 from slicekeeper.chaos import ChaosKind
 from slicekeeper.policy.events import FaultKind
@@ -32,26 +42,30 @@ class Registrations:
         self.remediation = remediation
 
     async def register(self, report: messages.Register, writer: asyncio.StreamWriter) -> None:
-        if report.generation is not None and self.context.memory.state in (
-            JobState.RUNNING,
-            JobState.STOPPING,
-        ):
-            await self._rejoin(report, writer)
-            return
-        if report.restarted and self.context.memory.state in (JobState.RUNNING, JobState.STOPPING):
-            await self._restarted(report, writer)
-            return
-        if self.context.memory.state is not JobState.REGISTERING:
-            if self.context.memory.state is JobState.SUCCEEDED:
-                await self.context.members.send_to(writer, messages.Shutdown())  # too late: the job is over
+        memory = self.context.memory
+        joining = (
+            Joining.REJOINING
+            if report.generation is not None
+            else Joining.RESTARTED
+            if report.restarted
+            else Joining.HOST
+        )
+        match admit(memory.state, joining):
+            case Admission.REJOIN:
+                await self._rejoin(report, writer)
                 return
-            if self.context.memory.state is JobState.FAILED:
-                await self.context.members.send_to(
-                    writer, messages.Failed(reason=self.context.memory.failure_reason or "the job failed")
-                )
+            case Admission.RESTARTED:
+                await self._restarted(report, writer)
                 return
-            if await self.context.capacity.joined(report, writer):
-                await self.remediation.rejoined(report.host)
+            case Admission.TOO_LATE:
+                await self.context.members.send_to(writer, messages.Shutdown())
+                return
+            case Admission.REFUSED:
+                reason = memory.failure_reason or "the job failed"
+                await self.context.members.send_to(writer, messages.Failed(reason=reason))
+                return
+            case Admission.LATE if await self.context.capacity.joined(report, writer):
+                await self._back(report.host, Back(Joining.HOST, self.context.world.takes_part(report.host)))
                 return
         status = self.context.status[report.host]
         self.context.members.serve(report.host, writer)
@@ -62,13 +76,10 @@ class Registrations:
         await self.context.members.event(
             f"host {report.host} registered", host=report.host, metrics_port=status.metrics_port
         )
-        if (
-            len(self.context.members.writers) == self.context.world.full_hosts
-            and self.context.memory.state is JobState.REGISTERING
-        ):
+        if all_registered(memory.state, len(self.context.members.writers), self.context.world.full_hosts):
             await self.generations.send(AllRegistered())
-        elif self.context.memory.state is not JobState.REGISTERING:
-            await self.remediation.rejoined(report.host)  # its supervisor restarted: no workload runs
+        elif admit(memory.state, Joining.HOST) is Admission.LATE:  # restarted: no workload runs
+            await self._back(report.host, Back(Joining.HOST, self.context.world.takes_part(report.host)))
 
     async def _rejoin(self, report: messages.Register, writer: asyncio.StreamWriter) -> None:
         """A member of this job rejoins after its leader was lost, its workload still in `generation`."""
@@ -87,35 +98,17 @@ class Registrations:
         self.context.members.serve(host, writer)
         status.metrics_port, status.replica_address = report.metrics_port, report.replica_address
         status.machine = report.machine or f"host-{host}"
-        status.state = (
-            HostState.TRAINING if self.context.memory.state is JobState.RUNNING else HostState.STOPPING
-        )
         await self.context.members.event(f"host {host} rejoined from {status.machine}", host=host)
         await self.context.capacity.returned(host)
-        if not self.context.world.takes_part(host):
-            # Its slice was dropped: it waits as an idle host. Dropped while it was away, its workload
-            # stops, and the policy may scale back up with it; idle already (a leader lost while the
-            # job ran scaled down), no capacity came back.
-            await self.context.members.send(
-                host, messages.Stop(generation=generation or 0, kind=FaultKind.SCALE_DOWN)
-            )
-            await self.context.members.send(host, messages.Park(generation=self.context.memory.generation))
-            status.state = HostState.PARKED
-            if not report.parked:
-                await self.remediation.rejoined(host)
-            elif self.context.memory.state is JobState.STOPPING:
-                await self.generations.send(self.generations.reconsider())
-        elif self.context.memory.state is JobState.STOPPING:
-            kind = FaultKind((self.context.memory.stop_cause or {}).get("kind", FaultKind.HOST_LOST))
-            await self.context.members.send(
-                host, messages.Stop(generation=self.context.memory.generation, kind=kind)
-            )
-        elif lost or generation != self.context.memory.generation:
-            running = self.context.memory.generation
-            detail = f"host {host} rejoined in generation {generation} while the job runs {running}"
-            await self.generations.send(
-                self.generations.fault_stop(host, FaultKind.HOST_LOST, detail, time.time())
-            )
+        # Its slice dropped while it was away, its workload stops and the policy may scale back up with
+        # it; idle already (a leader lost while the job ran scaled down), no capacity came back.
+        facts = Back(
+            Joining.REJOINING,
+            self.context.world.takes_part(host),
+            idle=report.parked,
+            in_step=not lost and generation == self.context.memory.generation,
+        )
+        await self._back(host, facts, generation=generation)
 
     async def _restarted(self, report: messages.Register, writer: asyncio.StreamWriter) -> None:
         """A host's supervisor started again on its machine: its workload died with the one before.
@@ -131,28 +124,50 @@ class Registrations:
         if serving is not None and serving is not writer:
             serving.close()  # the connection of the supervisor that died, not closed yet
         status = self.context.status[host]
-        idle = status.state == HostState.PARKED
+        idle = status.state == HostState.PARKED  # it idled before its supervisor died
         self.context.members.serve(host, writer)
         status.metrics_port, status.replica_address = report.metrics_port, report.replica_address
         status.machine = machine
         await self.context.members.event(f"host {host}'s supervisor restarted on {machine}", host=host)
         await self.context.capacity.returned(host)
-        if not self.context.world.takes_part(host):
-            await self.context.members.send(host, messages.Park(generation=self.context.memory.generation))
-            status.state = HostState.PARKED
-            if not idle:  # else it idled before its supervisor died: no capacity came back
-                await self.remediation.rejoined(host)
-            elif self.context.memory.state is JobState.STOPPING:
-                await self.generations.send(self.generations.reconsider())
-        elif self.context.memory.state is JobState.STOPPING:
-            status.state = HostState.STOPPING
-            kind = FaultKind((self.context.memory.stop_cause or {}).get("kind", FaultKind.CRASH))
-            await self.context.members.send(
-                host, messages.Stop(generation=self.context.memory.generation, kind=kind)
-            )
-        else:
-            status.state = HostState.STOPPING
-            await self.remediation.supervisor_restarted(host, machine)
+        await self._back(host, Back(Joining.RESTARTED, self.context.world.takes_part(host), idle=idle))
+
+    async def _back(self, host: int, facts: Back, generation: int | None = None) -> None:
+        """Carry out what the rules (leader.admission.back) say of a host served again after the start
+        (`generation`: the one its workload is in, rejoining)."""
+        memory = self.context.memory
+        answer = back(memory.state, facts)
+        if answer.state is not None:
+            self.context.status[host].state = answer.state
+        for step in answer.steps:
+            match step:
+                case Step.STOP_AS_DROPPED:
+                    stop = messages.Stop(generation=generation or 0, kind=FaultKind.SCALE_DOWN)
+                    await self.context.members.send(host, stop)
+                case Step.PARK:
+                    await self.context.members.send(host, messages.Park(generation=memory.generation))
+                case Step.CAPACITY_RETURNED:
+                    await self.remediation.capacity_returned()
+                case Step.RECONSIDER:
+                    await self.generations.send(self.generations.reconsider())
+                case Step.STOP_WITH_THE_REST:
+                    kind = FaultKind((memory.stop_cause or {}).get("kind", UNKNOWN_CAUSE[facts.joining]))
+                    stop = messages.Stop(generation=memory.generation, kind=kind)
+                    await self.context.members.send(host, stop)
+                case Step.STOP_AS_LOST:
+                    detail = (
+                        f"host {host} re-registered while running"
+                        if facts.joining is Joining.HOST
+                        else f"host {host} rejoined in generation {generation} while the job runs "
+                        f"{memory.generation}"
+                    )
+                    await self.generations.send(
+                        self.generations.fault_stop(host, FaultKind.HOST_LOST, detail, time.time())
+                    )
+                case Step.NO_WORKLOAD:
+                    await self.generations.send(NoWorkload(host))
+                case Step.CRASH:
+                    await self.remediation.supervisor_restarted(host, self.context.status[host].machine)
 
     async def spare(self, spare: messages.RegisterSpare, writer: asyncio.StreamWriter) -> None:
         if not await self.context.capacity.offer(spare, writer):

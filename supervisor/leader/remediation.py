@@ -247,22 +247,6 @@ class Remediation:
         )
         await self.decide_and_act(event)
 
-    async def rejoined(self, host: int) -> None:
-        """A new machine registered as `host` after the job started (a cluster's replacement pod)."""
-        if self.context.memory.state is JobState.STOPPING:
-            await self.generations.send(self.generations.reconsider())
-        elif not self.context.world.takes_part(host):
-            # A host of a dropped slice is back (capacity returned): the policy may scale back up.
-            await self.capacity_returned()
-        elif self.context.memory.state is JobState.RUNNING:
-            # A new pod while the old one's connection was still open (a node lost without a word):
-            detail = f"host {host} re-registered while running"
-            await self.generations.send(
-                self.generations.fault_stop(host, FaultKind.HOST_LOST, detail, time.time())
-            )
-            await self.generations.send(NoWorkload(host))
-            await self.generations.send(self.generations.reconsider())
-
     # --- signals while training ---------------------------------------------------------------
     async def straggler_check(
         self, host: int, step: int, work: float | None, now: float, *, core: int | None = None

@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader.admission import HostState
 from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.election import Holder
-from slicekeeper.supervisor.leader.members import HostState
 from slicekeeper.supervisor.leader.restart_machine import JobState
 
 from slicekeeper.policy.events import FaultKind
