@@ -31,7 +31,6 @@ from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.generations import Generations
 from slicekeeper.supervisor.leader.members import HostStatus
 from slicekeeper.supervisor.leader.remediation import Remediation
-from slicekeeper.supervisor.leader.restart_machine import JobState
 
 from slicekeeper import policy
 from slicekeeper.policy.events import FaultKind
@@ -100,7 +99,8 @@ class AnnouncedLosses:
     async def _act_on(self, report: messages.Notice) -> None:
         try:
             saved = None
-            if self.context.memory.state is JobState.RUNNING and self.context.world.takes_part(report.host):
+            memory = self.context.memory
+            if memory.restart.runs(memory.generation) and self.context.world.takes_part(report.host):
                 saved = await self._save(report)
             now = time.time()
             event = policy.AnnouncedLoss(
@@ -115,11 +115,7 @@ class AnnouncedLosses:
             )
             generation = self.context.memory.generation
             await self.remediation.decide_and_act(event)
-            if (
-                saved is not None
-                and self.context.memory.state is JobState.RUNNING
-                and self.context.memory.generation == generation
-            ):
+            if saved is not None and self.context.memory.restart.runs(generation):
                 # The policy left the job running, but every workload holds after the saved step.
                 detail = f"held after saving step {saved} on notice"
                 await self.generations.send(
@@ -159,10 +155,7 @@ class AnnouncedLosses:
         while time.time() < until:
             if (generation, step, report.host) in self._saved:
                 return step  # seen done by another notice's wait, which may have stopped the job since
-            if (
-                self.context.memory.generation != generation
-                or self.context.memory.state is not JobState.RUNNING
-            ):
+            if not self.context.memory.restart.runs(generation):
                 break  # stopped meanwhile (a fault): the restart restores what there is
             pending = {h for h in pending if step not in self.context.status[h].committed}
             if not pending and all((h, step) in self._replicated for h in self._asked_for):

@@ -192,10 +192,7 @@ class Generations:
         return lambda: machine.Reconsider(self._readiness())
 
     async def acked(self, report: messages.Stopped) -> None:
-        if (
-            report.generation != self.context.memory.generation
-            or self.context.memory.state is not JobState.STOPPING
-        ):
+        if not self.context.memory.restart.stops(report.generation):
             return
         self.context.checkpoints.stopped(report)
         self.context.status[report.host].state = HostState.STOPPED
@@ -213,10 +210,7 @@ class Generations:
         await self.send(lambda: machine.StopAcked(hosts, generation, self._readiness()))
 
     async def finished_on(self, report: messages.Finished) -> None:
-        if (
-            report.generation != self.context.memory.generation
-            or self.context.memory.state is not JobState.RUNNING
-        ):
+        if not self.context.memory.restart.runs(report.generation):
             return
         self.finished[report.host] = report
         self.context.status[report.host].state = HostState.FINISHED

@@ -417,7 +417,7 @@ class Leader:
                 await self.generations.finished_on(message)
 
     async def _progress(self, report: messages.Progress) -> None:
-        if report.generation != self.memory.generation or self.memory.state is not JobState.RUNNING:
+        if not self.memory.restart.runs(report.generation):
             return  # a step of a generation being torn down will be executed again
         status = self.status[report.host]
         status.step, status.loss, status.state = report.step, report.loss, HostState.TRAINING

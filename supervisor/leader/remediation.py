@@ -83,10 +83,7 @@ class Remediation:
 
     # --- faults -------------------------------------------------------------------------------
     async def fault(self, report: messages.Fault) -> None:
-        if (
-            report.generation != self.context.memory.generation
-            or self.context.memory.state is not JobState.RUNNING
-        ):
+        if not self.context.memory.restart.runs(report.generation):
             return  # already being handled: one restart per generation
         if report.invalid_step is not None:
             # The restored state proved bad (e.g. a non-finite loss right after a restore): no host
@@ -116,7 +113,7 @@ class Remediation:
             await self._fault_of(*named)
 
     def _running(self, generation: int) -> bool:
-        return generation == self.context.memory.generation and self.context.memory.state is JobState.RUNNING
+        return self.context.memory.restart.runs(generation)
 
     async def _hang_culprit(self, report: messages.Fault) -> tuple[int, messages.Fault] | None:
         """Ask every member where its workload is and name the host that stopped (supervisor.signals.culprit);

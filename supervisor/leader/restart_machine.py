@@ -76,6 +76,15 @@ class RestartState:
     def held(self, why: str) -> bool:
         return why in self.holds
 
+    def runs(self, generation: int) -> bool:
+        """`generation` is the one training now: only its faults, steps and ends count (one stop per
+        generation; a report of a generation being torn down is late)."""
+        return self.phase is JobState.RUNNING and generation == self.generation
+
+    def stops(self, generation: int) -> bool:
+        """`generation` is the one being stopped: only its acknowledgements count."""
+        return self.phase is JobState.STOPPING and generation == self.generation
+
 
 # --- events -----------------------------------------------------------------------------------
 

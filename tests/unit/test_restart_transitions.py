@@ -186,3 +186,19 @@ def test_a_start_given_up_while_stopping_waits_again_under_its_deadline():
     state = dataclasses.replace(STOPPING, starting=True, ack_deadline=False)
     after, commands = m.transition(state, m.StartAbandoned(), RULE)
     assert (after.starting, after.ack_deadline, kinds(commands)) == (False, True, ["ArmAckDeadline"])
+
+
+@pytest.mark.parametrize(
+    ("phase", "generation", "runs", "stops"),
+    [
+        (JobState.RUNNING, 3, True, False),
+        (JobState.RUNNING, 2, False, False),  # a report of a generation torn down: late
+        (JobState.STOPPING, 3, False, True),
+        (JobState.STOPPING, 4, False, False),
+        (JobState.REGISTERING, 3, False, False),
+        (JobState.SUCCEEDED, 3, False, False),
+    ],
+)
+def test_only_the_generation_in_hand_counts(phase, generation, runs, stops):
+    state = m.RestartState(phase=phase, generation=3)
+    assert state.runs(generation) is runs and state.stops(generation) is stops
