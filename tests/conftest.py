@@ -25,7 +25,7 @@ import pytest
 
 from tests.support import cli_runs
 from tests.support.example_runs import clean_run
-from tests.support.suite_groups import run_order, runs_apart
+from tests.support.suite_groups import runs_apart
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -81,7 +81,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: run_order(item.nodeid))  # stable: each folder's own order kept
     with_e2e = config.getoption("--with-e2e") and os.environ.get("KUBECONFIG")
     for item in items:
         if "e2e" in item.keywords and not with_e2e:

@@ -7,11 +7,6 @@ worker, as a plain `pytest` runs them. The unit tests run in the test process (a
 loopback, fake members, pure functions): they fill the CPU the runs leave idle, on the other worker,
 a module at a time so that a module's fixtures are made once.
 
-The runs that leave the most CPU idle (tests/integration: 40-70 % busy, the rest waiting on
-deadlines, hang timers and steps that sleep) go first, beside the unit tests; the ones that keep both
-cores busy (the operator's JAX pods, the chaos runs: 80-96 %) after them, when the unit tests are done
-(`run_order`). Measured beside the unit tests, the chaos runs first took twice their time.
-
 A scheduler of its own (pytest-xdist's `pytest_xdist_make_scheduler`), not `--dist loadgroup`: the
 groups of that one are written into each test's id, which pytest 9.2 no longer lets a plugin change.
 """
@@ -44,15 +39,6 @@ def scope_of(nodeid: str) -> str:
     if folder != UNIT or name in RUNS_IN_UNIT:
         return RUNS_SCOPE
     return path
-
-
-RUN_ORDER = ("tests/integration/", "tests/e2e/", "tests/operator/", "tests/chaos/")
-"""The order of the runs' folders (unit modules in RUNS_IN_UNIT with the first)."""
-
-
-def run_order(nodeid: str) -> int:
-    """Where a test goes in the suite's order: by its folder's place in RUN_ORDER."""
-    return next((i for i, folder in enumerate(RUN_ORDER) if nodeid.startswith(folder)), 0)
 
 
 def runs_apart(config: pytest.Config, log: object) -> object:

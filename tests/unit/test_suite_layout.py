@@ -122,15 +122,3 @@ def test_a_unit_module_that_starts_a_local_run_is_kept_with_the_runs():
         if any(f"{name}(" in path.read_text() for name in ("run_job", "started_cli", "run_example"))
     }
     assert starting - RUNS_IN_UNIT == set()
-
-
-def test_the_runs_that_leave_cpu_idle_go_first_and_the_busiest_last():
-    from tests.support.suite_groups import run_order
-
-    ids = [
-        "tests/chaos/test_jax_recovery.py::test_a",
-        "tests/unit/test_local_tier.py::test_b",
-        "tests/operator/test_operator_training.py::test_c",
-        "tests/integration/test_partitions.py::test_d",
-    ]
-    assert sorted(ids, key=run_order) == [ids[1], ids[3], ids[2], ids[0]]
