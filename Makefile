@@ -7,7 +7,7 @@ PACKAGE_FILES := $(shell find slicekeeper operator supervisor workload -name '*.
 PYTEST_ARGS ?=
 # Two workers: the multi-process runs one after another on one, the unit tests beside them on the
 # other (tests/conftest.py says how they are grouped). `make test PYTEST_XDIST=` runs them in one process.
-PYTEST_XDIST ?= -n 2 --no-loadscope-reorder
+PYTEST_XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
 CHROMIUM := /usr/bin/chromium
 
 .PHONY: demo test install lint typecheck layers crds dashboards clean bench system-tools
