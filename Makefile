@@ -5,9 +5,6 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PACKAGE_FILES := $(shell find slicekeeper operator supervisor workload -name '*.py' 2>/dev/null) pyproject.toml
 PYTEST_ARGS ?=
-# Two workers: the multi-process runs one after another on one, the unit tests beside them on the
-# other (tests/conftest.py says how they are grouped). `make test PYTEST_XDIST=` runs them in one process.
-PYTEST_XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
 CHROMIUM := /usr/bin/chromium
 
 .PHONY: demo test install lint typecheck layers crds dashboards clean bench system-tools
@@ -71,7 +68,7 @@ dashboards: install
 	$(BIN)/python -m slicekeeper.dashboards charts/slicekeeper/dashboards
 
 test: lint typecheck layers system-tools
-	$(BIN)/pytest --durations=25 $(PYTEST_XDIST) $(PYTEST_ARGS)
+	$(BIN)/pytest --durations=25 $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/recovery.py

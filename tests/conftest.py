@@ -6,12 +6,6 @@ keeps its run directory for the user to read, and hundreds of test runs must not
 
 Each test's pytest timeout is handed to tests.support.cli_runs, which fits every CLI run inside it,
 and a test whose CLI runs left processes alive fails (they are killed): see tests/support/cli_runs.py.
-
-`make test` runs two pytest-xdist workers (`--dist loadgroup`): every test that starts runs of
-several processes (everything outside tests/unit, and the unit modules in `RUNS_IN_UNIT`) is in one
-group, run one after another on one worker as a plain `pytest` would, sharing the session's
-fault-free runs; the in-process unit tests run beside them on the other worker, a module at a time
-(its module fixtures made once): tests/support/suite_groups.py.
 """
 
 from __future__ import annotations
@@ -19,14 +13,12 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support import cli_runs
 from tests.support.example_runs import clean_run
-from tests.support.suite_groups import xdist_group
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -79,7 +71,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     with_e2e = config.getoption("--with-e2e") and os.environ.get("KUBECONFIG")
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group(Path(str(item.path)))))
         if "e2e" in item.keywords and not with_e2e:
             item.add_marker(pytest.mark.skip(reason="needs --with-e2e and KUBECONFIG"))
         if "slow" in item.keywords and config.getoption("--skip-slow"):

@@ -97,26 +97,3 @@ def test_every_support_module_says_what_it_is_for():
     assert len(support) > 1
     undocumented = [path.name for path in support if not ast.get_docstring(ast.parse(path.read_text()))]
     assert not undocumented, f"tests/support modules without a module docstring: {undocumented}"
-
-
-def test_the_runs_share_one_worker_and_each_unit_module_is_one_group():
-    from tests.support.suite_groups import RUNS_GROUP, RUNS_IN_UNIT, UNIT, xdist_group
-
-    assert {name for name in RUNS_IN_UNIT if not (UNIT / name).is_file()} == set()  # no stale name
-    assert xdist_group(TESTS / "integration" / "test_partitions.py") == RUNS_GROUP
-    assert xdist_group(TESTS / "operator" / "test_operator_training.py") == RUNS_GROUP
-    assert xdist_group(UNIT / "test_reference_elastic.py") == RUNS_GROUP
-    assert xdist_group(UNIT / "test_restart_properties.py") == "unit/test_restart_properties.py"
-
-
-def test_a_unit_module_that_starts_a_local_run_is_kept_with_the_runs():
-    """A unit module starting supervisors through `slicekeeper run` (tests.support.cli_runs' run_job,
-    started_cli, run_example) must be in RUNS_IN_UNIT: beside the runs it would double their load."""
-    from tests.support.suite_groups import RUNS_IN_UNIT, UNIT
-
-    starting = {
-        path.name
-        for path in UNIT.glob("test_*.py")
-        if any(f"{name}(" in path.read_text() for name in ("run_job", "started_cli", "run_example"))
-    }
-    assert starting - RUNS_IN_UNIT == set()
