@@ -218,9 +218,7 @@ def test_the_leader_lost_in_the_middle_of_a_hot_swap_lets_its_successor_finish_i
         with paused(run_dir, ["host-1", "host-3", "spare-0"]):
             assert not fired(run_dir, 2), "host 2's fault fired before the other members were paused"
             output.wait_for("hot-swap: spare 0 (spare-0) takes over host 2")
-            os.kill(supervisor_of(str(run_dir), 0), signal.SIGKILL)
-            successor = awaited(lambda: leader_after(run_dir, term=1), "leader after term 1")
-            assert successor == "host-0", successor  # the only machine not paused
+            kill_the_leader_and_await_it_back(run_dir)
         _, err = process.communicate(timeout=180)
     assert process.returncode == 0, err[-3000:]
     report = read_report(report_path)
@@ -300,6 +298,14 @@ def every_host_holds_a_step(run_dir: Path) -> int | None:
     held.append({e["step"] for e in events(run_dir, "host-2", "replicated")})
     common = set.intersection(*held)
     return max(common) if common else None
+
+
+def kill_the_leader_and_await_it_back(run_dir: Path) -> None:
+    """Host 0's supervisor (the leader) killed while the other members are paused: its restarted
+    supervisor, the only machine not paused, must lead the next term."""
+    os.kill(supervisor_of(str(run_dir), 0), signal.SIGKILL)
+    successor = awaited(lambda: leader_after(run_dir, term=1), "leader after term 1")
+    assert successor == "host-0", successor
 
 
 def trains_in_a_later_generation(run_dir: Path, machine: str) -> bool | None:
@@ -398,9 +404,7 @@ def test_the_leader_lost_in_the_middle_of_a_scale_up_lets_its_successor_finish_i
             assert not (run_dir / "spare-0").exists(), "the spare came before hosts 1 and 2 were paused"
             output.wait_for("scale-up: spare 0 (spare-0) takes over host 3")
             with paused(run_dir, ["spare-0"]):
-                os.kill(supervisor_of(str(run_dir), 0), signal.SIGKILL)
-                successor = awaited(lambda: leader_after(run_dir, term=1), "leader after term 1")
-                assert successor == "host-0", successor  # the only machine not paused
+                kill_the_leader_and_await_it_back(run_dir)
         _, err = process.communicate(timeout=180)
     assert process.returncode == 0, err[-3000:]
     report = read_report(report_path)
