@@ -33,7 +33,6 @@ from slicekeeper.supervisor.leader.admission import HostState
 from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.journal import Detection
-from slicekeeper.supervisor.leader.restart_machine import JobState
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 from slicekeeper.supervisor.leader.starts import StartMessages
 
@@ -249,9 +248,7 @@ class Generations:
     async def _check_start(self, command: machine.StartGeneration) -> None:
         """Before the first start, the persistent tier is read (a job may resume an earlier run's
         step); the machine then hears which active hosts have no machine, as of its turn."""
-        unreadable = None
-        if self.context.memory.state is JobState.REGISTERING:
-            unreadable = await self.context.checkpoints.find_persistent()
+        unreadable = await self.context.checkpoints.find_persistent() if command.first else None
         self._post(
             lambda: machine.StartChecked(
                 tuple(h for h in self.context.world.hosts if h not in self.context.members), unreadable

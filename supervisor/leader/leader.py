@@ -191,8 +191,9 @@ class Leader:
 
     async def _newcomer(self, host: int) -> None:
         """A new machine serves `host`: it has no workload to stop, and holds nothing yet."""
-        if self.memory.state is JobState.STOPPING:
-            await self.generations.send(machine.NoWorkload(host))
+        # The machine's answer, not the phase before the event's turn: a stop queued meanwhile counts.
+        answer = await self.generations.send(machine.NoWorkload(host))
+        if answer.stops(answer.generation):  # it counts as having stopped its workload
             self.status[host].state = HostState.STOPPED
         self.decisions.new_world()  # the old machine's timings are not the new one's
 
@@ -247,6 +248,7 @@ class Leader:
             carry_on=self.carry_on,
             handle=self._handle,
             host_lost=self.remediation.host_lost,
+            restart=self.generations.send,
         )
         self.background.spawn(Task.TAKEOVER, self._take_over(self._takeover))
 

@@ -207,6 +207,16 @@ class JobFails:
     reason: str
 
 
+@dataclass(frozen=True)
+class TookOver:
+    """A new leader carries on the job's memory, `members` registered with it: a stop that was under
+    way (its cause `kind`, from the journal) is sent to each of them again, and each acks it again
+    with what it holds."""
+
+    kind: FaultKind | None
+    members: tuple[int, ...]
+
+
 Event = (
     AllRegistered
     | FaultStop
@@ -223,6 +233,7 @@ Event = (
     | Progressed
     | HostFinished
     | JobFails
+    | TookOver
 )
 
 
@@ -268,7 +279,10 @@ class CancelAckDeadline:
 @dataclass(frozen=True)
 class StartGeneration:
     """Find out whether the next generation can start (the persistent tier read before the first
-    start, every active host with a machine): answered by `StartChecked`."""
+    start, every active host with a machine): answered by `StartChecked`. `first`: the job's first
+    start (nothing ran yet)."""
+
+    first: bool
 
 
 @dataclass(frozen=True)
@@ -344,7 +358,7 @@ def transition(state: RestartState, event: Event, rule: RestartRule) -> Outcome:
         case AllRegistered():
             if state.phase is not JobState.REGISTERING or state.starting:
                 return state, []  # a second call while the first start reads the persistent tier
-            return dataclasses.replace(state, starting=True), [StartGeneration()]
+            return dataclasses.replace(state, starting=True), [StartGeneration(first=True)]
         case Progressed():
             if state.phase is not JobState.RUNNING:
                 return state, []
@@ -356,6 +370,10 @@ def transition(state: RestartState, event: Event, rule: RestartRule) -> Outcome:
             if len(finished) >= len(world) and set(world) <= finished:
                 return _end(dataclasses.replace(state, finished=finished), succeeded=True)
             return dataclasses.replace(state, finished=finished), []
+        case TookOver(kind=kind, members=members):
+            if state.phase is not JobState.STOPPING or kind is None:
+                return state, []
+            return state, [SendStop(state.generation, kind, None, members)]
         case JobFails(reason=reason):
             return _end(state, succeeded=False, reason=reason)
 
@@ -436,7 +454,7 @@ def _start_if_ready(state: RestartState, readiness: Readiness) -> Outcome:
     if not readiness.live.intersection(readiness.world) <= state.stopped:
         return state, []
     starting = dataclasses.replace(state, starting=True, ack_deadline=False)
-    return starting, [CancelAckDeadline(), StartGeneration()]
+    return starting, [CancelAckDeadline(), StartGeneration(first=False)]
 
 
 def _deadline(state: RestartState, event: AckDeadlinePassed) -> Outcome:

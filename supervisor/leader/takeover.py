@@ -24,7 +24,7 @@ from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.admission import HostState
 from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.election import Holder
-from slicekeeper.supervisor.leader.restart_machine import JobState
+from slicekeeper.supervisor.leader.restart_machine import RestartState, TookOver
 
 from slicekeeper.policy.events import FaultKind
 
@@ -53,6 +53,7 @@ class Takeover:
         carry_on: Callable[[dict[str, Any]], None],
         handle: Handle,
         host_lost: Callable[[int, str], Awaitable[None]],
+        restart: Callable[[TookOver], Awaitable[RestartState]],
     ) -> None:
         self.previous = previous
         self.own = own
@@ -69,6 +70,8 @@ class Takeover:
         self._carry_on = carry_on
         self._handle = handle
         self._host_lost = host_lost
+        self._restart = restart
+        """The restart machine's driver (`Generations.send`)."""
 
     # --- gathering ----------------------------------------------------------------------------
     def gather(self, message: messages.ToLeader, writer: asyncio.StreamWriter) -> None:
@@ -128,11 +131,10 @@ class Takeover:
         registrations.sort(key=lambda join: not _coming_back(join[0]))  # stable: arrival order kept
         for join, member in registrations:
             await self._handle(join, member)
-        memory = self.context.memory
-        if memory.state is JobState.STOPPING and memory.stop_cause is not None:
-            # The restart under way when the leader was lost: every member acks (again) with its holdings.
-            stop = messages.Stop(generation=memory.generation, kind=FaultKind(memory.stop_cause["kind"]))
-            await self.context.members.broadcast(stop)
+        # A restart under way when the leader was lost: every member acks (again) with its holdings.
+        cause = self.context.memory.stop_cause
+        kind = FaultKind(cause["kind"]) if cause is not None else None
+        await self._restart(TookOver(kind, tuple(sorted(self.context.members.live()))))
         for host in self.context.world.hosts:
             if host not in self.context.members and self.context.status[host].state != HostState.LOST:
                 self.context.status[host].state = HostState.LOST

@@ -253,7 +253,8 @@ class Job:
                 self.timer = generation
             case m.CancelAckDeadline():
                 self.timer = None
-            case m.StartGeneration():
+            case m.StartGeneration(first=first):
+                assert first == (before.phase is JobState.REGISTERING), f"{command} after {before}"
                 self.check_start(before)
                 self.queue.append(StartUnderWay())
             case m.LaunchGeneration(generation=generation, first=first):

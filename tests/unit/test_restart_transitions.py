@@ -182,6 +182,29 @@ def test_a_lost_member_no_longer_counts_as_stopped_and_a_newcomer_has_nothing_to
     assert kinds(commands) == ["CancelAckDeadline", "StartGeneration"]
 
 
+@pytest.mark.parametrize(
+    ("state", "kind", "stops"),
+    [
+        (STOPPING, "crash", True),  # the restart under way when the leader was lost: stopped again
+        (STOPPING, None, False),  # no cause in the journal carried on: nothing to say
+        (RUNNING, "crash", False),
+        (m.RestartState(), None, False),
+    ],
+)
+def test_a_new_leader_sends_a_stop_under_way_again_to_every_member_back(state, kind, stops):
+    after, commands = m.transition(state, m.TookOver(kind, (0, 2, 3)), RULE)
+    assert after == state
+    assert commands == ([m.SendStop(generation=4, kind=kind, host=None, to=(0, 2, 3))] if stops else [])
+
+
+def test_only_the_start_from_registration_is_the_first():
+    _, commands = m.transition(m.RestartState(), m.AllRegistered(), RULE)
+    assert commands == [m.StartGeneration(first=True)]
+    stopping = dataclasses.replace(STOPPING, stopped=frozenset({0, 1}))
+    _, commands = m.transition(stopping, m.StopAcked(frozenset({2}), 4, ready()), RULE)
+    assert m.StartGeneration(first=False) in commands
+
+
 def test_a_start_given_up_while_stopping_waits_again_under_its_deadline():
     state = dataclasses.replace(STOPPING, starting=True, ack_deadline=False)
     after, commands = m.transition(state, m.StartAbandoned(), RULE)

@@ -45,6 +45,7 @@ def gathering_on_host_1(shape: JobShape) -> takeover.Takeover:
         carry_on=lambda _: None,
         handle=nothing,
         host_lost=nothing,
+        restart=leader.generations.send,
     )
 
 
