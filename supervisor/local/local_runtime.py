@@ -45,9 +45,12 @@ from slicekeeper.report_page import write_page
 from slicekeeper.shape import JobLayout
 
 STOP_GRACE_SECONDS = 5.0
-UNHEARD_END_SECONDS = 15.0
+UNHEARD_END_SECONDS = 5.0
 """A host's supervisor still running this long after the job ended did not hear the end (its machine
-is cut off by a partition): it is stopped rather than waited for until it gives up on the leader."""
+is cut off by a partition): it is stopped rather than waited for until it gives up on the leader. One
+that hears the end exits within a second of it; SIGTERM still lets a slow one write its report."""
+END_POLL_SECONDS = 1.0
+"""How often the job's end is looked for while some host's supervisor still runs."""
 MACHINE_RESTARTS = 3
 """How often one machine's supervisor is started again after dying of a signal, at most."""
 LONE_FAILURE_SECONDS = 60.0
@@ -212,7 +215,7 @@ class Machines:
             # Looked at before waiting: a host's task may have ended before this one first ran.
             failed = [h for h in hosts if h.done() and h.result() in (protocol.EXIT_JOB_FAILED, STATUS_LOST)]
             if not failed:
-                await asyncio.wait(pending, timeout=STOP_GRACE_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(pending, timeout=END_POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED)
                 if summary.exists() and time.time() - summary.stat().st_mtime > UNHEARD_END_SECONDS:
                     # The job ended a while ago: who still runs cannot hear it (a machine cut off).
                     self._view.say(
