@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.cli_runs import ROOT, processes_mentioning
-from tests.support.example_runs import run_example
+from tests.support.example_runs import STEPS, run_example
 from tests.support.recovery_checks import problems
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -21,10 +21,10 @@ REMEMBERING = str(ROOT / "tests" / "fixtures" / "remembering_policy.py")
 
 
 def test_the_leaders_host_lost_then_a_crash_end_with_the_fault_free_parameters(tmp_path, clean):
-    chaos = "lose:host=0@step=40,kill:host=2@step=90"
+    chaos = "lose:host=0@step=20,kill:host=2@step=45"
     report = run_example(tmp_path, "--spares", "1", "--chaos", chaos, policy={"file": REMEMBERING})
     assert report["exit_code"] == 0, report["stderr"][-3000:]
-    assert problems(report, fingerprint=clean["report"]["params_fingerprint"], steps=120) == []
+    assert problems(report, fingerprint=clean["report"]["params_fingerprint"], steps=STEPS) == []
     assert report["restarts"] == {"host_lost": 1, "crash": 1}
     assert [(s["host"], s["machine"]) for s in report["hot_swaps"]["details"]] == [(0, "spare-0")]
     [change] = report["leader_changes"]

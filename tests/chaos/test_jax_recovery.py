@@ -9,7 +9,7 @@ checked three ways:
 - every restart restored the newest step every host held, each host loaded exactly that step, and
   the steps executed again are the ones after it (tests/support/recovery_checks.py), with the exact
   steps and tiers this schedule must give: a fault at step S stops the job after step S - 1, and
-  checkpoints are every 5 steps (persistent every 50);
+  checkpoints are every 5 steps (persistent every 30);
 - what the persistent tier served, counted by the tier itself.
 
 The negative controls run a trainer that restores wrongly on purpose (tests/fixtures/
@@ -25,7 +25,7 @@ import sys
 import pytest
 
 from tests.support.cli_runs import ROOT, processes_mentioning
-from tests.support.example_runs import run_example
+from tests.support.example_runs import STEPS, run_example
 from tests.support.recovery_checks import detected_on, problems, recovery_summary, tiers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -36,21 +36,21 @@ SHORT_STEPS = 20
 
 
 def nothing_lost(report, clean) -> list[str]:
-    return problems(report, fingerprint=clean["report"]["params_fingerprint"], steps=120)
+    return problems(report, fingerprint=clean["report"]["params_fingerprint"], steps=STEPS)
 
 
 def test_kill_corrupt_hang_and_slow_restore_the_newest_steps_and_end_with_the_fault_free_parameters(
     tmp_path, clean
 ):
-    chaos = "kill:host=2@step=40,corrupt:host=1@step=78,hang:host=0@step=80,slow:host=3,factor=2@step=90"
+    chaos = "kill:host=2@step=20,corrupt:host=1@step=38,hang:host=0@step=40,slow:host=3,factor=2@step=50"
     report = run_example(tmp_path, "--spares", "0", "--chaos", chaos)
     assert nothing_lost(report, clean) == []
-    assert recovery_summary(report) == [("crash", 35, 4), ("hang", 75, 4)]
+    assert recovery_summary(report) == [("crash", 15, 4), ("hang", 35, 4)]
     assert detected_on(report)[0] == 2
     assert tiers(report, 1) == {0: "local", 1: "local", 2: "local", 3: "local"}
-    # Host 1's local copy of step 75 was corrupted: found at the restore, taken from its twin's replica.
+    # Host 1's local copy of step 35 was corrupted: found at the restore, taken from its twin's replica.
     corrupt = next(f for f in report["faults"] if f["kind"] == "corrupt")
-    assert corrupt["detail"].startswith("flipped bytes in local step 75")
+    assert corrupt["detail"].startswith("flipped bytes in local step 35")
     assert tiers(report, 2) == {0: "local", 1: "peer", 2: "local", 3: "local"}
     assert report["restarts"] == {"crash": 1, "hang": 1}
     assert [(f["kind"], f["detected_as"]) for f in report["faults"]] == [
@@ -62,8 +62,8 @@ def test_kill_corrupt_hang_and_slow_restore_the_newest_steps_and_end_with_the_fa
     # The slowed machine is found (others may be too on a loaded machine; docs/benchmarks.md), never
     # before it was slowed; with no spare the default policy leaves it training.
     [straggler] = [s for s in report["stragglers"] if s["host"] == 3]
-    assert straggler["score"] > 1.3 and straggler["step"] > 90
-    assert all(s["step"] > 90 for s in report["stragglers"])
+    assert straggler["score"] > 1.3 and straggler["step"] > 50
+    assert all(s["step"] > 50 for s in report["stragglers"])
     assert report["persistent_reads"] == 0 and report["persistent_read_bytes"] == 0
     assert processes_mentioning(report["run_dir"]) == []
 
@@ -73,10 +73,10 @@ def test_two_lost_hosts_are_hot_swapped_from_their_twins_replicas_though_the_per
 ):
     # Every checkpoint also goes to the persistent tier: the restored steps are there too, and the
     # store serving nothing shows the peer copies were preferred.
-    chaos = "lose:host=1@step=70,lose:host=2@step=95"
+    chaos = "lose:host=1@step=35,lose:host=2@step=50"
     report = run_example(tmp_path, "--spares", "2", "--chaos", chaos, persistent_interval=5)
     assert nothing_lost(report, clean) == []
-    assert recovery_summary(report) == [("host_lost", 65, 4), ("host_lost", 90, 4)]
+    assert recovery_summary(report) == [("host_lost", 30, 4), ("host_lost", 45, 4)]
     assert detected_on(report) == [1, 2]
     assert tiers(report, 1) == {0: "local", 1: "peer", 2: "local", 3: "local"}
     assert tiers(report, 2) == {0: "local", 1: "local", 2: "peer", 3: "local"}
@@ -86,8 +86,8 @@ def test_two_lost_hosts_are_hot_swapped_from_their_twins_replicas_though_the_per
         (1, "spare-0"),
         (2, "spare-1"),
     ]
-    # Steps 65 and 90 were committed to the persistent tier before the losses: the peers were preferred.
-    for fault, step in zip(report["faults"], (65, 90), strict=True):
+    # Steps 30 and 45 were committed to the persistent tier before the losses: the peers were preferred.
+    for fault, step in zip(report["faults"], (30, 45), strict=True):
         assert any(c["step"] == step and c["t"] < fault["fired_at"] for c in report["persistent_commits"])
     assert report["persistent_reads"] == 0 and report["persistent_read_bytes"] == 0
     assert processes_mentioning(report["run_dir"]) == []
@@ -95,11 +95,11 @@ def test_two_lost_hosts_are_hot_swapped_from_their_twins_replicas_though_the_per
 
 def test_a_lost_host_without_peer_copies_restores_every_shard_from_the_persistent_tier(tmp_path, clean):
     report = run_example(
-        tmp_path, "--spares", "1", "--chaos", "lose:host=1@step=67", checkpoint={"peer": {"replicas": 0}}
+        tmp_path, "--spares", "1", "--chaos", "lose:host=1@step=47", checkpoint={"peer": {"replicas": 0}}
     )
     assert nothing_lost(report, clean) == []
-    # Host 1's shard exists only in the persistent step 50; the others' local tiers kept 55-65 only.
-    assert recovery_summary(report) == [("host_lost", 50, 16)]
+    # Host 1's shard exists only in the persistent step 30; the others' local tiers kept 35-45 only.
+    assert recovery_summary(report) == [("host_lost", 30, 16)]
     assert tiers(report, 1) == {0: "persistent", 1: "persistent", 2: "persistent", 3: "persistent"}
     assert report["persistent_reads"] == 4 and report["persistent_read_bytes"] > 0
     assert processes_mentioning(report["run_dir"]) == []
@@ -109,12 +109,14 @@ def test_a_lost_host_without_peer_copies_restores_every_shard_from_the_persisten
 
 
 def run_misrestoring(tmp_path, mode: str) -> dict:
-    """The acceptance job with a kill at step 40 (restore step 35), its trainer restoring wrongly."""
+    """The acceptance job with a kill at step 20 (restore step 15), its trainer restoring wrongly. No
+    standby process: what is checked is the restore, not how its process was started."""
     workload = {
         "command": [sys.executable, MISRESTORING],
         "env": [{"name": "SLICEKEEPER_TEST_MISRESTORE", "value": mode}],
+        "standby": False,
     }
-    return run_example(tmp_path, "--chaos", "kill:host=2@step=40", workload=workload)
+    return run_example(tmp_path, "--chaos", "kill:host=2@step=20", workload=workload)
 
 
 def test_a_restore_of_an_older_step_ends_with_the_right_parameters_and_is_caught_by_the_restore_check(
@@ -123,14 +125,14 @@ def test_a_restore_of_an_older_step_ends_with_the_right_parameters_and_is_caught
     report = run_misrestoring(tmp_path, "older-step")
     assert report["params_fingerprint"] == clean["report"]["params_fingerprint"]  # it cannot tell
     found = nothing_lost(report, clean)
-    assert found == [f"generation 1 (crash): host {h}'s workload loaded step 30, not 35" for h in range(4)]
+    assert found == [f"generation 1 (crash): host {h}'s workload loaded step 10, not 15" for h in range(4)]
 
 
 def test_a_host_loading_another_hosts_shard_passes_the_restore_check_and_is_caught_by_the_fingerprint(
     tmp_path, clean
 ):
     report = run_misrestoring(tmp_path, "other-host:1")
-    assert recovery_summary(report) == [("crash", 35, 4)]
+    assert recovery_summary(report) == [("crash", 15, 4)]
     assert report["params_fingerprint"].startswith("diverged:1:")  # slice 1 disagrees with slice 0
     fingerprint, clean_fingerprint = report["params_fingerprint"], clean["report"]["params_fingerprint"]
     assert nothing_lost(report, clean) == [

@@ -40,7 +40,10 @@ RESHARDED = {"tpu": {"type": "v5p-32"}, "slices": 1}
 
 
 def run(where: Path, framework: str, *extra: str, **spec: Any) -> dict[str, Any]:
-    workload = {"command": TORCH_TRAINER} if framework == "torch" else {}
+    """The example job with `framework`'s trainer. No run here restarts: no standby process (each
+    would only cost its framework's imports)."""
+    workload: dict[str, Any] = {"command": TORCH_TRAINER} if framework == "torch" else {}
+    workload["standby"] = False
     return run_example(
         where,
         *extra,

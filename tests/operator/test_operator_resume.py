@@ -4,11 +4,12 @@ The real operator, the emulated API server and pods run as local processes (test
 fake_kubelet.py); the job is the example two-slice JAX job, checked against the fault-free local run of
 the same job (`clean`, tests/support/example_runs.py: same model, same data, same checkpoints).
 
-- Suspended (`spec.suspend: true`) after its persistent step 50, the job's pods go; resumed, the new
-  pods' leader finds step 50 in the persistent tier and every host restores it: the status says so
-  (`lastRestore`), and the persistent step 100 it then saves is bit for bit the fault-free run's.
+- Suspended (`spec.suspend: true`) after its first persistent step (30), the job's pods go; resumed,
+  the new pods' leader finds step 30 in the persistent tier and every host restores it: the status
+  says so (`lastRestore`), and the persistent step 60 it then saves is bit for bit the fault-free
+  run's.
 - Deleted and created again under the same name (a new run of the same TrainingJob), the job
-  continues from step 100 to 120 and ends with the fault-free run's parameters.
+  continues from step 60 to the fault-free run's last and ends with its parameters.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 import yaml
 
 from tests.support.cli_runs import EXAMPLE
-from tests.support.example_runs import PERSISTENT_INTERVAL, final_params, persistent_step
+from tests.support.example_runs import PERSISTENT_INTERVAL, STEPS, final_params, persistent_step
 from tests.support.fake_kubelet import V5P_16_LABELS, FakeTpuCluster
 from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
 
@@ -31,6 +32,8 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.timeout(1800)]
 STARTUP = 180.0
 """Seconds for four JAX processes to start and compile on two shared cores."""
 NS = "research"
+FIRST, SECOND = PERSISTENT_INTERVAL, 2 * PERSISTENT_INTERVAL
+"""The persistent steps the suspended run and the resumed one end after (the fault-free run keeps both)."""
 
 
 IGNORE_STRAGGLERS = """
@@ -47,8 +50,9 @@ checks resuming bit for bit."""
 
 
 def resumable_job(where: Path, steps: int) -> dict[str, Any]:
-    """The example job as `clean` runs it (seed, checkpoints, persistent tier every 50 steps), its
-    persistent tier and final parameters in `where`, shared storage for every pod."""
+    """The example job as `clean` runs it (seed, checkpoints, a persistent step every
+    PERSISTENT_INTERVAL), its persistent tier and final parameters in `where`, shared storage for
+    every pod."""
     job = yaml.safe_load(EXAMPLE.read_text())
     job["metadata"]["namespace"] = NS
     spec = job["spec"]
@@ -135,39 +139,39 @@ async def test_a_suspended_job_resumes_from_its_persistent_step_and_a_recreated_
         operator(kube),
     ):
         await cluster.add_pools({"pool-a": ["a-0", "a-1"], "pool-b": ["b-0", "b-1"]})
-        await kube.apply(resumable_job(tmp_path, steps=100))
+        await kube.apply(resumable_job(tmp_path, steps=SECOND))
 
-        # Suspended once step 50 is in the persistent tier and training went past it.
+        # Suspended once the first persistent step is committed and training went past it.
         await eventually(
-            lambda: committed(tmp_path) == [50] and (status(kube).get("step") or 0) > 52,
+            lambda: committed(tmp_path) == [FIRST] and (status(kube).get("step") or 0) > FIRST + 2,
             timeout=2 * STARTUP,
-            what="persistent step 50 committed and training past it",
+            what=f"persistent step {FIRST} committed and training past it",
         )
         await kube.patch_job(NS, "tiny-lm", {"spec": {"suspend": True}})
         await no_pods_left(kube, cluster)
         reached = status(kube)["step"]
-        assert committed(tmp_path) == [50] and 50 < reached < 100
-        # What the resumed job starts from is the fault-free run's step 50 (else a difference at
-        # step 100 below would be the first run's, not the resume's).
-        assert_same_shards(tmp_path, clean["where"], 50, cluster)
+        assert committed(tmp_path) == [FIRST] and FIRST < reached < SECOND
+        # What the resumed job starts from is the fault-free run's step FIRST (else a difference at
+        # step SECOND below would be the first run's, not the resume's).
+        assert_same_shards(tmp_path, clean["where"], FIRST, cluster)
 
-        # Resumed: the new pods' leader restores step 50 from the persistent tier, not step 0.
+        # Resumed: the new pods' leader restores step FIRST from the persistent tier, not step 0.
         await kube.patch_job(NS, "tiny-lm", {"spec": {"suspend": False}})
         done = await finished(kube, cluster, "the resumed job finished")
-        assert done["step"] == 100
-        assert done["lastRestore"] == {"generation": 0, "cause": "resume", "step": 50, "stepsReplayed": 0}
+        assert done["step"] == SECOND
+        assert done["lastRestore"] == {"generation": 0, "cause": "resume", "step": FIRST, "stepsReplayed": 0}
         # Whichever host's supervisor won the job's Lease led the resumed run.
         logs = [cluster.log_of(f"tiny-lm-s{s}-w{w}") for s in (0, 1) for w in (0, 1)]
-        assert any("generation 0 starting from step 50 of an earlier run" in log for log in logs)
-        assert_same_shards(tmp_path, clean["where"], 100, cluster)
+        assert any(f"generation 0 starting from step {FIRST} of an earlier run" in log for log in logs)
+        assert_same_shards(tmp_path, clean["where"], SECOND, cluster)
 
-        # A new run of the same TrainingJob (deleted, created again) continues from step 100.
+        # A new run of the same TrainingJob (deleted, created again) continues from step SECOND.
         await kube.delete_job(NS, "tiny-lm")
         await no_pods_left(kube, cluster)
-        await kube.apply(resumable_job(tmp_path, steps=120))
+        await kube.apply(resumable_job(tmp_path, steps=STEPS))
         done = await finished(kube, cluster, "the re-created job finished")
-        assert done["step"] == 120
-        assert done["lastRestore"] == {"generation": 0, "cause": "resume", "step": 100, "stepsReplayed": 0}
+        assert done["step"] == STEPS
+        assert done["lastRestore"] == {"generation": 0, "cause": "resume", "step": SECOND, "stepsReplayed": 0}
         params = final_params(tmp_path)
         assert params.keys() == clean["params"].keys()
         for name, value in params.items():
