@@ -193,7 +193,7 @@ class Leader:
         """A new machine serves `host`: it has no workload to stop, and holds nothing yet."""
         # The machine's answer, not the phase before the event's turn: a stop queued meanwhile counts.
         answer = await self.generations.send(machine.NoWorkload(host))
-        if answer.stops(answer.generation):  # it counts as having stopped its workload
+        if answer.stopping:  # it counts as having stopped its workload
             self.status[host].state = HostState.STOPPED
         self.decisions.new_world()  # the old machine's timings are not the new one's
 

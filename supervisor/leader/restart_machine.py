@@ -81,9 +81,14 @@ class RestartState:
         generation; a report of a generation being torn down is late)."""
         return self.phase is JobState.RUNNING and generation == self.generation
 
+    @property
+    def stopping(self) -> bool:
+        """A generation is being stopped: the next one starts once every member stopped its workload."""
+        return self.phase is JobState.STOPPING
+
     def stops(self, generation: int) -> bool:
         """`generation` is the one being stopped: only its acknowledgements count."""
-        return self.phase is JobState.STOPPING and generation == self.generation
+        return self.stopping and generation == self.generation
 
 
 # --- events -----------------------------------------------------------------------------------
