@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,12 +15,13 @@ from slicekeeper.errors import UserError
 
 
 @pytest.fixture
-def temp_root(tmp_path, monkeypatch) -> Path:
-    """The system's temporary directory, for these tests: a fresh one."""
-    root = tmp_path / "t"
-    root.mkdir()
+def temp_root(monkeypatch) -> Iterator[Path]:
+    """The system's temporary directory, for these tests: a fresh one as short as /tmp's, whatever
+    pytest's own base (a worker's tmp_path under pytest-xdist is too deep to hold a socket)."""
+    root = Path(tempfile.mkdtemp(prefix="sk-", dir="/tmp"))
     monkeypatch.setattr(tempfile, "tempdir", str(root))
-    return root
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _deep(tmp_path: Path) -> Path:
