@@ -33,7 +33,7 @@ from slicekeeper.supervisor.fleet.outcome import Job, Mode, Result, Setup
 from slicekeeper.supervisor.fleet.policy_events import policy_events
 from slicekeeper.supervisor.fleet.training import Training
 from slicekeeper.supervisor.leader import restart_machine as machine
-from slicekeeper.supervisor.leader.restart_machine import JobState
+from slicekeeper.supervisor.leader.restart_state import JobState, Readiness, RestartState
 
 from slicekeeper import policy
 from slicekeeper.goodput import Category
@@ -76,7 +76,7 @@ class Simulation:
             self.setup, self.cluster, Result(name, 0.0, job.chips, keep_records=keep_records)
         )
         self.state, _ = machine.replay(
-            machine.RestartState(), [machine.AllRegistered(), machine.Started(0)], job.rule
+            RestartState(), [machine.AllRegistered(), machine.Started(0)], job.rule
         )
 
     # --- the run ------------------------------------------------------------------------------
@@ -439,7 +439,7 @@ class Simulation:
         c, training = self.setup.costs, self.training
         world = self.cluster.world_hosts()
         live = self.cluster.live()
-        readiness = machine.Readiness(live, world)
+        readiness = Readiness(live, world)
         self.state, commands = machine.transition(
             self.state, machine.StopAcked(live, self.state.generation, readiness), self.setup.job.rule
         )
@@ -475,7 +475,7 @@ class Simulation:
         training.stall(Category.INFRASTRUCTURE_RECOVERY, wait)
         world = self.cluster.world_hosts()
         live = self.cluster.live()
-        readiness = machine.Readiness(live, world)
+        readiness = Readiness(live, world)
         self.state, _ = machine.transition(
             self.state, machine.StopAcked(live, self.state.generation, readiness), self.setup.job.rule
         )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from slicekeeper.supervisor import messages
@@ -34,6 +35,7 @@ from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.journal import Detection
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
+from slicekeeper.supervisor.leader.restart_state import Readiness, RestartState
 from slicekeeper.supervisor.leader.starts import StartMessages
 
 from slicekeeper.policy.events import FaultKind
@@ -43,6 +45,14 @@ Happening = machine.Event | Callable[[], machine.Event]
 
 STOP_ACK_SECONDS = 30.0
 """How long every member gets to kill its workload and ack a stop before the job fails."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What an event came to: the machine's state after it, and what it asks the event's sender to do."""
+
+    state: RestartState
+    requests: tuple[machine.Request, ...]
 
 
 class Generations:
@@ -68,7 +78,7 @@ class Generations:
         self._ack_deadline: asyncio.TimerHandle | None = None
         self._acks: dict[int, set[int]] = {}
         """generation -> the hosts whose stop acknowledgement is not yet taken in (`_take_acks`)."""
-        self._queue: deque[tuple[Happening, asyncio.Future[machine.RestartState] | None]] = deque()
+        self._queue: deque[tuple[Happening, asyncio.Future[Answer] | None]] = deque()
         """Events waiting for the machine, in the order they were sent; taken one at a time."""
         self._draining = False
         self._appliers: dict[type, Callable[[Any], Awaitable[None]]] = {
@@ -84,11 +94,19 @@ class Generations:
         """One applier per command the machine gives, by the command's type."""
 
     # --- the one queue of events --------------------------------------------------------------
-    async def send(self, event: Happening) -> machine.RestartState:
+    async def send(self, event: Happening) -> RestartState:
         """Queue `event` for the machine and return the state once it and its commands are done. An
         event made from facts (`Readiness`) is given as a function that makes it, called when its
         turn comes, so that it reads the facts of then."""
-        answered: asyncio.Future[machine.RestartState] = asyncio.get_running_loop().create_future()
+        return (await self._queued(event)).state
+
+    async def ask(self, event: Happening) -> tuple[machine.Request, ...]:
+        """Send `event` and return what the machine asks its sender to do (the requests), in order,
+        once the driver's own commands are done."""
+        return (await self._queued(event)).requests
+
+    async def _queued(self, event: Happening) -> Answer:
+        answered: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._queue.append((event, answered))
         if not self._draining:
             await self._drain()
@@ -109,7 +127,11 @@ class Generations:
                 event = happening() if callable(happening) else happening
                 state, commands = machine.transition(self.context.memory.restart, event, self.rule)
                 self.context.memory.restart = state
+                requests: list[machine.Request] = []
                 for command in commands:
+                    if isinstance(command, machine.REQUESTS):
+                        requests.append(command)
+                        continue
                     try:
                         await self._appliers[type(command)](command)
                     except Exception as error:
@@ -118,14 +140,19 @@ class Generations:
                             Task.OUTCOME, self.context.background.failed(Task.RESTART, error, what)
                         )
                 if answered is not None:
-                    answered.set_result(self.context.memory.restart)
+                    answered.set_result(Answer(self.context.memory.restart, tuple(requests)))
+                elif requests:  # an event a command led to has no sender: its requests fail the job
+                    unasked = RuntimeError(f"{type(event).__name__} asked {requests} of no sender")
+                    self.context.background.spawn(
+                        Task.OUTCOME, self.context.background.failed(Task.RESTART, unasked, "draining")
+                    )
         finally:
             self._draining = False
             if self._queue:  # the taker was cancelled: the events left still get their turn
                 self.context.background.spawn(Task.RESTART, self._drain())
 
-    def _readiness(self) -> machine.Readiness:
-        return machine.Readiness(
+    def _readiness(self) -> Readiness:
+        return Readiness(
             frozenset(self.context.members.live()),
             tuple(self.context.world.hosts),
             bool(self.context.capacity.awaiting()),
@@ -169,9 +196,6 @@ class Generations:
     def progressed(self) -> bool:
         """The running generation completed a step."""
         return self.context.memory.restart.progressed
-
-    def held(self, why: str) -> bool:
-        return self.context.memory.restart.held(why)
 
     def fault_stop(
         self, host: int, kind: FaultKind, detail: str, now: float, planned: bool = False

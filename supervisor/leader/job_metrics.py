@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.journal import JobMemory
-from slicekeeper.supervisor.leader.restart_machine import JobState
+from slicekeeper.supervisor.leader.restart_state import JobState
 from slicekeeper.supervisor.leader.world import JobWorld
 
 SCALE_KINDS = ("down", "up")

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader import journal_delta
-from slicekeeper.supervisor.leader.restart_machine import JobState, RestartState
+from slicekeeper.supervisor.leader.restart_state import JobState, RestartState
 
 from slicekeeper.chaos import ChaosKind
 from slicekeeper.policy.events import FaultKind

@@ -42,8 +42,8 @@ from slicekeeper.supervisor.leader.journal import FaultRecord, JobMemory, Journa
 from slicekeeper.supervisor.leader.members import HostStatus, Members, send
 from slicekeeper.supervisor.leader.registrations import Registrations
 from slicekeeper.supervisor.leader.remediation import Remediation
-from slicekeeper.supervisor.leader.restart_machine import JobState
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
+from slicekeeper.supervisor.leader.restart_state import CARRYING_ON, JobState
 from slicekeeper.supervisor.leader.silence import Silence
 from slicekeeper.supervisor.leader.takeover import SECONDS as takeover_seconds
 from slicekeeper.supervisor.leader.takeover import Takeover
@@ -54,7 +54,6 @@ from slicekeeper import protocol
 from slicekeeper.policy.engine import PolicyEngine
 from slicekeeper.shape import JobShape
 
-CARRYING_ON = "carrying on a lost leader's journal"
 LISTEN_BACKLOG = 4096
 """Connections waiting to be accepted (the kernel caps it at net.core.somaxconn): every member of a
 job of thousands reconnects at once to a new leader, and asyncio's default of 100 drops the rest's

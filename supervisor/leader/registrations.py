@@ -17,19 +17,26 @@ from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.admission import (
     UNKNOWN_CAUSE,
     Admission,
+    Answer,
     Back,
     HostState,
     Joining,
     Step,
-    admit,
-    all_registered,
-    back,
 )
 from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.generations import Generations
 from slicekeeper.supervisor.leader.journal import FaultRecord
 from slicekeeper.supervisor.leader.remediation import Remediation
-from slicekeeper.supervisor.leader.restart_machine import AllRegistered, NoWorkload
+from slicekeeper.supervisor.leader.restart_machine import (
+    Admit,
+    AllRegistered,
+    Joins,
+    NoWorkload,
+    Registered,
+    Request,
+    Returns,
+    ServeAgain,
+)
 
 from slicekeeper.chaos import ChaosKind
 from slicekeeper.policy.events import FaultKind
@@ -50,7 +57,9 @@ class Registrations:
             if report.restarted
             else Joining.HOST
         )
-        match admit(memory.state, joining):
+        [admitted] = await self.generations.ask(Joins(joining))
+        assert isinstance(admitted, Admit)
+        match admitted.admission:
             case Admission.REJOIN:
                 await self._rejoin(report, writer)
                 return
@@ -76,10 +85,11 @@ class Registrations:
         await self.context.members.event(
             f"host {report.host} registered", host=report.host, metrics_port=status.metrics_port
         )
-        if all_registered(memory.state, len(self.context.members.writers), self.context.world.full_hosts):
-            await self.generations.send(AllRegistered())
-        elif admit(memory.state, Joining.HOST) is Admission.LATE:  # restarted: no workload runs
-            await self._back(report.host, Back(Joining.HOST, self.context.world.takes_part(report.host)))
+        # Before the start: maybe the last the start waits for; after it, a machine serving its host
+        # again with no workload (its supervisor restarted).
+        facts = Back(Joining.HOST, self.context.world.takes_part(report.host))
+        registered = Registered(len(self.context.members.writers), self.context.world.full_hosts, facts)
+        await self._carry_out(report.host, facts, await self.generations.ask(registered))
 
     async def _rejoin(self, report: messages.Register, writer: asyncio.StreamWriter) -> None:
         """A member of this job rejoins after its leader was lost, its workload still in `generation`."""
@@ -133,10 +143,19 @@ class Registrations:
         await self._back(host, Back(Joining.RESTARTED, self.context.world.takes_part(host), idle=idle))
 
     async def _back(self, host: int, facts: Back, generation: int | None = None) -> None:
-        """Carry out what the rules (leader.admission.back) say of a host served again after the start
-        (`generation`: the one its workload is in, rejoining)."""
+        """Carry out what the machine (leader.admission.back) says of a host served again after the
+        start (`generation`: the one its workload is in, rejoining)."""
+        await self._carry_out(host, facts, await self.generations.ask(Returns(facts)), generation)
+
+    async def _carry_out(
+        self, host: int, facts: Back, requests: tuple[Request, ...], generation: int | None = None
+    ) -> None:
+        for request in requests:
+            if isinstance(request, ServeAgain):
+                await self._serve_again(host, facts, request.answer, generation)
+
+    async def _serve_again(self, host: int, facts: Back, answer: Answer, generation: int | None) -> None:
         memory = self.context.memory
-        answer = back(memory.state, facts)
         if answer.state is not None:
             self.context.status[host].state = answer.state
         for step in answer.steps:

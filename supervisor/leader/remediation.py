@@ -34,20 +34,26 @@ from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.generations import Generations, Happening
 from slicekeeper.supervisor.leader.restart_machine import (
     AllRegistered,
+    CapacityOffered,
+    Carry,
+    Decided,
+    DecideOnLoss,
     Hold,
+    HostLost,
     JobFails,
-    JobState,
+    NoteLoss,
     NoWorkload,
+    OfferCapacity,
     Release,
+    Request,
+    StandIn,
 )
+from slicekeeper.supervisor.leader.restart_state import DECIDING, WAITING, JobState
 from slicekeeper.supervisor.signals.culprit import GONE, Activity, moved, name_culprit
 
 from slicekeeper import policy
 from slicekeeper.chaos import ChaosKind
 from slicekeeper.policy.events import FaultKind
-
-DECIDING, WAITING = "a decision under way", "a policy's Wait"
-"""What a remedy holds the next start for (leader.generations)."""
 
 ACTIVITY_REPLY_SECONDS = 2.0
 """At a hang report, how long every member gets to say where its workload is (supervisor.signals.culprit);
@@ -190,31 +196,28 @@ class Remediation:
             # An idle host of a dropped slice: nothing stops; a scale-up will need a spare for it.
             await self.context.members.event(f"idle host {host} of a dropped slice lost: {detail}", host=host)
             return
-        if self.context.memory.state is JobState.RUNNING:
-            if not await self._stopped(
-                self.generations.fault_stop(host, FaultKind.HOST_LOST, detail, time.time())
-            ):
-                return
-        else:
-            await self.context.members.event(
-                f"host_lost detected on host {host}: {detail}", host=host, kind=FaultKind.HOST_LOST
-            )
-        if self.context.memory.state is JobState.REGISTERING:
-            # Before the first start nothing trained yet: a new machine stands in, or the job cannot start.
-            refused = await self.context.capacity.stand_in(host)
-            if refused is not None:
-                await self.generations.send(JobFails(refused))
-            elif len(self.context.members.live()) == self.context.world.full_hosts:
-                await self.generations.send(AllRegistered())
-            return
-        event = policy.HostLost(
-            t=time.time(),
-            step=self.context.memory.high_water,
-            generation=self.context.memory.generation,
-            host=host,
-            machine=machine,
-        )
-        await self.decide_and_act(event)
+        live, world = frozenset(self.context.members.live()), tuple(self.context.world.hosts)
+        for request in await self.generations.ask(HostLost(host, detail, time.time(), live, world)):
+            match request:
+                case NoteLoss():
+                    await self.context.members.event(
+                        f"host_lost detected on host {host}: {detail}", host=host, kind=FaultKind.HOST_LOST
+                    )
+                case StandIn():  # before the first start nothing trained yet: a new machine, or no start
+                    refused = await self.context.capacity.stand_in(host)
+                    if refused is not None:
+                        await self.generations.send(JobFails(refused))
+                    elif len(self.context.members.live()) == self.context.world.full_hosts:
+                        await self.generations.send(AllRegistered())
+                case DecideOnLoss():
+                    event = policy.HostLost(
+                        t=time.time(),
+                        step=self.context.memory.high_water,
+                        generation=self.context.memory.generation,
+                        host=host,
+                        machine=machine,
+                    )
+                    await self.decide_and_act(event)
 
     async def supervisor_restarted(self, host: int, machine: str) -> None:
         """`host`'s supervisor was started again on its machine (its workload died with the one
@@ -283,11 +286,7 @@ class Remediation:
 
     async def offer_capacity(self) -> None:
         """Machines joined while the job runs scaled down: the policy may scale back up."""
-        if (
-            self.context.memory.state is not JobState.RUNNING
-            or not self.generations.progressed
-            or self.generations.held(DECIDING)
-        ):
+        if OfferCapacity() not in await self.generations.ask(CapacityOffered()):
             return  # offered once the job trains again
         self.capacity_offer = False
         event = policy.CapacityReturned(
@@ -325,7 +324,7 @@ class Remediation:
                     f"decision ({decision.source.value}): {action.name} for {event.summary}{reason}"
                 )
                 await self.context.journal.write()  # the decision, before anything is done about it
-                for step in remedies.intents(event, action, self.context.memory.state):
+                for step in _intents(await self.generations.ask(Decided(event, action))):
                     if self.generations.over:
                         break
                     if not await self._appliers[type(step)](event, step):
@@ -420,3 +419,8 @@ class Remediation:
                 f"scale-up: slice(s) {back} back, {len(self.context.world.hosts)} hosts"
             )
         return True
+
+
+def _intents(requests: tuple[Request, ...]) -> list[remedies.Intent]:
+    """The steps that carry out a decision, as the machine answered it (none once the job ended)."""
+    return [intent for request in requests if isinstance(request, Carry) for intent in request.intents]

@@ -14,7 +14,10 @@ No asyncio, socket, file or clock in here: the facts a transition needs (who is 
 take part, whether a decision still holds the start) come in the event, and what must be done (write
 the journal, tell the members, arm or cancel the ack deadline, start a generation, end the job) goes
 out as commands, which the driver (leader.generations) carries out in order, feeding what they lead
-to back in as events. The fleet simulator drives the same transitions with simulated time.
+to back in as events. What the event's sender must do goes out as requests, handed back to it
+(`Generations.ask`): the rules that depend on the job's phase (a lost host, a registration, a member
+back, a decision's steps, returned capacity) are decided here, not by the parts that carry them out.
+The fleet simulator drives the same transitions with simulated time.
 
 Liveness: while STOPPING, the ack deadline stays armed until a start is under way, so a job whose
 start condition was met while nothing was left to notice it (every ack in, the last decision gone)
@@ -26,84 +29,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
+from slicekeeper.supervisor.leader import admission, remedies
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
+from slicekeeper.supervisor.leader.restart_state import DECIDING, JobState, Readiness, RestartState
 
+from slicekeeper import policy
 from slicekeeper.policy.events import FaultKind
 
-
-class JobState(StrEnum):
-    REGISTERING = "registering"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-
-
-END_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED})
-
-
-@dataclass(frozen=True)
-class RestartState:
-    """What the restart state machine knows; the rest of the job's memory is the driver's."""
-
-    phase: JobState = JobState.REGISTERING
-    generation: int = 0
-    stopped: frozenset[int] = frozenset()
-    """Members that acked the stop of this generation (or have no workload to stop)."""
-    finished: frozenset[int] = frozenset()
-    """Members that finished training in this generation."""
-    progressed: bool = False
-    """The running generation completed a step."""
-    restarts: int = 0
-    """Stops that restarted the job (spec.health.maxRestarts counts them)."""
-    restarts_without_progress: int = 0
-    """Consecutive starts that never completed a step."""
-    ack_deadline: bool = False
-    """The deadline for stop acknowledgements is armed."""
-    starting: bool = False
-    """A start was commanded and has not been reported as started (or given up) yet."""
-    failure_reason: str | None = None
-    holds: tuple[str, ...] = ()
-    """What holds the next start, one entry per hold (`Hold`, `Release`): a decision under way, a
-    policy's `Wait`, a leader carrying on a journal. No start while any is held."""
-
-    @property
-    def over(self) -> bool:
-        return self.phase in END_STATES
-
-    def held(self, why: str) -> bool:
-        return why in self.holds
-
-    def runs(self, generation: int) -> bool:
-        """`generation` is the one training now: only its faults, steps and ends count (one stop per
-        generation; a report of a generation being torn down is late)."""
-        return self.phase is JobState.RUNNING and generation == self.generation
-
-    @property
-    def stopping(self) -> bool:
-        """A generation is being stopped: the next one starts once every member stopped its workload."""
-        return self.phase is JobState.STOPPING
-
-    def stops(self, generation: int) -> bool:
-        """`generation` is the one being stopped: only its acknowledgements count."""
-        return self.stopping and generation == self.generation
-
-
 # --- events -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Readiness:
-    """The facts the start condition depends on, as the leader sees them now."""
-
-    live: frozenset[int]
-    """Hosts whose supervisor is connected."""
-    world: tuple[int, ...]
-    """Hosts of the active slices: the ones the next generation runs on."""
-    holding: bool = False
-    """A decision under way, a policy's `Wait`, a replacement on its way: no start yet."""
 
 
 @dataclass(frozen=True)
@@ -222,6 +156,58 @@ class TookOver:
     members: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class HostLost:
+    """A member's connection dropped while its host takes part: its machine is gone, with its local
+    tier and replicas. Running: a fault, stopped like any, then decided on; stopping: decided on;
+    before the first start: a new machine must stand in."""
+
+    host: int
+    detail: str
+    t: float
+    live: frozenset[int]
+    world: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Joins:
+    """A supervisor registers, saying what it is: answered by how it is admitted (`Admit`)."""
+
+    joining: admission.Joining
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A host's supervisor with no workload was served: `members` hosts are served now, of the
+    `full_hosts` the first start waits for; `back`: the facts about it, should the job have started."""
+
+    members: int
+    full_hosts: int
+    back: admission.Back
+
+
+@dataclass(frozen=True)
+class Returns:
+    """A member served again after the start (rejoining, restarted, a new machine taken as itself):
+    answered by what the job does about it (`ServeAgain`)."""
+
+    back: admission.Back
+
+
+@dataclass(frozen=True)
+class Decided:
+    """The policy answered `event` with `action`: answered by the steps that carry it out (`Carry`)."""
+
+    event: policy.Event
+    action: policy.Action
+
+
+@dataclass(frozen=True)
+class CapacityOffered:
+    """Machines joined while the job may run scaled down: answered by `OfferCapacity` once the job
+    trains (it progressed, and no decision is under way)."""
+
+
 Event = (
     AllRegistered
     | FaultStop
@@ -239,6 +225,12 @@ Event = (
     | HostFinished
     | JobFails
     | TookOver
+    | HostLost
+    | Joins
+    | Registered
+    | Returns
+    | Decided
+    | CapacityOffered
 )
 
 
@@ -320,13 +312,71 @@ Command = (
 )
 
 
+# --- requests: commands the sender of an event carries out (Generations.ask) -----------------------
+
+
+@dataclass(frozen=True)
+class NoteLoss:
+    """Say the lost host was found (the job was not running: no stop records it)."""
+
+    host: int
+    detail: str
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """Before the first start: a new machine must stand in for the lost host, or the job cannot start."""
+
+    host: int
+
+
+@dataclass(frozen=True)
+class DecideOnLoss:
+    """Ask the policy what to do about the lost host."""
+
+    host: int
+
+
+@dataclass(frozen=True)
+class Admit:
+    admission: admission.Admission
+
+
+@dataclass(frozen=True)
+class ServeAgain:
+    """What the job does about a host served again (leader.admission.back)."""
+
+    answer: admission.Answer
+
+
+@dataclass(frozen=True)
+class Carry:
+    """The steps that carry out a decision, in order (leader.remedies)."""
+
+    intents: tuple[remedies.Intent, ...]
+
+
+@dataclass(frozen=True)
+class OfferCapacity:
+    """Offer the machines that joined to the policy now."""
+
+
+Request = NoteLoss | StandIn | DecideOnLoss | Admit | ServeAgain | Carry | OfferCapacity
+REQUESTS = (NoteLoss, StandIn, DecideOnLoss, Admit, ServeAgain, Carry, OfferCapacity)
+"""Commands addressed to the sender of the event rather than to the driver."""
+
+
 # --- transitions --------------------------------------------------------------------------------
 
-Outcome = tuple[RestartState, list[Command]]
+Outcome = tuple[RestartState, list[Command | Request]]
 
 
 def transition(state: RestartState, event: Event, rule: RestartRule) -> Outcome:
-    """The state after `event`, and what the driver must do, in order."""
+    """The state after `event`, and what the driver must do (commands) and what the event's sender
+    must (requests), in order."""
+    match event:  # a registration is answered whatever the phase, an ended job's too
+        case Joins(joining=joining):
+            return state, [Admit(admission.admit(state.phase, joining))]
     if state.over:
         return state, []  # an ended job changes no more
     match event:
@@ -381,6 +431,21 @@ def transition(state: RestartState, event: Event, rule: RestartRule) -> Outcome:
             return state, [SendStop(state.generation, kind, None, members)]
         case JobFails(reason=reason):
             return _end(state, succeeded=False, reason=reason)
+        case HostLost():
+            return _host_lost(state, event, rule)
+        case Registered(members=members, full_hosts=full_hosts, back=facts):
+            if admission.all_registered(state.phase, members, full_hosts):
+                return transition(state, AllRegistered(), rule)
+            if state.phase is JobState.REGISTERING:
+                return state, []
+            return state, [ServeAgain(admission.back(state.phase, facts))]  # a supervisor restarted
+        case Returns(back=facts):
+            return state, [ServeAgain(admission.back(state.phase, facts))]
+        case Decided(event=decided, action=action):
+            return state, [Carry(remedies.intents(decided, action, state.phase))]
+        case CapacityOffered():
+            trains = state.phase is JobState.RUNNING and state.progressed and not state.held(DECIDING)
+            return state, [OfferCapacity()] if trains else []
 
 
 def _stop(state: RestartState, event: FaultStop, rule: RestartRule) -> Outcome:
@@ -409,6 +474,18 @@ def _stop(state: RestartState, event: FaultStop, rule: RestartRule) -> Outcome:
     to = event.world if live.issuperset(event.world) else tuple(h for h in event.world if h in live)
     stop = SendStop(state.generation, event.kind, None if event.planned else event.host, to)
     return stopping, [record, WriteJournal(), stop, ArmAckDeadline(state.generation)]
+
+
+def _host_lost(state: RestartState, event: HostLost, rule: RestartRule) -> Outcome:
+    if state.phase is JobState.RUNNING:
+        fault = FaultStop(event.host, FaultKind.HOST_LOST, event.detail, event.t, event.live, event.world)
+        stopped, commands = _stop(state, fault, rule)
+        decide = [DecideOnLoss(event.host)] if stopped.phase is JobState.STOPPING else []
+        return stopped, [*commands, *decide]
+    noted = NoteLoss(event.host, event.detail)
+    if state.phase is JobState.REGISTERING:  # nothing trained yet: a new machine stands in
+        return state, [noted, StandIn(event.host)]
+    return state, [noted, DecideOnLoss(event.host)]
 
 
 def _started(state: RestartState, generation: int) -> RestartState:
@@ -494,7 +571,7 @@ def pending(state: RestartState) -> bool:
 
 def replay(state: RestartState, events: Sequence[Event], rule: RestartRule) -> Outcome:
     """Apply `events` in order (tests and the simulator): the last state and every command."""
-    commands: list[Command] = []
+    commands: list[Command | Request] = []
     for event in events:
         state, more = transition(state, event, rule)
         commands.extend(more)

@@ -18,7 +18,7 @@ from slicekeeper.supervisor.leader.admission import (
     all_registered,
     back,
 )
-from slicekeeper.supervisor.leader.restart_machine import JobState
+from slicekeeper.supervisor.leader.restart_state import JobState
 
 from slicekeeper.policy.events import FaultKind
 

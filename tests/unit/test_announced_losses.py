@@ -13,7 +13,7 @@ import time
 
 import pytest
 from slicekeeper.supervisor.leader import announced
-from slicekeeper.supervisor.leader.restart_machine import JobState
+from slicekeeper.supervisor.leader.restart_state import JobState
 
 from tests.support.fake_members import Member, eventually, run
 from tests.support.leader_jobs import Job, all_stop, assigned, job_with_spares, nothing_arrives

@@ -11,7 +11,7 @@ import contextlib
 
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.capacity import pod_replacements
-from slicekeeper.supervisor.leader.restart_machine import JobState
+from slicekeeper.supervisor.leader.restart_state import JobState
 
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import Member, coordinator, eventually, join, run

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor.leader import Leader
-from slicekeeper.supervisor.leader.restart_machine import JobState
+from slicekeeper.supervisor.leader.restart_state import JobState
 
 from slicekeeper.policy.engine import PolicyEngine, load_policy
 from slicekeeper.shape import JobShape

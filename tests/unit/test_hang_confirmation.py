@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from slicekeeper.supervisor.leader import remediation
-from slicekeeper.supervisor.leader.restart_machine import JobState
+from slicekeeper.supervisor.leader.restart_state import JobState
 from slicekeeper.supervisor.signals import culprit
 from slicekeeper.supervisor.signals.culprit import Activity, Stage
 

@@ -8,7 +8,7 @@ JSON lines (tests/support/fake_members.py, tests/support/leader_jobs.py).
 import asyncio
 
 from slicekeeper.supervisor.leader.capacity import declared_spares
-from slicekeeper.supervisor.leader.restart_machine import JobState
+from slicekeeper.supervisor.leader.restart_state import JobState
 
 from tests.support.fake_members import coordinator, eventually, run
 from tests.support.leader_jobs import (

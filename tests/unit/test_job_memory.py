@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.journal import Detection, FaultRecord, JobMemory
-from slicekeeper.supervisor.leader.restart_machine import JobState, RestartState
+from slicekeeper.supervisor.leader.restart_state import JobState, RestartState
 
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import coordinator, eventually, join, run

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from slicekeeper.supervisor.leader.job_metrics import JobCollector
 from slicekeeper.supervisor.leader.journal import Detection, FaultRecord
-from slicekeeper.supervisor.leader.restart_machine import JobState, RestartState
+from slicekeeper.supervisor.leader.restart_state import JobState, RestartState
 from slicekeeper.supervisor.metrics import Role, SupervisorMetrics
 from slicekeeper.supervisor.signals.straggler import StragglerDetector
 

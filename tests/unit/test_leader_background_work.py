@@ -12,7 +12,7 @@ import pytest
 from slicekeeper.supervisor.leader import Leader, remediation
 from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.capacity import pod_replacements
-from slicekeeper.supervisor.leader.restart_machine import JobState
+from slicekeeper.supervisor.leader.restart_state import JobState
 
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import Member, coordinator, eventually, join, run

@@ -12,7 +12,7 @@ import json
 import pytest
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.journal import received
-from slicekeeper.supervisor.leader.restart_machine import JobState
+from slicekeeper.supervisor.leader.restart_state import JobState
 from slicekeeper.supervisor.leader_connection import open_control_connection
 
 from slicekeeper import protocol

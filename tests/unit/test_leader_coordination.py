@@ -7,7 +7,7 @@ Every test drives a real Leader over TCP on 127.0.0.1 with fake members speaking
 
 import pytest
 from slicekeeper.supervisor.leader import Leader
-from slicekeeper.supervisor.leader.restart_machine import JobState
+from slicekeeper.supervisor.leader.restart_state import JobState
 
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import coordinator, eventually, join, run

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader import Leader
-from slicekeeper.supervisor.leader.restart_machine import JobState
+from slicekeeper.supervisor.leader.restart_state import JobState
 
 from slicekeeper import protocol
 from slicekeeper.shape import JobShape

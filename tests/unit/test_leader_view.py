@@ -8,7 +8,7 @@ from typing import Any
 
 from slicekeeper.operator.job_status import derive, leader_view
 from slicekeeper.supervisor.leader.journal import JobMemory
-from slicekeeper.supervisor.leader.restart_machine import JobState, RestartState
+from slicekeeper.supervisor.leader.restart_state import JobState, RestartState
 from slicekeeper.supervisor.leader.status import cluster_status
 from slicekeeper.supervisor.leader.world import JobWorld
 

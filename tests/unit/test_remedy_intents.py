@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from slicekeeper.supervisor.leader.remedies import HoldFor, StopFirst, intents
-from slicekeeper.supervisor.leader.restart_machine import JobState
+from slicekeeper.supervisor.leader.restart_state import JobState
 
 from slicekeeper import policy
 

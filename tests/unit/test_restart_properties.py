@@ -54,8 +54,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from slicekeeper.supervisor.leader import restart_machine as m
-from slicekeeper.supervisor.leader.restart_machine import JobState
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
+from slicekeeper.supervisor.leader.restart_state import JobState
 
 from slicekeeper.policy.events import FaultKind
 

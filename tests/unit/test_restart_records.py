@@ -10,7 +10,7 @@ from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader import journal_delta, restart_records
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
 from slicekeeper.supervisor.leader.journal import JobMemory
-from slicekeeper.supervisor.leader.restart_machine import RestartState
+from slicekeeper.supervisor.leader.restart_state import RestartState
 
 from slicekeeper.report import build_report, format_report
 

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 from slicekeeper.supervisor.leader import restart_machine as m
-from slicekeeper.supervisor.leader.restart_machine import JobState
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
+from slicekeeper.supervisor.leader.restart_state import JobState
 
 RULE = RestartRule(max_restarts=3, max_without_progress=2)
 WORLD = (0, 1, 2)

@@ -10,7 +10,7 @@ from typing import Any
 from slicekeeper.supervisor.checkpoints import store_calls
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTierError
 from slicekeeper.supervisor.leader import Leader
-from slicekeeper.supervisor.leader.restart_machine import JobState
+from slicekeeper.supervisor.leader.restart_state import JobState
 
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import coordinator, eventually, join, run
