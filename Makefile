@@ -67,8 +67,10 @@ system-tools:
 dashboards: install
 	$(BIN)/python -m slicekeeper.dashboards charts/slicekeeper/dashboards
 
+# One pytest-xdist worker per core, each test file on one worker (its module fixtures run once);
+# PYTEST_ARGS="-n 0" runs it in one process.
 test: lint typecheck layers system-tools
-	$(BIN)/pytest --durations=25 $(PYTEST_ARGS)
+	$(BIN)/pytest -n auto --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/recovery.py

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import cli_runs
+from tests.support import alone, cli_runs
 from tests.support.example_runs import clean_run
 
 
@@ -41,6 +41,15 @@ def _cli_runs_end_with_their_test() -> Iterator[None]:
     leaks = cli_runs.leftover_processes()
     if leaks:
         pytest.fail(f"CLI runs of this test left processes alive (now killed): {leaks}", pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Each test, its fixtures' set-up and tear-down included, in its turn: alone on the machine when
+    marked `alone` (tests/support/alone.py). The outermost wrapper: the wait for a turn is not part
+    of the test's timeout."""
+    with alone.turn(item.get_closest_marker(alone.MARK) is not None):
+        return (yield)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
+
 from tests.support.cli_runs import processes_mentioning, run_job, sdk_loop_fingerprint
 from tests.support.recovery_checks import problems
 
@@ -36,6 +38,7 @@ def recovery_badput(report: dict[str, Any]) -> float:
     )
 
 
+@pytest.mark.alone  # the two runs' badput compared: both must see the same load
 def test_an_announced_maintenance_costs_no_step_and_less_badput_than_the_same_loss_unannounced(tmp_path):
     announced = loss_run(tmp_path / "announced", f"maintenance:host=1,notice=10@step={AT}")
     [recovery] = announced["recoveries"]

@@ -20,6 +20,8 @@ import yaml
 
 from tests.support.cli_runs import ROOT, run_cli, run_job
 
+pytestmark = pytest.mark.alone  # one run's costs predict another's: both must see the same load
+
 TOLERANCE = 0.03
 NO_HOT_SWAP = str(ROOT / "examples" / "policies" / "no_hot_swap.py")
 

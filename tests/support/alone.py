@@ -1,0 +1,61 @@
+"""Tests that must have the machine to themselves while the suite runs on several workers.
+
+`make test` runs the suite on as many pytest-xdist workers as the machine has cores. A few tests
+compare what two runs measured (the simulator predicting one run from another's recovery costs, an
+announced loss costing less badput than the same loss unannounced): each run must see the same load,
+which another worker's run would change. Such a test is marked `alone`; while it runs (its fixtures
+included), no other test does, and it waits for the tests under way to end.
+
+The lock is a readers-writer lock over two `flock`ed files of the test run (shared by its workers):
+every test holds the gate while it takes its share, and an `alone` test holds the gate until it has
+the whole, so that tests starting meanwhile wait behind it instead of starving it. Without workers
+(one pytest process) there is nothing to wait for, and no lock is taken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+MARK = "alone"
+RUN_ID = "PYTEST_XDIST_TESTRUNUID"
+"""Set by pytest-xdist in each worker, the same for every worker of one test run."""
+BASE = Path(tempfile.gettempdir())
+"""The system's temporary directory as the workers start (read at import, before each worker's
+session points TMPDIR at a tree of its own, tests/conftest.py)."""
+
+
+def lock_directory() -> Path | None:
+    """Where this test run's lock files lie (None: not run by pytest-xdist workers)."""
+    run = os.environ.get(RUN_ID)
+    if not run:
+        return None
+    where = BASE / f"slicekeeper-tests-{run}"
+    where.mkdir(exist_ok=True)
+    return where
+
+
+@contextlib.contextmanager
+def turn(alone: bool, where: Path | None = None) -> Iterator[None]:
+    """Hold this test's turn: a share of the machine, or (`alone`) all of it."""
+    where = where if where is not None else lock_directory()
+    if where is None:
+        yield
+        return
+    with open(where / "gate", "a") as gate, open(where / "machine", "a") as machine:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(machine, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)

@@ -1,0 +1,75 @@
+"""A test marked `alone` runs with no other test beside it under pytest-xdist (tests/support/alone.py),
+and tests that start while it waits for its turn wait behind it rather than starving it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import alone
+
+HOLD = 0.3
+"""How long each turn is held: long enough that a turn taken out of order would overlap another."""
+
+
+def _take(
+    where: Path, name: str, is_alone: bool, log: list[tuple[str, str]], started: threading.Event
+) -> None:
+    started.set()
+    with alone.turn(is_alone, where):
+        log.append(("begin", name))
+        time.sleep(HOLD)
+        log.append(("end", name))
+
+
+def _start(where: Path, name: str, is_alone: bool, log: list[tuple[str, str]]) -> threading.Thread:
+    started = threading.Event()
+    thread = threading.Thread(target=_take, args=(where, name, is_alone, log, started))
+    thread.start()
+    started.wait()
+    time.sleep(0.05)  # it is waiting for its turn, or in it
+    return thread
+
+
+def _overlapping(log: list[tuple[str, str]]) -> set[frozenset[str]]:
+    inside: set[str] = set()
+    pairs: set[frozenset[str]] = set()
+    for what, name in log:
+        if what == "begin":
+            pairs |= {frozenset({name, other}) for other in inside}
+            inside.add(name)
+        else:
+            inside.discard(name)
+    return pairs
+
+
+@pytest.mark.parametrize("first_alone", [True, False], ids=["alone-first", "shared-first"])
+def test_an_alone_turn_never_overlaps_another(tmp_path, first_alone):
+    log: list[tuple[str, str]] = []
+    first = _start(tmp_path, "first", first_alone, log)
+    second = _start(tmp_path, "second", not first_alone, log)
+    first.join(), second.join()
+    assert _overlapping(log) == set()
+    assert [name for what, name in log if what == "begin"] == ["first", "second"]
+
+
+def test_shared_turns_overlap_and_a_later_one_waits_behind_an_alone_one(tmp_path):
+    log: list[tuple[str, str]] = []
+    threads = [_start(tmp_path, "shared-1", False, log), _start(tmp_path, "shared-2", False, log)]
+    threads.append(_start(tmp_path, "alone", True, log))  # waits for both, holding the gate
+    threads.append(_start(tmp_path, "shared-3", False, log))  # came later: after the alone one
+    for thread in threads:
+        thread.join()
+    assert _overlapping(log) == {frozenset({"shared-1", "shared-2"})}  # the negative control: they do
+    begins = [name for what, name in log if what == "begin"]
+    assert begins.index("alone") < begins.index("shared-3")
+
+
+def test_without_workers_no_lock_is_taken(monkeypatch):
+    monkeypatch.delenv(alone.RUN_ID, raising=False)
+    assert alone.lock_directory() is None
+    with alone.turn(True), alone.turn(True):  # nested: would deadlock if it locked anything
+        pass
