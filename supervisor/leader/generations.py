@@ -22,14 +22,17 @@ a function that makes it (`fault_stop`, `reconsider`).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader import restart_machine as machine
 from slicekeeper.supervisor.leader import restart_records
+from slicekeeper.supervisor.leader import status as views
 from slicekeeper.supervisor.leader.admission import HostState
 from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.context import LeaderContext
@@ -62,16 +65,16 @@ class Generations:
         *,
         rule: RestartRule,
         coordinator_address: Callable[[int, int], str],
-        ended: Callable[[], None],
+        summary_path: Path | None = None,
         peer_replicas: int | None = None,
     ) -> None:
-        """`peer_replicas`: hosts that keep each host's replicas (a start tells each host the addresses
+        """`summary_path`: where the job's summary is written once it ends (None: nowhere).
+        `peer_replicas`: hosts that keep each host's replicas (a start tells each host the addresses
         of its own; None: every host's)."""
         self.context = context
         self.rule = rule
         self._starts = StartMessages(context.world.shape, coordinator_address, peer_replicas)
-        self._ended = ended
-        """The job succeeded or failed: write the summary."""
+        self._summary_path = summary_path
         self.done = asyncio.Event()
         self.finished: dict[int, messages.Finished] = {}
         """The reports of the hosts that finished the running generation (their fingerprints)."""
@@ -339,7 +342,7 @@ class Generations:
 
     async def _end(self, command: machine.EndJob) -> None:
         succeeded, reason = command.succeeded, command.reason
-        self._ended()
+        self._write_summary()
         if succeeded:
             await self.context.members.event("training finished on every host")
         else:
@@ -349,6 +352,16 @@ class Generations:
         await self.context.members.broadcast(end)
         await self.context.capacity.release()
         self.done.set()
+
+    def summary(self) -> dict[str, Any]:
+        """The job's summary (leader.status): the report's source."""
+        fingerprints = {h: f.fingerprint for h, f in self.finished.items()}
+        context = self.context
+        return views.summary(context.memory, context.world, context.status, context.decisions, fingerprints)
+
+    def _write_summary(self) -> None:
+        if self._summary_path is not None and self.context.members.leading():  # a fenced leader: nothing
+            self._summary_path.write_text(json.dumps(self.summary(), indent=1))
 
 
 def _where(first: bool, restore_step: int | None) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
 import sys
 import time
@@ -38,6 +37,7 @@ from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.generations import Generations
+from slicekeeper.supervisor.leader.job_journal import JobJournal
 from slicekeeper.supervisor.leader.journal import FaultRecord, JobMemory, JournalWriter
 from slicekeeper.supervisor.leader.members import HostStatus, Members, send
 from slicekeeper.supervisor.leader.registrations import Registrations
@@ -96,7 +96,8 @@ class Leader:
         decisions = Decisions(
             engine or PolicyEngine(None), world, events_path=events_path, leading=leading, status=status
         )
-        journal = JournalWriter(members, self.journal, shape.slice_of)
+        self._job_journal = JobJournal(memory, world, decisions)
+        journal = JournalWriter(members, self._job_journal.state, shape.slice_of)
         checkpoints = Checkpoints(memory, status, world, members, persistent, persistent_keep, journal.write)
         capacity = replacements(
             LeaderParts(
@@ -118,7 +119,7 @@ class Leader:
             self.context,
             rule=RestartRule(max_restarts, max_restarts_without_progress),
             coordinator_address=coordinator_address,
-            ended=self.write_summary,
+            summary_path=summary_path,
             peer_replicas=peer_replicas,
         )
         self.remediation = Remediation(self.context, generations=self.generations)
@@ -128,7 +129,6 @@ class Leader:
         self.registrations = Registrations(
             self.context, generations=self.generations, remediation=self.remediation
         )
-        self._summary_path = summary_path
         self._standing_down = False
         """The leader's process is ending (`stand_down`): it acts no more."""
         self._server: asyncio.Server | None = None
@@ -220,17 +220,11 @@ class Leader:
     # --- the job's memory as data -------------------------------------------------------------
     def journal(self) -> dict[str, Any]:
         """All the job's memory as JSON: what a leader taking over needs to carry on (`carry_on`)."""
-        return {
-            "memory": self.memory.to_json(),
-            "world": self.world.state(),
-            "remediation": self.decisions.state(),
-        }
+        return self._job_journal.state()
 
     def carry_on(self, journal: dict[str, Any]) -> None:
         """Take over the memory another leader of this job wrote down (`journal`)."""
-        self.memory.take(JobMemory.from_json(journal["memory"]))
-        self.world.carry_on(journal["world"])
-        self.decisions.carry_on(journal["remediation"])
+        self._job_journal.carry_on(journal)
 
     # --- taking over from a lost leader -------------------------------------------------------
     def take_over(
@@ -244,7 +238,7 @@ class Leader:
             journal,
             lost_at,
             context=self.context,
-            carry_on=self.carry_on,
+            carry_on=self._job_journal.carry_on,
             handle=self._handle,
             host_lost=self.remediation.host_lost,
             restart=self.generations.send,
@@ -472,12 +466,7 @@ class Leader:
         )
 
     def summary(self) -> dict[str, Any]:
-        fingerprints = {h: f.fingerprint for h, f in self.generations.finished.items()}
-        return views.summary(self.memory, self.world, self.status, self.decisions, fingerprints)
-
-    def write_summary(self) -> None:
-        if self._summary_path is not None and self.leading():  # a fenced leader writes nothing
-            self._summary_path.write_text(json.dumps(self.summary(), indent=1))
+        return self.generations.summary()
 
     async def publish_status(self, interval: float = 0.5) -> None:
         while not self.done.is_set():
