@@ -17,9 +17,11 @@ import asyncio
 import sys
 import traceback
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from enum import StrEnum
 from typing import Any
+
+from slicekeeper.supervisor.leader.restart_inbox import RestartInbox
 
 Work = Coroutine[Any, Any, None]
 
@@ -63,15 +65,14 @@ class Task(StrEnum):
 
 
 class BackgroundWork:
-    def __init__(
-        self,
-        *,
-        leading: Callable[[], bool],
-        failed: Callable[[str, BaseException], Awaitable[None]],
-    ) -> None:
+    def __init__(self, *, leading: Callable[[], bool], inbox: RestartInbox) -> None:
+        """`leading`: whether this leader still surely holds the job's lease; `inbox`: the restart
+        machine's, where a failure becomes the job's (leader.restart_inbox)."""
         self._leading = leading
-        self._failed = failed
-        """What a failure becomes (what failed, in words, and the exception): the leader fails the job."""
+        self._inbox = inbox
+        self._stood_down = False
+        """The leader stands down (`stand_down`): a failure is no longer the job's (its successor
+        carries on)."""
         self.failures: Counter[Task] = Counter({task: 0 for task in Task})
         """Failed background work, by task (every task from 0)."""
         self._tasks: set[asyncio.Task[None]] = set()
@@ -111,8 +112,16 @@ class BackgroundWork:
 
     async def failed(self, task: Task, error: BaseException, what: str | None = None) -> None:
         """`task` raised `error` (in the background or where it was awaited): log it, count it, and
-        turn it into the job's outcome."""
-        await self._failed(self._count_and_log(task, what, error), error)
+        fail the job with the reason rather than have it wait for ever; unless this leader no longer
+        leads or stands down (its successor carries on)."""
+        said = self._count_and_log(task, what, error)
+        if self._stood_down or not self._leading():
+            return
+        await self._inbox.fail(f"the leader's background work failed ({said}): {error!r}")
+
+    def stand_down(self) -> None:
+        """The leader acts no more: what fails from now on is not the job's failure."""
+        self._stood_down = True
 
     def _count_and_log(self, task: Task, what: str | None, error: BaseException) -> str:
         self.failures[task] += 1

@@ -14,15 +14,17 @@ The leader and its policy see only `Replacement`: how many machines they may cou
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.admission import HostState
 from slicekeeper.supervisor.leader.background import BackgroundWork, Task
-from slicekeeper.supervisor.leader.journal import JobMemory
+from slicekeeper.supervisor.leader.journal import JobMemory, JournalWriter
 from slicekeeper.supervisor.leader.members import HostStatus, Members
+from slicekeeper.supervisor.leader.restart_inbox import RestartInbox
+from slicekeeper.supervisor.leader.restart_machine import NoWorkload
 
 
 class Replacement(Protocol):
@@ -65,15 +67,12 @@ class LeaderParts:
     members: Members
     status: dict[int, HostStatus]
     memory: JobMemory
-    newcomer: Callable[[int], Awaitable[None]]
-    """Tell the leader a new machine serves a host (it has no workload to stop; timings reset)."""
-    write_journal: Callable[[], Awaitable[None]]
-    """Write the job's memory down (before a spare is told its host)."""
-    overdue: Callable[[int], Awaitable[None]]
-    """No new pod came for a host in time: the policy decides again."""
+    journal: JournalWriter
+    """Writes the job's memory down (before a spare is told its host)."""
     background: BackgroundWork
-    fail: Callable[[str], Awaitable[None]]
-    """Fail the job with a reason (a host lost before the start, and no spare came)."""
+    inbox: RestartInbox
+    """The restart machine's: a new machine serving a host has no workload to stop; a host lost before
+    the start with no spare fails the job; a pod that never came is decided on again."""
 
 
 Replacements = Callable[[LeaderParts], "Replacement"]
@@ -97,15 +96,7 @@ def pod_replacements(timeout: float) -> Replacements:
     """The operator replaces a lost host's pod, awaited up to `timeout` seconds (a cluster)."""
 
     def build(parts: LeaderParts) -> Replacement:
-        return PodReplacements(
-            parts.members,
-            parts.status,
-            parts.memory,
-            parts.newcomer,
-            timeout=timeout,
-            overdue=parts.overdue,
-            background=parts.background,
-        )
+        return PodReplacements(parts, timeout=timeout)
 
     return build
 
@@ -124,18 +115,11 @@ class Spare:
 class _Crew:
     """What both kinds share: the members, the leader's view of the hosts, the job's memory."""
 
-    def __init__(
-        self,
-        members: Members,
-        status: dict[int, HostStatus],
-        memory: JobMemory,
-        newcomer: Callable[[int], Awaitable[None]],
-    ) -> None:
-        self.members = members
-        self.status = status
-        self.memory = memory
-        self._newcomer = newcomer
-        """Tell the leader a new machine serves `host` (it has no workload to stop; timings reset)."""
+    def __init__(self, parts: LeaderParts) -> None:
+        self.members = parts.members
+        self.status = parts.status
+        self.memory = parts.memory
+        self._parts = parts
 
     async def retire(self, host: int, reason: str) -> None:
         """A live machine leaves the job (replaced, e.g. a straggler): its supervisor ends."""
@@ -144,20 +128,22 @@ class _Crew:
         await self.members.event(f"host {host} ({self.status[host].machine}) retired: {reason}", host=host)
 
     async def arrived(self, host: int, writer: asyncio.StreamWriter, status: HostStatus) -> None:
+        """A new machine serves `host`: it has no workload to stop, and holds nothing yet. (The
+        straggler detector starts afresh with the generation it joins: leader.generations.)"""
         self.status[host] = status
         self.members.serve(host, writer)
-        await self._newcomer(host)
+        # The machine's answer, not the phase before the event's turn: a stop queued meanwhile counts.
+        answer = await self._parts.inbox.send(NoWorkload(host))
+        if answer.stopping:  # it counts as having stopped its workload
+            self.status[host].state = HostState.STOPPED
 
 
 class SparePool(_Crew):
     """Locally: idle spare supervisors take over hosts."""
 
     def __init__(self, parts: LeaderParts, *, declared: int, wait: float) -> None:
-        super().__init__(parts.members, parts.status, parts.memory, parts.newcomer)
+        super().__init__(parts)
         self.spares: list[Spare] = []
-        self._parts = parts
-        """The assignment is written down before the spare is told (write-ahead): a leader taking
-        over mid-swap knows the spare serves the host, and counts the swap."""
         self._declared, self._wait = declared, wait
         self._offered = 0
         """Spares that registered so far: while fewer than declared, more are on their way."""
@@ -192,7 +178,7 @@ class SparePool(_Crew):
     async def _no_spare(self, host: int) -> None:
         if self._wanting.pop(host, None) is None:
             return
-        await self._parts.fail(
+        await self._parts.inbox.fail(
             f"host {host} was lost before the job started and none of the {self._declared} declared "
             f"spare(s) registered within {self._wait:g} s (spec.health.startupTimeoutSeconds)"
         )
@@ -238,7 +224,9 @@ class SparePool(_Crew):
                 }
             )
         fired = [record.spec for record in self.memory.faults if record.host == host]
-        await self._parts.write_journal()
+        # Written down before the spare is told (write-ahead): a leader taking over mid-swap knows the
+        # spare serves the host, and counts the swap.
+        await self._parts.journal.write()
         await self.members.send_to(
             spare.writer, messages.Assign(host=host, generation=self.memory.generation, fired=fired)
         )
@@ -271,26 +259,13 @@ class SparePool(_Crew):
 class PodReplacements(_Crew):
     """In a cluster: the operator replaces a host's pod by a new one with its identity."""
 
-    def __init__(
-        self,
-        members: Members,
-        status: dict[int, HostStatus],
-        memory: JobMemory,
-        newcomer: Callable[[int], Awaitable[None]],
-        *,
-        timeout: float,
-        overdue: Callable[[int], Awaitable[None]],
-        background: BackgroundWork,
-    ) -> None:
-        super().__init__(members, status, memory, newcomer)
+    def __init__(self, parts: LeaderParts, *, timeout: float) -> None:
+        super().__init__(parts)
         self.timeout = timeout
         """How long a replacement pod is awaited (spec.health.replacementTimeoutSeconds)."""
-        self._overdue = overdue
-        """No replacement came for `host`: the policy decides again (with no spare)."""
         self._awaited: dict[int, asyncio.TimerHandle] = {}
         self._no_capacity = False
         """A replacement did not join in time; the policy sees no spare until one joins."""
-        self._background = background
 
     def for_policy(self) -> int:
         """The operator replaces any host (one at a time is enough to say so) until a replacement
@@ -317,7 +292,7 @@ class PodReplacements(_Crew):
         self.status[host] = HostStatus(state=HostState.AWAITING_REPLACEMENT)
         if host in self._awaited:
             return None
-        self._awaited[host] = self._background.later(
+        self._awaited[host] = self._parts.background.later(
             self.timeout, Task.REPLACEMENT, lambda: self._no_replacement(host)
         )
         await self.members.event(
@@ -334,7 +309,7 @@ class PodReplacements(_Crew):
             "(spec.health.replacementTimeoutSeconds): no capacity",
             host=host,
         )
-        await self._overdue(host)
+        await self._parts.inbox.no_replacement(host)  # the policy decides again, with no spare
 
     async def joined(self, report: messages.Register, writer: asyncio.StreamWriter) -> bool:
         """A pod with the host's identity registered after the job started: the operator's replacement

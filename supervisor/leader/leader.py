@@ -42,6 +42,7 @@ from slicekeeper.supervisor.leader.journal import FaultRecord, JobMemory, Journa
 from slicekeeper.supervisor.leader.members import HostStatus, Members, send
 from slicekeeper.supervisor.leader.registrations import Registrations
 from slicekeeper.supervisor.leader.remediation import Remediation
+from slicekeeper.supervisor.leader.restart_inbox import RestartInbox
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 from slicekeeper.supervisor.leader.restart_state import CARRYING_ON, JobState
 from slicekeeper.supervisor.leader.silence import Silence
@@ -91,7 +92,8 @@ class Leader:
         world = JobWorld(shape, min_slices)
         members = Members(log_events, term=term, leading=leading)
         self.leading = leading
-        background = BackgroundWork(leading=leading, failed=self._background_failed)
+        inbox = RestartInbox()
+        background = BackgroundWork(leading=leading, inbox=inbox)
         status = {h: HostStatus() for h in range(shape.host_count)}
         decisions = Decisions(
             engine or PolicyEngine(None), world, events_path=events_path, leading=leading, status=status
@@ -99,18 +101,7 @@ class Leader:
         self._job_journal = JobJournal(memory, world, decisions)
         journal = JournalWriter(members, self._job_journal.state, shape.slice_of)
         checkpoints = Checkpoints(memory, status, world, members, persistent, persistent_keep, journal.write)
-        capacity = replacements(
-            LeaderParts(
-                members,
-                status,
-                memory,
-                self._newcomer,
-                write_journal=journal.write,
-                overdue=self._no_replacement,
-                background=background,
-                fail=self._fail,
-            )
-        )
+        capacity = replacements(LeaderParts(members, status, memory, journal, background, inbox))
         self.context = LeaderContext(
             memory, world, members, status, background, journal, checkpoints, decisions, capacity
         )
@@ -123,6 +114,7 @@ class Leader:
             peer_replicas=peer_replicas,
         )
         self.remediation = Remediation(self.context, generations=self.generations)
+        inbox.attach(self.generations, self.remediation)
         self.announced = AnnouncedLosses(
             self.context, generations=self.generations, remediation=self.remediation
         )
@@ -187,30 +179,6 @@ class Leader:
     @property
     def done(self) -> asyncio.Event:
         return self.generations.done
-
-    async def _newcomer(self, host: int) -> None:
-        """A new machine serves `host`: it has no workload to stop, and holds nothing yet."""
-        # The machine's answer, not the phase before the event's turn: a stop queued meanwhile counts.
-        answer = await self.generations.send(machine.NoWorkload(host))
-        if answer.stopping:  # it counts as having stopped its workload
-            self.status[host].state = HostState.STOPPED
-        self.decisions.new_world()  # the old machine's timings are not the new one's
-
-    async def _no_replacement(self, host: int) -> None:
-        """In a cluster, no new pod came for `host` in time: the policy decides again."""
-        await self.remediation.no_replacement(host)
-
-    async def _fail(self, reason: str) -> None:
-        await self.generations.send(machine.JobFails(reason))
-
-    async def _background_failed(self, what: str, error: BaseException) -> None:
-        """Background work failed: the job fails with the reason rather than wait for it for ever. A
-        leader that no longer leads does nothing (its successor carries on)."""
-        if self._standing_down or not self.leading():
-            return
-        await self.generations.send(
-            machine.JobFails(f"the leader's background work failed ({what}): {error!r}")
-        )
 
     @property
     def task_failures(self) -> Counter[Task]:
@@ -292,6 +260,7 @@ class Leader:
         is taken on them; the job's memory stays as it was (a leader taking over carries it on)."""
         if not self._standing_down:
             self._standing_down = True
+            self.background.stand_down()
             self.background.spawn(Task.STAND_DOWN, self.members.event(f"leader standing down: {reason}"))
 
     async def close(self) -> None:
