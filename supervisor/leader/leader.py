@@ -1,9 +1,10 @@
 """The leader of a job: a JSON-lines server every supervisor of the job (its own included) joins.
 
 It reads what the members report (messages.ToLeader) and hands each report to the part whose job it
-is: who joins (registrations), the restart state machine (generations), remediation (faults, lost
-hosts, stragglers, capacity), the checkpoint records (checkpoints), the job's memory (journal). It
-owns only the connections and the wiring; the parts get narrow interfaces, never this object.
+is (leader.dispatch): who joins (registrations), the restart state machine (generations),
+remediation (faults, lost hosts, stragglers, capacity), the checkpoint records (checkpoints), the
+job's memory (journal). It owns only the connections and the wiring; the parts get the leader's
+context and each other, never this object.
 
 A leader elected in place of a lost one (supervisor.leader.election) takes over (`take_over`): for a
 moment it only gathers the members re-registering, each with the newest journal it holds; it carries
@@ -35,11 +36,12 @@ from slicekeeper.supervisor.leader.capacity import LeaderParts, Replacement, Rep
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
 from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.decisions import Decisions
+from slicekeeper.supervisor.leader.dispatch import Dispatch
 from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.generations import Generations
 from slicekeeper.supervisor.leader.job_journal import JobJournal
-from slicekeeper.supervisor.leader.journal import FaultRecord, JobMemory, JournalWriter
-from slicekeeper.supervisor.leader.members import HostStatus, Members, send
+from slicekeeper.supervisor.leader.journal import JobMemory, JournalWriter
+from slicekeeper.supervisor.leader.members import HostStatus, Members
 from slicekeeper.supervisor.leader.registrations import Registrations
 from slicekeeper.supervisor.leader.remediation import Remediation
 from slicekeeper.supervisor.leader.restart_inbox import RestartInbox
@@ -121,6 +123,14 @@ class Leader:
         self.registrations = Registrations(
             self.context, generations=self.generations, remediation=self.remediation
         )
+        self.dispatch = Dispatch(
+            self.context,
+            generations=self.generations,
+            remediation=self.remediation,
+            announced=self.announced,
+            registrations=self.registrations,
+        )
+        """What the members say, each report to its part."""
         self._standing_down = False
         """The leader's process is ending (`stand_down`): it acts no more."""
         self._server: asyncio.Server | None = None
@@ -207,7 +217,7 @@ class Leader:
             lost_at,
             context=self.context,
             carry_on=self._job_journal.carry_on,
-            handle=self._handle,
+            handle=self.dispatch.handle,
             host_lost=self.remediation.host_lost,
             restart=self.generations.send,
         )
@@ -287,7 +297,7 @@ class Leader:
                     if self._takeover is not None and not isinstance(message, messages.Watch):
                         self._takeover.gather(message, writer)
                         continue
-                    await self._handle(message, writer)
+                    await self.dispatch.handle(message, writer)
                 except (ValueError, KeyError, TypeError) as error:
                     # A bad message must not end the connection: that would read as a lost host.
                     print(f"leader: ignored a malformed message {line[:200]!r}: {error!r}", file=sys.stderr)
@@ -340,78 +350,6 @@ class Leader:
     def _quiet(self) -> bool:
         """A member's connection ending now is no lost host: the job ended, or this leader is fenced."""
         return self.generations.over or self._standing_down or not self.leading()
-
-    # --- what the members say -----------------------------------------------------------------
-    async def _handle(self, message: messages.ToLeader, writer: asyncio.StreamWriter) -> None:
-        match message:
-            case messages.Watch():
-                self.members.watchers.append(writer)
-                await send(writer, self.status_message())
-            case messages.RegisterSpare():
-                await self.registrations.spare(message, writer)
-            case messages.Register():
-                await self.registrations.register(message, writer)
-            case messages.StateReport(host=host, state=state):
-                self.status[host].state = HostState(state)
-            case messages.Progress():
-                await self._progress(message)
-            case messages.Committed(host=host, step=step):
-                self.status[host].committed.add(step)
-            case messages.CheckpointInvalid():
-                await self.checkpoints.invalid(message)
-            case messages.Persisted(host=host, step=step):
-                await self.checkpoints.persisted(host, step)
-            case messages.Restored():
-                self.checkpoints.restored(message)
-            case messages.Loaded():
-                self.checkpoints.loaded(message)
-            case messages.ChaosFired():
-                await self._chaos(message)
-            case messages.Fault():
-                await self.remediation.fault(message)
-            case messages.Notice():
-                await self.announced.notice(message)
-            case messages.Replicated():
-                self.announced.replicated(message)
-            case messages.ActivityReport():
-                self.remediation.activity(message)
-            case messages.Stopped():
-                await self.generations.acked(message)
-            case messages.Finished():
-                await self.generations.finished_on(message)
-
-    async def _progress(self, report: messages.Progress) -> None:
-        if not self.memory.restart.runs(report.generation):
-            return  # a step of a generation being torn down will be executed again
-        status = self.status[report.host]
-        status.step, status.loss, status.state = report.step, report.loss, HostState.TRAINING
-        status.steps_seen.append((report.t, report.step))
-        del status.steps_seen[:-50]
-        if not self.generations.progressed:
-            await self.generations.send(machine.Progressed())
-        productive = False
-        for step, t, work in (*report.earlier, (report.step, report.t, report.work)):
-            await self.remediation.straggler_check(report.host, step, work, t, core=report.core)
-            productive = self.memory.progressed(step, t) or productive
-        if productive:
-            await self.journal_writer.write()
-
-    async def _chaos(self, fired: messages.ChaosFired) -> None:
-        record = FaultRecord(
-            fired.kind,
-            fired.host,
-            fired.step,
-            fired.t,
-            fired.generation,
-            spec=fired.fault,
-            disruptive=fired.disruptive,
-            detail=fired.detail,
-        )
-        self.memory.faults.append(record)
-        await self.members.event(
-            f"chaos: {fired.kind} host {fired.host} at step {fired.step}", host=fired.host
-        )
-        await self.journal_writer.write()  # a fault fired never fires again, whoever leads
 
     # --- views --------------------------------------------------------------------------------
     def restore_plan(self) -> RestorePlan:

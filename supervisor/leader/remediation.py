@@ -196,8 +196,13 @@ class Remediation:
             # An idle host of a dropped slice: nothing stops; a scale-up will need a spare for it.
             await self.context.members.event(f"idle host {host} of a dropped slice lost: {detail}", host=host)
             return
-        live, world = frozenset(self.context.members.live()), tuple(self.context.world.hosts)
-        for request in await self.generations.ask(HostLost(host, detail, time.time(), live, world)):
+        now = time.time()
+
+        def lost() -> HostLost:  # with the members live and the hosts taking part when its turn comes
+            live, world = frozenset(self.context.members.live()), tuple(self.context.world.hosts)
+            return HostLost(host, detail, now, live, world)
+
+        for request in await self.generations.ask(lost):
             match request:
                 case NoteLoss():
                     await self.context.members.event(
