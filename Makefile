@@ -67,10 +67,10 @@ system-tools:
 dashboards: install
 	$(BIN)/python -m slicekeeper.dashboards charts/slicekeeper/dashboards
 
-# One pytest-xdist worker per core, each test file on one worker (its module fixtures run once);
-# PYTEST_ARGS="-n 0" runs it in one process.
+# One pytest process: PYTEST_ARGS="-n auto --dist loadfile" runs the suite on one pytest-xdist
+# worker per core, not yet the default (docs/testing.md: tests still sensitive to another's load).
 test: lint typecheck layers system-tools
-	$(BIN)/pytest -n auto --dist loadfile --durations=25 $(PYTEST_ARGS)
+	$(BIN)/pytest --durations=25 $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/recovery.py
