@@ -132,7 +132,7 @@ class Generations:
                 self.context.memory.restart = state
                 requests: list[machine.Request] = []
                 for command in commands:
-                    if isinstance(command, machine.REQUESTS):
+                    if isinstance(command, machine.Request):
                         requests.append(command)
                         continue
                     try:

@@ -362,7 +362,6 @@ class OfferCapacity:
 
 
 Request = NoteLoss | StandIn | DecideOnLoss | Admit | ServeAgain | Carry | OfferCapacity
-REQUESTS = (NoteLoss, StandIn, DecideOnLoss, Admit, ServeAgain, Carry, OfferCapacity)
 """Commands addressed to the sender of the event rather than to the driver."""
 
 
