@@ -28,6 +28,7 @@ from slicekeeper.supervisor.host.leadership import Leadership
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import Holder, local_election
 from slicekeeper.supervisor.leader.journal import Detection, FaultRecord
+from slicekeeper.supervisor.leader.settings import LeaderSettings
 from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper.chaos import ChaosKind
@@ -112,11 +113,10 @@ async def campaign(args: argparse.Namespace) -> None:
 
     def new_leader(term: int, leading: object) -> Leader:
         leader = Leader(
-            shape,
-            RESTART_BUDGET,
+            LeaderSettings(
+                shape, RESTART_BUDGET, max_restarts_without_progress=RESTART_BUDGET, log_events=True
+            ),
             lambda generation, rank0: "127.0.0.1:1",
-            max_restarts_without_progress=RESTART_BUDGET,
-            log_events=True,
             term=term,
             leading=leading,  # type: ignore[arg-type]
         )

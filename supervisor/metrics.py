@@ -172,6 +172,10 @@ class SupervisorMetrics:
             self.checkpoint_failures.labels(tier=tier.value)
             self.restores.labels(tier=tier.value)
 
+    def refused(self, port: str) -> None:
+        """A connection to this supervisor's `port` ("leader", "peer") was refused (supervisor.tls)."""
+        self.refused_connections.labels(port=port).inc()
+
     def export_role(self, role: Callable[[], Role]) -> None:
         """Export `slicekeeper_host_info` for the role `role()` gives when scraped."""
         self.registry.register(_RoleCollector(role))

@@ -25,6 +25,7 @@ import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +35,13 @@ from slicekeeper.supervisor.host.own_leader import NewLeader, OwnLeader
 from slicekeeper.supervisor.host.site import PodAnnotations, Site
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import Election, Holder, Lease
+from slicekeeper.supervisor.leader.settings import LeaderSettings
 from slicekeeper.supervisor.plan import JobPlan
 from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper.leader_view import LeaderView
 from slicekeeper.policy.engine import PolicyEngine
+from slicekeeper.shape import JobLayout
 
 WATCH_SECONDS = 0.2
 """How often a spare (which only watches) reads the lease, and a candidate before the lease exists
@@ -273,22 +276,13 @@ class LeaderDuties:
         plan = self._plan
         spec = plan.training_job.spec
         return Leader(
-            plan.shape,
-            spec.health.max_restarts,
-            lambda generation, rank0: self._site.coordinator_address(plan.layout, rank0),
-            Path(plan.run_dir) / "job-summary.json",
-            spec.health.max_restarts_without_progress,
+            LeaderSettings.of_job(plan.shape, spec, Path(plan.run_dir), log_events=self._site.log_events),
+            partial(_coordinator_address, self._site, plan.layout),
             persistent=self._persistent,
-            persistent_keep=spec.checkpoint.persistent.max_to_keep if spec.checkpoint.persistent else 2,
-            min_slices=spec.min_slices,
             engine=PolicyEngine.from_spec(spec.policy),
-            events_path=Path(plan.run_dir) / "policy-events.jsonl",
             replacements=self._site.replacements(),
-            log_events=self._site.log_events,
             term=term,
             leading=leading,
-            peer_replicas=spec.checkpoint.peer.replicas,
-            connection_deadline=spec.health.connection_deadline_seconds,
         )
 
     def begin(self, leader: Leader) -> None:
@@ -296,7 +290,7 @@ class LeaderDuties:
         self.end()
         self._tasks = [self._spawn(leader.publish_status())]
         if self._pod is not None:
-            published = self._pod.keep_status_published(lambda: dict(self.status(leader)), leader.leading)
+            published = self._pod.keep_status_published(partial(self.status, leader), leader.leading)
             self._tasks.append(self._spawn(published))
 
     def end(self) -> None:
@@ -317,3 +311,9 @@ class LeaderDuties:
         view = leader.cluster_status()
         view["goodput"] = round(self._goodput(), 4)
         return view
+
+
+def _coordinator_address(site: Site, layout: JobLayout, generation: int, rank0: int) -> str:
+    """Where generation `generation`'s workloads find JAX's coordinator: the site's address for rank
+    0's host (the same whatever the generation)."""
+    return site.coordinator_address(layout, rank0)

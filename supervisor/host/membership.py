@@ -17,7 +17,7 @@ import functools
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 from slicekeeper.supervisor import connection_deadline, leader_connection, messages
 from slicekeeper.supervisor.host.leadership import Leadership
@@ -30,13 +30,24 @@ Obey = Callable[[messages.Command], Awaitable[bool]]
 """Carries out one command; True: this host's part in the job ended."""
 
 
+class LeaderSearch(Protocol):
+    """What the site (supervisor.host.site) says about looking for a leader."""
+
+    @property
+    def leader_wait(self) -> float:
+        """How long a leader is looked for (supervisor.leader_connection)."""
+
+    @property
+    def leader_unreachable_exit_code(self) -> int:
+        """How this host ends when no leader was found (read when it is given up on)."""
+
+
 class Membership:
     def __init__(
         self,
         leadership: Leadership,
+        site: LeaderSearch,
         *,
-        wait: float,
-        unreachable_exit_code: Callable[[], int],
         finished: asyncio.Event,
         say: Callable[[str], None],
         connection_deadline: float = 0.0,
@@ -45,9 +56,8 @@ class Membership:
         each leader (supervisor.connection_deadline): a leader cut off is given up on within it."""
         self._leadership = leadership
         self._connection_deadline = connection_deadline
-        self._wait = wait
-        """How long a leader is looked for (supervisor.leader_connection)."""
-        self._unreachable_exit_code = unreachable_exit_code
+        self._site = site
+        """How long a leader is looked for, and how this host ends when none is found."""
         self._finished = finished
         self._say = say
         self.writer: asyncio.StreamWriter | None = None
@@ -85,14 +95,16 @@ class Membership:
 
     async def run(
         self,
-        register: Callable[[bool], messages.Register | messages.RegisterSpare],
+        hello: dict[str, Any],
+        register: Callable[[dict[str, Any], bool], messages.Register | messages.RegisterSpare],
         *,
         obey: Obey,
         assigned: Callable[[messages.Assign], Awaitable[None]],
     ) -> None:
-        """Join and follow leaders until this host's part ends. `register(rejoining)`: the message
+        """Join and follow leaders until this host's part ends. `register(hello, rejoining)`: the message
         that joins a leader; a spare's (`RegisterSpare`) waits for `assign`, and `assigned` makes it
-        the host assigned before the leader's next command is read."""
+        the host assigned before the leader's next command is read. `hello`: what every
+        registration of this machine says (its metrics port, process, machine, replica address)."""
         term, joined = 0, False
         while not self._finished.is_set():
             found = await self._reach(term)
@@ -101,7 +113,7 @@ class Membership:
             reader, self.writer, term, address = found
             connection_deadline.impose_on(self.writer, self._connection_deadline)
             self._leadership.cut_off = False  # a leader is reached: this host may lead again
-            joining = register(joined)
+            joining = register(hello, joined)
             await send(self.writer, joining)
             if isinstance(joining, messages.RegisterSpare):
                 assignment = self._await_assignment(reader, assigned)
@@ -133,13 +145,13 @@ class Membership:
             return await leader_connection.reach_leader(
                 self._leadership.current,
                 term=term,
-                wait=self._wait,
+                wait=self._site.leader_wait,
                 open_connection=functools.partial(
                     leader_connection.open_control_connection, tls=self._leadership.tls
                 ),
             )
         except leader_connection.LeaderUnreachable as unreachable:
-            self.exit_code = self._unreachable_exit_code()
+            self.exit_code = self._site.leader_unreachable_exit_code
             self._say(f"{unreachable}: exit {self.exit_code}")
             return None
         finally:

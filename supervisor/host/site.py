@@ -392,14 +392,14 @@ class PodAnnotations:
         return await self._write(self._pod.publish_status, status)
 
     async def keep_status_published(
-        self, status: Callable[[], dict[str, Any]], leading: Callable[[], bool]
+        self, status: Callable[[], Mapping[str, Any]], leading: Callable[[], bool]
     ) -> None:
         """The leader's view of the job on its own pod, for the operator's TrainingJob status: written
         when it changed (goodput aside), checked every POD_STATUS_SECONDS, and only while `leading`
         (fenced: a leader paused past its renew deadline wakes up to a stale view, and writes none)."""
         published: dict[str, Any] = {}
         while True:
-            current = status()
+            current = dict(status())
             changed = {**current, "goodput": None} != {**published, "goodput": None}
             if changed and leading() and await self.publish_status(current):
                 published = current

@@ -99,7 +99,7 @@ class HostSupervisor:
             raise CredentialsError("the plan names no directory of the job's credentials")
         self.tls = JobTls(
             Path(plan.credentials),
-            refused=lambda port: self.metrics.refused_connections.labels(port=port).inc(),
+            refused=self.metrics.refused,
             say=self._say,
         )
         """The job's credentials: every connection to and from another of its supervisors."""
@@ -338,19 +338,25 @@ class HostSupervisor:
         assert self.leadership is not None
         self.membership = Membership(
             self.leadership,
-            wait=self.site.leader_wait,
-            unreachable_exit_code=lambda: self.site.leader_unreachable_exit_code,
+            self.site,
             finished=self._finished,
             say=self._say,
             connection_deadline=self.site.plan.training_job.spec.health.connection_deadline_seconds,
         )
         await self.membership.run(
-            lambda rejoining: self._mode.registration(hello, rejoining),
+            hello,
+            self._mode_registration,
             obey=self._obey,
             assigned=self._assigned,
         )
         if self._exit_code is None:
             self._exit_code = self.membership.exit_code
+
+    def _mode_registration(
+        self, hello: dict[str, Any], rejoining: bool
+    ) -> messages.Register | messages.RegisterSpare:
+        """How this machine joins a leader: as the host it serves, or as a spare."""
+        return self._mode.registration(hello, rejoining)
 
     async def _assigned(self, assign: messages.Assign) -> None:
         """This spare serves `assign.host` from now on: the host's chaos faults not fired yet, a fresh

@@ -68,8 +68,8 @@ class BackgroundWork:
     def __init__(self, *, leading: Callable[[], bool], inbox: RestartInbox) -> None:
         """`leading`: whether this leader still surely holds the job's lease; `inbox`: the restart
         machine's, where a failure becomes the job's (leader.restart_inbox)."""
-        self._leading = leading
-        self._inbox = inbox
+        self.leading = leading
+        self.inbox = inbox
         self._stood_down = False
         """The leader stands down (`stand_down`): a failure is no longer the job's (its successor
         carries on)."""
@@ -91,7 +91,7 @@ class BackgroundWork:
 
         def fire() -> None:
             self._timers.discard(handle)
-            if self._leading():
+            if self.leading():
                 self.spawn(task, work())
 
         handle = asyncio.get_running_loop().call_later(seconds, fire)
@@ -115,9 +115,9 @@ class BackgroundWork:
         fail the job with the reason rather than have it wait for ever; unless this leader no longer
         leads or stands down (its successor carries on)."""
         said = self._count_and_log(task, what, error)
-        if self._stood_down or not self._leading():
+        if self._stood_down or not self.leading():
             return
-        await self._inbox.fail(f"the leader's background work failed ({said}): {error!r}")
+        await self.inbox.fail(f"the leader's background work failed ({said}): {error!r}")
 
     def stand_down(self) -> None:
         """The leader acts no more: what fails from now on is not the job's failure."""

@@ -33,14 +33,14 @@ class Dispatch:
         *,
         generations: Generations,
         remediation: Remediation,
-        announced: AnnouncedLosses,
-        registrations: Registrations,
     ) -> None:
+        """The parts that only the members' reports reach (registrations, announced losses) are
+        made here; the restart machine's driver and remediation are shared with the leader."""
         self.context = context
         self.generations = generations
         self.remediation = remediation
-        self.announced = announced
-        self.registrations = registrations
+        self.announced = AnnouncedLosses(context, generations=generations, remediation=remediation)
+        self.registrations = Registrations(context, generations=generations, remediation=remediation)
 
     async def handle(self, message: messages.ToLeader, writer: asyncio.StreamWriter) -> None:
         match message:

@@ -18,10 +18,8 @@ import asyncio
 import contextlib
 import socket
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor import connection_deadline, messages
@@ -30,23 +28,21 @@ from slicekeeper.supervisor.checkpoints.restore_plan import RestorePlan
 from slicekeeper.supervisor.leader import restart_machine as machine
 from slicekeeper.supervisor.leader import status as views
 from slicekeeper.supervisor.leader.admission import HostState
-from slicekeeper.supervisor.leader.announced import AnnouncedLosses
 from slicekeeper.supervisor.leader.background import BackgroundWork, Task
-from slicekeeper.supervisor.leader.capacity import LeaderParts, Replacement, Replacements, spare_pool
+from slicekeeper.supervisor.leader.capacity import Replacement, Replacements, spare_pool
 from slicekeeper.supervisor.leader.checkpoints import Checkpoints
 from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.dispatch import Dispatch
 from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.generations import Generations
-from slicekeeper.supervisor.leader.job_journal import JobJournal
 from slicekeeper.supervisor.leader.journal import JobMemory, JournalWriter
 from slicekeeper.supervisor.leader.members import HostStatus, Members
-from slicekeeper.supervisor.leader.registrations import Registrations
 from slicekeeper.supervisor.leader.remediation import Remediation
 from slicekeeper.supervisor.leader.restart_inbox import RestartInbox
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 from slicekeeper.supervisor.leader.restart_state import CARRYING_ON, JobState
+from slicekeeper.supervisor.leader.settings import LeaderSettings
 from slicekeeper.supervisor.leader.silence import Silence
 from slicekeeper.supervisor.leader.takeover import SECONDS as takeover_seconds
 from slicekeeper.supervisor.leader.takeover import Takeover
@@ -55,7 +51,6 @@ from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper import protocol
 from slicekeeper.policy.engine import PolicyEngine
-from slicekeeper.shape import JobShape
 
 LISTEN_BACKLOG = 4096
 """Connections waiting to be accepted (the kernel caps it at net.core.somaxconn): every member of a
@@ -66,70 +61,41 @@ SYNs, each then tried again only after a second or more."""
 class Leader:
     def __init__(
         self,
-        shape: JobShape,
-        max_restarts: int,
+        settings: LeaderSettings,
         coordinator_address: Callable[[int, int], str],
-        summary_path: Path | None = None,
-        max_restarts_without_progress: int = 3,
-        persistent: PersistentTier | None = None,
-        persistent_keep: int = 2,
         *,
-        min_slices: int = 1,
+        persistent: PersistentTier | None = None,
         engine: PolicyEngine | None = None,
-        events_path: Path | None = None,
         replacements: Replacements = spare_pool,
-        log_events: bool = False,
         term: int = 1,
         leading: Callable[[], bool] = lambda: True,
-        peer_replicas: int | None = None,
-        connection_deadline: float = 0.0,
     ) -> None:
-        """`shape`: the job's, as its supervisors run it. `replacements`: where a lost host's new
-        machine comes from (leader.capacity: the site's choice, spare supervisors locally, new pods in
-        a cluster). `term`, `leading`: this leader's term and whether it still surely holds the job's
-        lease (supervisor.leader.election). `peer_replicas`: the job's spec.checkpoint.peer.replicas
-        (None: every host is told every host's replica address). `connection_deadline`: the job's
-        spec.health.connectionDeadlineSeconds, imposed on every member's connection (0: none)."""
-        memory = JobMemory(started_at=time.time())
-        world = JobWorld(shape, min_slices)
-        members = Members(log_events, term=term, leading=leading)
+        """`settings`: what the job's spec tells its leader (leader.settings). `coordinator_address`:
+        where the workloads of a generation find JAX's coordinator, by generation and rank 0's host.
+        `replacements`: where a lost host's new machine comes from (leader.capacity: the site's choice,
+        spare supervisors locally, new pods in a cluster). `term`, `leading`: this leader's term and
+        whether it still surely holds the job's lease (supervisor.leader.election)."""
         self.leading = leading
         inbox = RestartInbox()
-        background = BackgroundWork(leading=leading, inbox=inbox)
-        status = {h: HostStatus() for h in range(shape.host_count)}
-        decisions = Decisions(
-            engine or PolicyEngine(None), world, events_path=events_path, leading=leading, status=status
-        )
-        self._job_journal = JobJournal(memory, world, decisions)
-        journal = JournalWriter(members, self._job_journal.state, shape.slice_of)
-        checkpoints = Checkpoints(memory, status, world, members, persistent, persistent_keep, journal.write)
-        capacity = replacements(LeaderParts(members, status, memory, journal, background, inbox))
-        self.context = LeaderContext(
-            memory, world, members, status, background, journal, checkpoints, decisions, capacity
+        self.context, self._job_journal = LeaderContext.of_job(
+            settings,
+            BackgroundWork(leading=leading, inbox=inbox),
+            persistent=persistent,
+            engine=engine or PolicyEngine(None),
+            replacements=replacements,
+            term=term,
         )
         """What the leader's parts share (leader.context)."""
         self.generations = Generations(
             self.context,
-            rule=RestartRule(max_restarts, max_restarts_without_progress),
+            rule=RestartRule(settings.max_restarts, settings.max_restarts_without_progress),
             coordinator_address=coordinator_address,
-            summary_path=summary_path,
-            peer_replicas=peer_replicas,
+            summary_path=settings.summary_path,
+            peer_replicas=settings.peer_replicas,
         )
         self.remediation = Remediation(self.context, generations=self.generations)
         inbox.attach(self.generations, self.remediation)
-        self.announced = AnnouncedLosses(
-            self.context, generations=self.generations, remediation=self.remediation
-        )
-        self.registrations = Registrations(
-            self.context, generations=self.generations, remediation=self.remediation
-        )
-        self.dispatch = Dispatch(
-            self.context,
-            generations=self.generations,
-            remediation=self.remediation,
-            announced=self.announced,
-            registrations=self.registrations,
-        )
+        self.dispatch = Dispatch(self.context, generations=self.generations, remediation=self.remediation)
         """What the members say, each report to its part."""
         self._standing_down = False
         """The leader's process is ending (`stand_down`): it acts no more."""
@@ -137,7 +103,7 @@ class Leader:
         self._tls: JobTls | None = None
         self._takeover: Takeover | None = None
         """While taking over from a lost leader: the re-registrations gathered so far."""
-        self.silence = Silence(connection_deadline)
+        self.silence = Silence(settings.connection_deadline)
         """The members' connections' deadline, and the judge of one that ended silently: that host
         lost, or this leader cut off."""
 

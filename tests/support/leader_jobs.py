@@ -15,6 +15,7 @@ from typing import Any
 
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.capacity import Replacements, spare_pool
+from slicekeeper.supervisor.leader.settings import LeaderSettings
 
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import Member, coordinator, eventually, join
@@ -123,11 +124,9 @@ async def leader_with_spares(
 ) -> Job:
     """A leader, a watcher of its events, `spares` registered spares and unregistered members."""
     leader = Leader(
-        shape=JobShape(1, hosts),
-        max_restarts=max_restarts,
-        coordinator_address=coordinator,
+        LeaderSettings(JobShape(1, hosts), max_restarts, persistent_keep=persistent_keep),
+        coordinator,
         persistent=persistent,  # type: ignore[arg-type]
-        persistent_keep=persistent_keep,
         replacements=replacements,
     )
     port = await leader.serve("127.0.0.1", 0)
@@ -216,10 +215,10 @@ async def running_job(
 ) -> tuple[Leader, list[Member]]:
     """A leader with every member registered and the `start` of generation 0 consumed."""
     leader = Leader(
-        shape=JobShape(1, hosts),
-        max_restarts=max_restarts,
-        coordinator_address=coordinator,
-        max_restarts_without_progress=max_restarts_without_progress,
+        LeaderSettings(
+            JobShape(1, hosts), max_restarts, max_restarts_without_progress=max_restarts_without_progress
+        ),
+        coordinator,
     )
     port = await leader.serve("127.0.0.1", 0)
     members = await join(port, hosts)

@@ -12,6 +12,7 @@ import contextlib
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.capacity import pod_replacements
 from slicekeeper.supervisor.leader.restart_state import JobState
+from slicekeeper.supervisor.leader.settings import LeaderSettings
 
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import Member, coordinator, eventually, join, run
@@ -21,10 +22,7 @@ TIMEOUT = 0.5
 
 async def cluster_job(replacement_timeout: float = TIMEOUT) -> tuple[Leader, list[Member], int]:
     leader = Leader(
-        shape=JobShape(2, 2, 2),
-        max_restarts=10,
-        coordinator_address=coordinator,
-        replacements=pod_replacements(replacement_timeout),
+        LeaderSettings(JobShape(2, 2, 2), 10), coordinator, replacements=pod_replacements(replacement_timeout)
     )
     port = await leader.serve("127.0.0.1", 0)
     members = await join(port, 4)
@@ -176,10 +174,7 @@ def test_a_pod_replaced_while_its_supervisor_lives_on_is_told_to_retire_before_t
 def test_a_pod_lost_before_the_job_started_is_awaited_not_failed():
     async def scenario():
         leader = Leader(
-            shape=JobShape(1, 2),
-            max_restarts=3,
-            coordinator_address=coordinator,
-            replacements=pod_replacements(TIMEOUT),
+            LeaderSettings(JobShape(1, 2), 3), coordinator, replacements=pod_replacements(TIMEOUT)
         )
         port = await leader.serve("127.0.0.1", 0)
         members = await join(port, 2)

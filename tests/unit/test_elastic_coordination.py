@@ -13,6 +13,7 @@ from typing import Any
 
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.restart_state import JobState
+from slicekeeper.supervisor.leader.settings import LeaderSettings
 
 from slicekeeper.policy.engine import PolicyEngine, load_policy
 from slicekeeper.shape import JobShape
@@ -46,13 +47,7 @@ class Job:
 
 
 async def two_slices(engine: PolicyEngine | None = None, min_slices: int = 1, spares: int = 0) -> Job:
-    leader = Leader(
-        shape=JobShape(2, 2, 2),
-        max_restarts=10,
-        coordinator_address=coordinator,
-        min_slices=min_slices,
-        engine=engine,
-    )
+    leader = Leader(LeaderSettings(JobShape(2, 2, 2), 10, min_slices=min_slices), coordinator, engine=engine)
     port = await leader.serve("127.0.0.1", 0)
     job = Job(leader, [], port)
     for index in range(spares):
@@ -292,11 +287,7 @@ def test_a_leader_taking_over_from_the_journal_carries_on_the_policys_history_bu
         await host_1_straggles_again(job)
         await eventually(lambda: len(job.leader.summary()["decisions"]) == 2)
         written = json.loads(json.dumps(job.leader.journal()))  # what a successor would receive
-        successor = Leader(
-            shape=JobShape(2, 2, 2),
-            max_restarts=10,
-            coordinator_address=coordinator,
-        )
+        successor = Leader(LeaderSettings(JobShape(2, 2, 2), 10), coordinator)
         successor.carry_on(written)
         assert successor.journal() == written
         engine, before = successor.decisions.engine, job.leader.decisions.engine

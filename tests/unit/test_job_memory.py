@@ -15,6 +15,7 @@ import pytest
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.journal import Detection, FaultRecord, JobMemory
 from slicekeeper.supervisor.leader.restart_state import JobState, RestartState
+from slicekeeper.supervisor.leader.settings import LeaderSettings
 
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import coordinator, eventually, join, run
@@ -58,7 +59,7 @@ def test_a_memory_with_a_field_it_does_not_know_is_refused_by_name():
 
 def test_the_memory_a_leader_built_through_faults_and_restarts_survives_json():
     async def scenario():
-        leader = Leader(shape=JobShape(1, 2), max_restarts=5, coordinator_address=coordinator)
+        leader = Leader(LeaderSettings(JobShape(1, 2), 5), coordinator)
         members = await join(await leader.serve("127.0.0.1", 0), 2)
         for member in members:
             await member.send(

@@ -13,6 +13,7 @@ from slicekeeper.supervisor.leader import Leader, remediation
 from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.capacity import pod_replacements
 from slicekeeper.supervisor.leader.restart_state import JobState
+from slicekeeper.supervisor.leader.settings import LeaderSettings
 
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import Member, coordinator, eventually, join, run
@@ -113,9 +114,7 @@ def test_an_ack_deadline_that_passes_while_the_leader_is_fenced_does_nothing(mon
     leads = [True]
 
     async def scenario():
-        leader = Leader(
-            shape=JobShape(1, 2), max_restarts=3, coordinator_address=coordinator, leading=lambda: leads[0]
-        )
+        leader = Leader(LeaderSettings(JobShape(1, 2), 3), coordinator, leading=lambda: leads[0])
         port = await leader.serve("127.0.0.1", 0)
         members = await join(port, 2)
         for member in members:
@@ -142,11 +141,9 @@ def test_a_replacement_timeout_that_passes_while_the_leader_is_fenced_decides_no
 
     async def scenario():
         leader = Leader(
-            shape=JobShape(2, 2),
-            max_restarts=10,
-            coordinator_address=coordinator,
+            LeaderSettings(JobShape(2, 2), 10, events_path=events),
+            coordinator,
             replacements=pod_replacements(0.3),
-            events_path=events,
             leading=lambda: leads[0],
         )
         port = await leader.serve("127.0.0.1", 0)
@@ -248,7 +245,7 @@ def test_a_notice_whose_save_raises_fails_the_job_with_the_reason(monkeypatch):
 
     async def scenario():
         leader, members = await running_job(hosts=2)
-        monkeypatch.setattr(leader.announced, "_save", _broken_async)
+        monkeypatch.setattr(leader.dispatch.announced, "_save", _broken_async)
         await members[1].send("notice", cause="maintenance", at=time.time() + 30.0, source="test")
         for member in members:
             message = await member.receive()

@@ -8,6 +8,7 @@ Every test drives a real Leader over TCP on 127.0.0.1 with fake members speaking
 import pytest
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.restart_state import JobState
+from slicekeeper.supervisor.leader.settings import LeaderSettings
 
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import coordinator, eventually, join, run
@@ -18,7 +19,7 @@ from tests.support.leader_jobs import restart, running_job, shut
 
 def test_once_every_member_registered_each_gets_start_of_generation_0_from_scratch():
     async def scenario():
-        leader = Leader(shape=JobShape(1, 3), max_restarts=3, coordinator_address=coordinator)
+        leader = Leader(LeaderSettings(JobShape(1, 3), 3), coordinator)
         port = await leader.serve("127.0.0.1", 0)
         assert port > 0
         members = await join(port, 3)
@@ -347,9 +348,7 @@ def test_losing_a_member_with_no_spare_left_fails_the_job_with_that_reason():
 def test_when_every_host_finished_each_gets_shutdown_and_the_job_succeeded(tmp_path):
     async def scenario():
         summary_path = tmp_path / "job-summary.json"
-        leader = Leader(
-            shape=JobShape(1, 2), max_restarts=3, coordinator_address=coordinator, summary_path=summary_path
-        )
+        leader = Leader(LeaderSettings(JobShape(1, 2), 3, summary_path=summary_path), coordinator)
         port = await leader.serve("127.0.0.1", 0)
         members = await join(port, 2)
         for member in members:

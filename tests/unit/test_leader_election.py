@@ -27,6 +27,7 @@ from slicekeeper.supervisor.leader.election import (
     read_lease_file,
 )
 from slicekeeper.supervisor.leader.members import Members
+from slicekeeper.supervisor.leader.settings import LeaderSettings
 from slicekeeper.supervisor.ports import free_port
 
 from slicekeeper.shape import JobShape
@@ -48,9 +49,7 @@ def leadership_on(election: Election, own: Holder, *, candidate: bool) -> Leader
         own,
         candidate=candidate,
         first=candidate,
-        new_leader=lambda term, leading: Leader(
-            shape=JobShape(1, 2), max_restarts=3, coordinator_address=coordinator
-        ),
+        new_leader=lambda term, leading: Leader(LeaderSettings(JobShape(1, 2), 3), coordinator),
         journal=lambda: None,
         bind="127.0.0.1",
         say=lambda text: None,

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.restart_state import JobState
+from slicekeeper.supervisor.leader.settings import LeaderSettings
 
 from slicekeeper import protocol
 from slicekeeper.shape import JobShape
@@ -125,7 +126,7 @@ class LoopErrors:
 
 @asynccontextmanager
 async def serving(hosts: int = HOSTS) -> AsyncIterator[tuple[Leader, int]]:
-    leader = Leader(shape=JobShape(1, hosts), max_restarts=3, coordinator_address=coordinator)
+    leader = Leader(LeaderSettings(JobShape(1, hosts), 3), coordinator)
     port = await leader.serve("127.0.0.1", 0)
     try:
         yield leader, port

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,15 @@ from slicekeeper import credentials
 
 def member(said: list[str]) -> Membership:
     leadership: Any = None  # reading commands asks nothing of who leads
-    return Membership(
-        leadership, wait=1.0, unreachable_exit_code=lambda: 1, finished=asyncio.Event(), say=said.append
-    )
+    return Membership(leadership, SearchFor(1.0, 1), finished=asyncio.Event(), say=said.append)
+
+
+@dataclass(frozen=True)
+class SearchFor:
+    """A site's rules for looking for a leader."""
+
+    leader_wait: float
+    leader_unreachable_exit_code: int
 
 
 async def read(

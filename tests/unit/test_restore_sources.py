@@ -11,6 +11,7 @@ from slicekeeper.supervisor.checkpoints import store_calls
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTierError
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.restart_state import JobState
+from slicekeeper.supervisor.leader.settings import LeaderSettings
 
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import coordinator, eventually, join, run
@@ -169,12 +170,7 @@ def test_a_job_with_no_earlier_persistent_step_starts_from_scratch_and_records_n
 def test_an_earlier_step_saved_by_a_scaled_down_world_gives_the_missing_hosts_their_twins_shards():
     async def scenario():
         store = FakePersistent(earlier={30: {0, 1}})  # slice 1 (hosts 2, 3) was dropped then
-        leader = Leader(
-            shape=JobShape(2, 2),
-            max_restarts=3,
-            coordinator_address=coordinator,
-            persistent=store,
-        )  # type: ignore[arg-type]
+        leader = Leader(LeaderSettings(JobShape(2, 2), 3), coordinator, persistent=store)  # type: ignore[arg-type]
         port = await leader.serve("127.0.0.1", 0)
         members = await join(port, 4)
         for member in members:

@@ -24,6 +24,7 @@ import pytest
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.members import MEMBER_BUFFER_LIMIT, Members, send
+from slicekeeper.supervisor.leader.settings import LeaderSettings
 from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper import credentials, protocol
@@ -126,7 +127,7 @@ async def running_job(
 ) -> Job:
     """A running job whose member `stalled` stopped reading once it read its `start`; its leader
     drops a connection after `drain_deadline` or past `buffer_limit`."""
-    leader = Leader(shape=JobShape(1, hosts), max_restarts=3, coordinator_address=coordinator)
+    leader = Leader(LeaderSettings(JobShape(1, hosts), 3), coordinator)
     leader.members.drain_deadline, leader.members.buffer_limit = drain_deadline, buffer_limit
     port = await leader.serve("127.0.0.1", 0, tls=tls)
     watcher = Member(0, *await connect(port, tls))

@@ -17,6 +17,7 @@ from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.capacity import pod_replacements
 from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.restart_state import JobState
+from slicekeeper.supervisor.leader.settings import LeaderSettings
 
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import Member, coordinator, eventually, join, run
@@ -121,11 +122,7 @@ def test_a_new_machine_registering_first_with_a_new_leader_is_decided_on_with_ev
         memory = {"type": "journal", "seq": 3, "journal": old.journal()}
         await shut(old, members)
         new = Leader(
-            shape=JobShape(1, 2),
-            max_restarts=3,
-            coordinator_address=coordinator,
-            replacements=pod_replacements(10.0),
-            term=2,
+            LeaderSettings(JobShape(1, 2), 3), coordinator, replacements=pod_replacements(10.0), term=2
         )
         port = await new.serve("127.0.0.1", 0)
         new.take_over(Holder("a-0", 0, "10.0.0.1:8475"), Holder("a-2", 0, f"127.0.0.1:{port}"), None, 100.0)

@@ -9,6 +9,7 @@ import pytest
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader import Leader, takeover
 from slicekeeper.supervisor.leader.election import Holder
+from slicekeeper.supervisor.leader.settings import LeaderSettings
 
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import coordinator
@@ -31,7 +32,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 def gathering_on_host_1(shape: JobShape) -> takeover.Takeover:
     """Host 1's leader taking over from host 0's, nobody back yet."""
-    leader = Leader(shape=shape, max_restarts=3, coordinator_address=coordinator, term=2)
+    leader = Leader(LeaderSettings(shape, 3), coordinator, term=2)
 
     async def nothing(*_: object) -> None:
         return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from slicekeeper.supervisor.leader import Leader, takeover
 from slicekeeper.supervisor.leader.election import Holder
+from slicekeeper.supervisor.leader.settings import LeaderSettings
 
 from slicekeeper.shape import JobShape
 from tests.support.fake_members import coordinator, eventually, run
@@ -13,7 +14,7 @@ from tests.support.fake_members import coordinator, eventually, run
 
 async def elected_in_place_of_host_0(shape: JobShape, own_host: int) -> Leader:
     """A leader of term 2 on `own_host`, taking over from host 0's, with no member back yet."""
-    leader = Leader(shape=shape, max_restarts=3, coordinator_address=coordinator, term=2)
+    leader = Leader(LeaderSettings(shape, 3), coordinator, term=2)
     port = await leader.serve("127.0.0.1", 0, own_host=own_host)
     own = Holder(f"host-{own_host}", own_host, f"127.0.0.1:{port}")
     leader.take_over(Holder("host-0", 0, "10.0.0.1:1"), own, None, 100.0)
