@@ -32,6 +32,7 @@ from slicekeeper.supervisor.fleet.failures import Effect, Failure
 from slicekeeper.supervisor.fleet.outcome import Job, Mode, Result, Setup
 from slicekeeper.supervisor.fleet.policy_events import policy_events
 from slicekeeper.supervisor.fleet.training import Training
+from slicekeeper.supervisor.leader import restart_events
 from slicekeeper.supervisor.leader import restart_machine as machine
 from slicekeeper.supervisor.leader.restart_state import JobState, Readiness, RestartState
 
@@ -76,7 +77,7 @@ class Simulation:
             self.setup, self.cluster, Result(name, 0.0, job.chips, keep_records=keep_records)
         )
         self.state, _ = machine.replay(
-            RestartState(), [machine.AllRegistered(), machine.Started(0)], job.rule
+            RestartState(), [restart_events.AllRegistered(), restart_events.Started(0)], job.rule
         )
 
     # --- the run ------------------------------------------------------------------------------
@@ -264,7 +265,9 @@ class Simulation:
     def _stop(self, host: int, kind: FaultKind, detail: str) -> bool:
         """The stop through the real state machine; False when its rule failed the job."""
         world = self.cluster.world_hosts()
-        event = machine.FaultStop(host, kind, detail, EPOCH + self.training.now, self.cluster.live(), world)
+        event = restart_events.FaultStop(
+            host, kind, detail, EPOCH + self.training.now, self.cluster.live(), world
+        )
         self.state, _ = machine.transition(self.state, event, self.setup.job.rule)
         self.training.result.restarts[kind.value] += 1
         return self.state.phase is JobState.STOPPING
@@ -356,7 +359,9 @@ class Simulation:
                         cluster.slice_returns += [training.now + costs.replacement_seconds] * len(dropped)
                         cluster.slice_returns.sort()
             elif isinstance(action, policy.Fail):
-                self.state, _ = machine.transition(self.state, machine.JobFails(action.reason), job.rule)
+                self.state, _ = machine.transition(
+                    self.state, restart_events.JobFails(action.reason), job.rule
+                )
             elif isinstance(action, (policy.RestartInJob, policy.Ignore)):
                 pass
         return replaced
@@ -416,7 +421,7 @@ class Simulation:
         if not job.new_machines:
             cluster.spares = max(0, cluster.spares - 1)  # the joined machine stands in for the lost host
         world = cluster.world_hosts()
-        stop = machine.FaultStop(
+        stop = restart_events.FaultStop(
             0,
             FaultKind.CAPACITY_RETURNED,
             "scale-up",
@@ -441,9 +446,9 @@ class Simulation:
         live = self.cluster.live()
         readiness = Readiness(live, world)
         self.state, commands = machine.transition(
-            self.state, machine.StopAcked(live, self.state.generation, readiness), self.setup.job.rule
+            self.state, restart_events.StopAcked(live, self.state.generation, readiness), self.setup.job.rule
         )
-        if not any(isinstance(command, machine.StartGeneration) for command in commands):
+        if not any(isinstance(command, restart_events.StartGeneration) for command in commands):
             return
         training.stall(Category.INFRASTRUCTURE_RECOVERY, c.restart_round(len(world)))
         training.stall(Category.TPU_INITIALIZATION, c.distributed_init_seconds)
@@ -477,7 +482,7 @@ class Simulation:
         live = self.cluster.live()
         readiness = Readiness(live, world)
         self.state, _ = machine.transition(
-            self.state, machine.StopAcked(live, self.state.generation, readiness), self.setup.job.rule
+            self.state, restart_events.StopAcked(live, self.state.generation, readiness), self.setup.job.rule
         )
         training.stall(Category.TPU_INITIALIZATION, c.distributed_init_seconds)
         training.stall(Category.TRAINING_PREP, c.prep_seconds)
@@ -490,7 +495,7 @@ class Simulation:
         """The next generation trains: the state machine hears it, the report's world its slices."""
         self.state, _ = machine.replay(
             self.state,
-            [machine.Started(self.state.generation + 1), machine.Progressed()],
+            [restart_events.Started(self.state.generation + 1), restart_events.Progressed()],
             self.setup.job.rule,
         )
         result = self.training.result

@@ -23,8 +23,8 @@ from slicekeeper.supervisor.leader.admission import HostState
 from slicekeeper.supervisor.leader.background import BackgroundWork, Task
 from slicekeeper.supervisor.leader.journal import JobMemory, JournalWriter
 from slicekeeper.supervisor.leader.members import HostStatus, Members
+from slicekeeper.supervisor.leader.restart_events import NoWorkload
 from slicekeeper.supervisor.leader.restart_inbox import RestartInbox
-from slicekeeper.supervisor.leader.restart_machine import NoWorkload
 
 
 class Replacement(Protocol):

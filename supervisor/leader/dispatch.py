@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 
 from slicekeeper.supervisor import messages
-from slicekeeper.supervisor.leader import restart_machine as machine
+from slicekeeper.supervisor.leader import restart_events
 from slicekeeper.supervisor.leader import status as views
 from slicekeeper.supervisor.leader.admission import HostState
 from slicekeeper.supervisor.leader.announced import AnnouncedLosses
@@ -88,7 +88,7 @@ class Dispatch:
         status.steps_seen.append((report.t, report.step))
         del status.steps_seen[:-50]
         if not self.generations.progressed:
-            await self.generations.send(machine.Progressed())
+            await self.generations.send(restart_events.Progressed())
         productive = False
         for step, t, work in (*report.earlier, (report.step, report.t, report.work)):
             await self.remediation.straggler_check(report.host, step, work, t, core=report.core)

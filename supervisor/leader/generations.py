@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.leader import restart_events, restart_records
 from slicekeeper.supervisor.leader import restart_machine as machine
-from slicekeeper.supervisor.leader import restart_records
 from slicekeeper.supervisor.leader import status as views
 from slicekeeper.supervisor.leader.admission import HostState
 from slicekeeper.supervisor.leader.background import Task
@@ -43,7 +43,7 @@ from slicekeeper.supervisor.leader.starts import StartMessages
 
 from slicekeeper.policy.events import FaultKind
 
-Happening = machine.Event | Callable[[], machine.Event]
+Happening = restart_events.Event | Callable[[], restart_events.Event]
 """An event for the machine, or what makes it from the facts of when its turn comes."""
 
 STOP_ACK_SECONDS = 30.0
@@ -55,7 +55,7 @@ class Answer:
     """What an event came to: the machine's state after it, and what it asks the event's sender to do."""
 
     state: RestartState
-    requests: tuple[machine.Request, ...]
+    requests: tuple[restart_events.Request, ...]
 
 
 class Generations:
@@ -85,14 +85,14 @@ class Generations:
         """Events waiting for the machine, in the order they were sent; taken one at a time."""
         self._draining = False
         self._appliers: dict[type, Callable[[Any], Awaitable[None]]] = {
-            machine.RecordStop: self._record_stop,
-            machine.WriteJournal: self._write_journal,
-            machine.SendStop: self._send_stop,
-            machine.ArmAckDeadline: self._arm_ack_deadline,
-            machine.CancelAckDeadline: self._cancel_ack_deadline,
-            machine.StartGeneration: self._check_start,
-            machine.LaunchGeneration: self._launch,
-            machine.EndJob: self._end,
+            restart_events.RecordStop: self._record_stop,
+            restart_events.WriteJournal: self._write_journal,
+            restart_events.SendStop: self._send_stop,
+            restart_events.ArmAckDeadline: self._arm_ack_deadline,
+            restart_events.CancelAckDeadline: self._cancel_ack_deadline,
+            restart_events.StartGeneration: self._check_start,
+            restart_events.LaunchGeneration: self._launch,
+            restart_events.EndJob: self._end,
         }
         """One applier per command the machine gives, by the command's type."""
 
@@ -103,7 +103,7 @@ class Generations:
         turn comes, so that it reads the facts of then."""
         return (await self._queued(event)).state
 
-    async def ask(self, event: Happening) -> tuple[machine.Request, ...]:
+    async def ask(self, event: Happening) -> tuple[restart_events.Request, ...]:
         """Send `event` and return what the machine asks its sender to do (the requests), in order,
         once the driver's own commands are done."""
         return (await self._queued(event)).requests
@@ -130,9 +130,9 @@ class Generations:
                 event = happening() if callable(happening) else happening
                 state, commands = machine.transition(self.context.memory.restart, event, self.rule)
                 self.context.memory.restart = state
-                requests: list[machine.Request] = []
+                requests: list[restart_events.Request] = []
                 for command in commands:
-                    if isinstance(command, machine.Request):
+                    if isinstance(command, restart_events.Request):
                         requests.append(command)
                         continue
                     try:
@@ -162,23 +162,23 @@ class Generations:
         )
 
     # --- the appliers -------------------------------------------------------------------------
-    async def _write_journal(self, command: machine.WriteJournal) -> None:
+    async def _write_journal(self, command: restart_events.WriteJournal) -> None:
         await self.context.journal.write()
 
-    async def _send_stop(self, command: machine.SendStop) -> None:
+    async def _send_stop(self, command: restart_events.SendStop) -> None:
         stop = messages.Stop(generation=command.generation, kind=command.kind, host=command.host)
         for member in command.to:
             if member in self.context.members:
                 await self.context.members.send(member, stop)
 
-    async def _arm_ack_deadline(self, command: machine.ArmAckDeadline) -> None:
+    async def _arm_ack_deadline(self, command: restart_events.ArmAckDeadline) -> None:
         self._disarm()
         generation = command.generation
         self._ack_deadline = self.context.background.later(
             STOP_ACK_SECONDS, Task.ACK_DEADLINE, lambda: self._acks_overdue(generation)
         )
 
-    async def _cancel_ack_deadline(self, command: machine.CancelAckDeadline) -> None:
+    async def _cancel_ack_deadline(self, command: restart_events.CancelAckDeadline) -> None:
         self._disarm()
 
     def _disarm(self) -> None:
@@ -188,7 +188,9 @@ class Generations:
 
     async def _acks_overdue(self, generation: int) -> None:
         self._ack_deadline = None
-        await self.send(lambda: machine.AckDeadlinePassed(generation, self._readiness(), STOP_ACK_SECONDS))
+        await self.send(
+            lambda: restart_events.AckDeadlinePassed(generation, self._readiness(), STOP_ACK_SECONDS)
+        )
 
     # --- what the rest of the leader tells it ------------------------------------------------
     @property
@@ -207,15 +209,15 @@ class Generations:
         every host. `planned`: a stop the policy chose with nothing broken (a scale-up): no restart
         limit applies."""
 
-        def fault() -> machine.FaultStop:
+        def fault() -> restart_events.FaultStop:
             live, world = frozenset(self.context.members.live()), tuple(self.context.world.hosts)
-            return machine.FaultStop(host, kind, detail, now, live, world, planned)
+            return restart_events.FaultStop(host, kind, detail, now, live, world, planned)
 
         return fault
 
     def reconsider(self) -> Happening:
         """Look at the start again (a decision in, a member back), with the facts of its turn."""
-        return lambda: machine.Reconsider(self._readiness())
+        return lambda: restart_events.Reconsider(self._readiness())
 
     async def acked(self, report: messages.Stopped) -> None:
         if not self.context.memory.restart.stops(report.generation):
@@ -233,7 +235,7 @@ class Generations:
         ack, that would be the square of it)."""
         await asyncio.sleep(0)  # the acks read in the same turn of the event loop join the batch
         hosts = frozenset(self._acks.pop(generation, ()))
-        await self.send(lambda: machine.StopAcked(hosts, generation, self._readiness()))
+        await self.send(lambda: restart_events.StopAcked(hosts, generation, self._readiness()))
 
     async def finished_on(self, report: messages.Finished) -> None:
         if not self.context.memory.restart.runs(report.generation):
@@ -241,11 +243,13 @@ class Generations:
         self.finished[report.host] = report
         self.context.status[report.host].state = HostState.FINISHED
         await self.send(
-            lambda: machine.HostFinished(report.host, report.generation, tuple(self.context.world.hosts))
+            lambda: restart_events.HostFinished(
+                report.host, report.generation, tuple(self.context.world.hosts)
+            )
         )
 
     # --- carrying out -----------------------------------------------------------------------
-    async def _record_stop(self, stop: machine.RecordStop) -> None:
+    async def _record_stop(self, stop: restart_events.RecordStop) -> None:
         now = stop.t
         if not stop.refused:
             self.context.memory.restarts[stop.kind] += 1
@@ -272,17 +276,17 @@ class Generations:
                 f"{stop.kind} detected on host {stop.host}: {stop.detail}", host=stop.host, kind=stop.kind
             )
 
-    async def _check_start(self, command: machine.StartGeneration) -> None:
+    async def _check_start(self, command: restart_events.StartGeneration) -> None:
         """Before the first start, the persistent tier is read (a job may resume an earlier run's
         step); the machine then hears which active hosts have no machine, as of its turn."""
         unreadable = await self.context.checkpoints.find_persistent() if command.first else None
         self._post(
-            lambda: machine.StartChecked(
+            lambda: restart_events.StartChecked(
                 tuple(h for h in self.context.world.hosts if h not in self.context.members), unreadable
             )
         )
 
-    async def _launch(self, command: machine.LaunchGeneration) -> None:
+    async def _launch(self, command: restart_events.LaunchGeneration) -> None:
         generation, first = command.generation, command.first
         plan = self.context.checkpoints.restore_plan()
         held = self.context.checkpoints.held()
@@ -340,7 +344,7 @@ class Generations:
             }
         )
 
-    async def _end(self, command: machine.EndJob) -> None:
+    async def _end(self, command: restart_events.EndJob) -> None:
         succeeded, reason = command.succeeded, command.reason
         self._write_summary()
         if succeeded:

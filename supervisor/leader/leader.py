@@ -25,7 +25,7 @@ from typing import Any
 from slicekeeper.supervisor import connection_deadline, messages
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
 from slicekeeper.supervisor.checkpoints.restore_plan import RestorePlan
-from slicekeeper.supervisor.leader import restart_machine as machine
+from slicekeeper.supervisor.leader import restart_events
 from slicekeeper.supervisor.leader import status as views
 from slicekeeper.supervisor.leader.admission import HostState
 from slicekeeper.supervisor.leader.background import BackgroundWork, Task
@@ -199,11 +199,11 @@ class Leader:
             return
         # While the gathered registrations and messages are taken in order: no start yet (a member
         # taken in early, an idle one say, must not start the job before the others are back).
-        await self.generations.send(machine.Hold(CARRYING_ON))
+        await self.generations.send(restart_events.Hold(CARRYING_ON))
         try:
             await takeover.carry_on_and_recover()
         finally:
-            await self.generations.send(machine.Release(CARRYING_ON))
+            await self.generations.send(restart_events.Release(CARRYING_ON))
         await self.generations.send(self.generations.reconsider())
 
     # --- the server ---------------------------------------------------------------------------
@@ -304,7 +304,7 @@ class Leader:
             self.members.drop(host)
             lost = self.status[host]
             lost.state, lost.committed, lost.replicas = HostState.LOST, set(), {}
-            await self.generations.send(machine.MemberLost(host))
+            await self.generations.send(restart_events.MemberLost(host))
             await self.remediation.host_lost(host, lost.machine)
 
     async def _judge_silence(self, writer: asyncio.StreamWriter) -> None:

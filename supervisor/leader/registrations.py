@@ -27,7 +27,7 @@ from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.generations import Generations
 from slicekeeper.supervisor.leader.journal import FaultRecord
 from slicekeeper.supervisor.leader.remediation import Remediation
-from slicekeeper.supervisor.leader.restart_machine import (
+from slicekeeper.supervisor.leader.restart_events import (
     Admit,
     AllRegistered,
     Joins,

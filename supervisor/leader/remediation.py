@@ -32,7 +32,7 @@ from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.generations import Generations, Happening
-from slicekeeper.supervisor.leader.restart_machine import (
+from slicekeeper.supervisor.leader.restart_events import (
     AllRegistered,
     CapacityOffered,
     Carry,

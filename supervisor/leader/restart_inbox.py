@@ -14,12 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from slicekeeper.supervisor.leader import restart_machine as machine
+from slicekeeper.supervisor.leader import restart_events
 from slicekeeper.supervisor.leader.restart_state import RestartState
 
 
 class Driver(Protocol):
-    async def send(self, event: machine.Event | Callable[[], machine.Event]) -> RestartState: ...
+    async def send(
+        self, event: restart_events.Event | Callable[[], restart_events.Event]
+    ) -> RestartState: ...
 
 
 class Remedies(Protocol):
@@ -37,12 +39,12 @@ class RestartInbox:
     def attach(self, driver: Driver, remedies: Remedies) -> None:
         self._driver, self._remedies = driver, remedies
 
-    async def send(self, event: machine.Event) -> RestartState:
+    async def send(self, event: restart_events.Event) -> RestartState:
         """The event to the restart machine; its state once the event and its commands are done."""
         return await _attached(self._driver).send(event)
 
     async def fail(self, reason: str) -> None:
-        await self.send(machine.JobFails(reason))
+        await self.send(restart_events.JobFails(reason))
 
     async def no_replacement(self, host: int) -> None:
         """No new machine came for `host` in time: the policy decides again, with no spare."""

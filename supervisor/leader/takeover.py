@@ -24,7 +24,7 @@ from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.admission import HostState
 from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.election import Holder
-from slicekeeper.supervisor.leader.restart_machine import TookOver
+from slicekeeper.supervisor.leader.restart_events import TookOver
 from slicekeeper.supervisor.leader.restart_state import RestartState
 
 from slicekeeper.policy.events import FaultKind

@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from slicekeeper.supervisor.leader import restart_machine as m
+from slicekeeper.supervisor.leader import restart_events as ev
 from slicekeeper.supervisor.leader.restart_inbox import RestartInbox
 from slicekeeper.supervisor.leader.restart_state import JobState, RestartState
 
 
 class Driver:
     def __init__(self) -> None:
-        self.events: list[m.Event] = []
+        self.events: list[ev.Event] = []
 
     async def send(self, event: object) -> RestartState:
         assert not callable(event)
@@ -44,8 +44,8 @@ def test_events_reach_the_driver_and_an_overdue_replacement_the_remediation():
     async def tell() -> RestartState:
         await inbox.fail("no spare")
         await inbox.no_replacement(2)
-        return await inbox.send(m.NoWorkload(3))
+        return await inbox.send(ev.NoWorkload(3))
 
     assert asyncio.run(tell()).phase is JobState.FAILED
-    assert driver.events == [m.JobFails("no spare"), m.NoWorkload(3)]
+    assert driver.events == [ev.JobFails("no spare"), ev.NoWorkload(3)]
     assert remedies.decided == [2]

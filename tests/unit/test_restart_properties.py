@@ -53,6 +53,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from slicekeeper.supervisor.leader import restart_events as ev
 from slicekeeper.supervisor.leader import restart_machine as m
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 from slicekeeper.supervisor.leader.restart_state import JobState
@@ -139,19 +140,19 @@ class Job:
         self.live.add(host)
         if self.state.phase is JobState.REGISTERING:
             if self.live.issuperset(WORLD):
-                self.feed(m.AllRegistered())
+                self.feed(ev.AllRegistered())
             return
-        self.feed(m.NoWorkload(host))
-        self.feed(m.Reconsider(self.readiness()))
+        self.feed(ev.NoWorkload(host))
+        self.feed(ev.Reconsider(self.readiness()))
 
     def lose(self, host: int) -> None:
         """`host`'s machine is gone, with its workload; while running, that is a fault."""
         self.live.discard(host)
         self.workload.pop(host, None)
         self.owing.pop(host, None)
-        self.feed(m.MemberLost(host))
+        self.feed(ev.MemberLost(host))
         if self.state.phase is JobState.RUNNING and host in WORLD:
-            self.feed(m.FaultStop(host, FaultKind.HOST_LOST, "gone", 1.0, frozenset(self.live), WORLD))
+            self.feed(ev.FaultStop(host, FaultKind.HOST_LOST, "gone", 1.0, frozenset(self.live), WORLD))
 
     def ack(self, hosts: set[int]) -> None:
         """`hosts` killed their workloads and ack, one batch per generation they were told to stop."""
@@ -160,14 +161,14 @@ class Job:
             for host in batch:
                 del self.owing[host]
                 self.workload.pop(host, None)
-            self.feed(m.StopAcked(batch, generation, self.readiness()))
+            self.feed(ev.StopAcked(batch, generation, self.readiness()))
 
     def hold(self, why: str) -> None:
         if why == REPLACEMENT:
             self.awaiting = True
             return
         self.held[why] += 1
-        self.feed(m.Hold(why))
+        self.feed(ev.Hold(why))
 
     def release(self, why: str) -> None:
         """What held the start is done (no Reconsider: the caller decides)."""
@@ -177,7 +178,7 @@ class Job:
         self.held[why] -= 1
         if not self.held[why]:
             del self.held[why]
-        self.feed(m.Release(why))
+        self.feed(ev.Release(why))
 
     def fire(self, at_once: bool) -> None:
         """The ack deadline fires; `at_once`: its event is fed before anything else happens, else it
@@ -185,7 +186,7 @@ class Job:
         assert self.timer is not None
         generation, self.timer = self.timer, None
         if at_once:
-            self.feed(m.AckDeadlinePassed(generation, self.readiness(), 30.0))
+            self.feed(ev.AckDeadlinePassed(generation, self.readiness(), 30.0))
         else:
             self.queue.append(DeadlineFired(generation))
 
@@ -197,7 +198,7 @@ class Job:
         `abandoned` (StartAbandoned; a first start is given up only for a host missing)."""
         queued = self.queue.popleft()
         if isinstance(queued, DeadlineFired):
-            self.feed(m.AckDeadlinePassed(queued.generation, self.readiness(), 30.0))
+            self.feed(ev.AckDeadlinePassed(queued.generation, self.readiness(), 30.0))
             return
         first = self.state.phase is JobState.REGISTERING
         missing = tuple(host for host in WORLD if host not in self.live)
@@ -207,16 +208,16 @@ class Job:
             answer = "abandoned"
         match answer:
             case "checked":
-                self.feed(m.StartChecked(missing))
+                self.feed(ev.StartChecked(missing))
             case "failed" if first:
-                self.feed(m.StartChecked(missing, "the persistent tier is unreadable"))
+                self.feed(ev.StartChecked(missing, "the persistent tier is unreadable"))
             case "failed":
-                self.feed(m.JobFails("the leader's background work failed"))
+                self.feed(ev.JobFails("the leader's background work failed"))
             case "abandoned":
-                self.feed(m.StartAbandoned())
+                self.feed(ev.StartAbandoned())
             case "started":
                 generation = self.state.generation + (0 if first else 1)
-                self.feed(m.Started(generation))
+                self.feed(ev.Started(generation))
                 self.launch(generation)
 
     def launch(self, generation: int) -> None:
@@ -234,36 +235,36 @@ class Job:
             self.workload[host] = generation
 
     # --- the driver ---------------------------------------------------------------------------
-    def feed(self, event: m.Event) -> None:
+    def feed(self, event: ev.Event) -> None:
         before = self.state
         self.state, commands = m.transition(before, event, RULE)
         for command in commands:
             self.carry_out(command, before)
 
-    def carry_out(self, command: m.Command, before: m.RestartState) -> None:
+    def carry_out(self, command: ev.Command, before: m.RestartState) -> None:
         match command:
-            case m.SendStop(generation=generation, to=to):
+            case ev.SendStop(generation=generation, to=to):
                 assert generation == before.generation, f"a stop of generation {generation} in {before}"
                 assert set(to) == self.live.intersection(WORLD), f"a stop to {to}, live {self.live}"
                 self.owing.update(dict.fromkeys(to, generation))
-            case m.ArmAckDeadline(generation=generation):
+            case ev.ArmAckDeadline(generation=generation):
                 assert generation == self.state.generation, (
                     f"a deadline armed for {generation} in {self.state}"
                 )
                 self.timer = generation
-            case m.CancelAckDeadline():
+            case ev.CancelAckDeadline():
                 self.timer = None
-            case m.StartGeneration(first=first):
+            case ev.StartGeneration(first=first):
                 assert first == (before.phase is JobState.REGISTERING), f"{command} after {before}"
                 self.check_start(before)
                 self.queue.append(StartUnderWay())
-            case m.LaunchGeneration(generation=generation, first=first):
+            case ev.LaunchGeneration(generation=generation, first=first):
                 assert first == (before.phase is JobState.REGISTERING), f"{command} after {before}"
                 self.launch(generation)
-            case m.EndJob():
+            case ev.EndJob():
                 assert self.state.over and self.ends == 0, f"EndJob in {self.state}, {self.ends} before"
                 self.ends += 1
-            case m.RecordStop() | m.WriteJournal():
+            case ev.RecordStop() | ev.WriteJournal():
                 pass
 
     def check_start(self, before: m.RestartState) -> None:
@@ -348,7 +349,7 @@ class RestartSequences(RuleBasedStateMachine):
         host = data.draw(st.sampled_from(sorted(self.job.live)), label="host")
         if decide:
             self.job.hold("deciding")
-        self.job.feed(m.FaultStop(host, kind, "x", 1.0, frozenset(self.job.live), WORLD, planned))
+        self.job.feed(ev.FaultStop(host, kind, "x", 1.0, frozenset(self.job.live), WORLD, planned))
 
     @precondition(lambda self: not self.job.state.over and self.job.owing)
     @rule(data=st.data())
@@ -372,17 +373,17 @@ class RestartSequences(RuleBasedStateMachine):
         """What held the start is done, and the driver reconsiders, or it went without a word; or the
         decision fails the job."""
         if outcome == "fail":
-            self.job.feed(m.JobFails("the policy said so"))
+            self.job.feed(ev.JobFails("the policy said so"))
             return
         held = sorted({*self.job.held, *([REPLACEMENT] if self.job.awaiting else [])})
         self.job.release(data.draw(st.sampled_from(held), label="why"))
         if outcome == "reconsider":
-            self.job.feed(m.Reconsider(self.job.readiness()))
+            self.job.feed(ev.Reconsider(self.job.readiness()))
 
     @precondition(lambda self: self.job.state.phase is JobState.RUNNING)
     @rule()
     def progress(self) -> None:
-        self.job.feed(m.Progressed())
+        self.job.feed(ev.Progressed())
 
     @precondition(
         lambda self: (
@@ -396,7 +397,7 @@ class RestartSequences(RuleBasedStateMachine):
         training = sorted(host for host, running in self.job.workload.items() if running == generation)
         host = data.draw(st.sampled_from(training), label="host")
         del self.job.workload[host]
-        self.job.feed(m.HostFinished(host, generation, WORLD))
+        self.job.feed(ev.HostFinished(host, generation, WORLD))
 
     @precondition(lambda self: not self.job.state.over and self.job.timer is not None)
     @rule(at_once=st.booleans())
@@ -454,16 +455,16 @@ TRANSITION, DEADLINE, ABANDON, START_IF_READY, END = (
 )
 
 
-def deadline_not_rearmed_for_a_hold(state: m.RestartState, event: m.AckDeadlinePassed) -> m.Outcome:
+def deadline_not_rearmed_for_a_hold(state: m.RestartState, event: ev.AckDeadlinePassed) -> m.Outcome:
     """Every ack in, the start waiting for a hold: the state keeps its deadline, no ArmAckDeadline."""
     after, commands = DEADLINE(state, event)
-    return (after, []) if commands == [m.ArmAckDeadline(state.generation)] else (after, commands)
+    return (after, []) if commands == [ev.ArmAckDeadline(state.generation)] else (after, commands)
 
 
-def deadline_dropped_for_a_hold(state: m.RestartState, event: m.AckDeadlinePassed) -> m.Outcome:
+def deadline_dropped_for_a_hold(state: m.RestartState, event: ev.AckDeadlinePassed) -> m.Outcome:
     """Every ack in, the start waiting for a hold: the deadline forgotten altogether."""
     after, commands = DEADLINE(state, event)
-    if commands == [m.ArmAckDeadline(state.generation)]:
+    if commands == [ev.ArmAckDeadline(state.generation)]:
         return dataclasses.replace(after, ack_deadline=False), []
     return after, commands
 
@@ -471,7 +472,7 @@ def deadline_dropped_for_a_hold(state: m.RestartState, event: m.AckDeadlinePasse
 def abandoned_start_not_rearmed(state: m.RestartState) -> m.Outcome:
     """A start given up while stopping waits again with no deadline."""
     after, commands = ABANDON(state)
-    kept: list[m.Command] = [command for command in commands if not isinstance(command, m.ArmAckDeadline)]
+    kept: list[ev.Command] = [command for command in commands if not isinstance(command, ev.ArmAckDeadline)]
     return dataclasses.replace(after, ack_deadline=state.ack_deadline), kept
 
 
@@ -492,9 +493,9 @@ def start_while_one_is_under_way(state: m.RestartState, readiness: m.Readiness) 
     return (after, commands) if commands else (state, [])
 
 
-def release_of_every_hold_of_a_kind(state: m.RestartState, event: m.Event, rule: RestartRule) -> m.Outcome:
+def release_of_every_hold_of_a_kind(state: m.RestartState, event: ev.Event, rule: RestartRule) -> m.Outcome:
     """A Release lets go of every hold of its kind, not one."""
-    if isinstance(event, m.Release) and not state.over:
+    if isinstance(event, ev.Release) and not state.over:
         return dataclasses.replace(state, holds=tuple(why for why in state.holds if why != event.why)), []
     return TRANSITION(state, event, rule)
 
@@ -503,7 +504,7 @@ def end_leaving_the_deadline_armed(
     state: m.RestartState, *, succeeded: bool, reason: str | None = None
 ) -> m.Outcome:
     ended, commands = END(state, succeeded=succeeded, reason=reason)
-    return ended, [command for command in commands if not isinstance(command, m.CancelAckDeadline)]
+    return ended, [command for command in commands if not isinstance(command, ev.CancelAckDeadline)]
 
 
 @dataclass(frozen=True)

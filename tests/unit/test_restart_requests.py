@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from slicekeeper.supervisor.leader import restart_events as ev
 from slicekeeper.supervisor.leader import restart_machine as m
 from slicekeeper.supervisor.leader.admission import Admission, Back, HostState, Joining, Step
 from slicekeeper.supervisor.leader.remedies import HoldFor, StopFirst
@@ -29,11 +30,11 @@ SUCCEEDED = dataclasses.replace(RUNNING, phase=JobState.SUCCEEDED)
 FAILED = dataclasses.replace(RUNNING, phase=JobState.FAILED, failure_reason="too many restarts")
 
 
-def lost(host: int = 1) -> m.HostLost:
-    return m.HostLost(host, "connection dropped", 10.0, ALL - {host}, WORLD)
+def lost(host: int = 1) -> ev.HostLost:
+    return ev.HostLost(host, "connection dropped", 10.0, ALL - {host}, WORLD)
 
 
-def names(commands: list[m.Command | m.Request]) -> list[str]:
+def names(commands: list[ev.Command | ev.Request]) -> list[str]:
     return [type(c).__name__ for c in commands]
 
 
@@ -64,7 +65,7 @@ def test_a_lost_host_is_stopped_for_decided_on_or_stood_in_for_by_phase(state, p
     assert after.phase is phase
     assert names(said) == commands
     for request in said:
-        if isinstance(request, (m.NoteLoss, m.StandIn, m.DecideOnLoss)):
+        if isinstance(request, (ev.NoteLoss, ev.StandIn, ev.DecideOnLoss)):
             assert request.host == 1
 
 
@@ -77,7 +78,7 @@ def test_a_lost_host_that_exhausts_the_restarts_fails_the_job_and_asks_no_decisi
 
 def test_a_lost_host_stops_only_the_members_still_connected():
     _, said = m.transition(RUNNING, lost(2), RULE)
-    [stop] = [c for c in said if isinstance(c, m.SendStop)]
+    [stop] = [c for c in said if isinstance(c, ev.SendStop)]
     assert stop.to == (0, 1, 3) and stop.host == 2 and stop.kind == "host_lost"
 
 
@@ -97,37 +98,37 @@ def test_a_lost_host_stops_only_the_members_still_connected():
     ],
 )
 def test_a_registration_is_admitted_by_the_machine_in_every_phase(state, joining, admission):
-    after, said = m.transition(state, m.Joins(joining), RULE)
+    after, said = m.transition(state, ev.Joins(joining), RULE)
     assert after == state
-    assert said == [m.Admit(admission)]
+    assert said == [ev.Admit(admission)]
 
 
 def test_the_last_host_registered_starts_the_job_and_one_before_it_waits():
     back = Back(Joining.HOST, takes_part=True)
-    waiting, said = m.transition(REGISTERING, m.Registered(3, 4, back), RULE)
+    waiting, said = m.transition(REGISTERING, ev.Registered(3, 4, back), RULE)
     assert (waiting, said) == (REGISTERING, [])
-    starting, said = m.transition(REGISTERING, m.Registered(4, 4, back), RULE)
-    assert starting.starting and said == [m.StartGeneration(first=True)]
+    starting, said = m.transition(REGISTERING, ev.Registered(4, 4, back), RULE)
+    assert starting.starting and said == [ev.StartGeneration(first=True)]
     # a second one while the first start reads the persistent tier starts nothing more
-    assert m.transition(starting, m.Registered(4, 4, back), RULE) == (starting, [])
+    assert m.transition(starting, ev.Registered(4, 4, back), RULE) == (starting, [])
 
 
 def test_a_host_registering_after_the_start_is_served_again_as_the_rules_say():
     back = Back(Joining.HOST, takes_part=True)
-    _, said = m.transition(RUNNING, m.Registered(4, 4, back), RULE)
+    _, said = m.transition(RUNNING, ev.Registered(4, 4, back), RULE)
     [serve] = said
-    assert isinstance(serve, m.ServeAgain)
+    assert isinstance(serve, ev.ServeAgain)
     assert serve.answer.steps == (Step.STOP_AS_LOST, Step.NO_WORKLOAD, Step.RECONSIDER)
-    _, said = m.transition(STOPPING, m.Registered(4, 4, back), RULE)
-    assert said == [m.ServeAgain(dataclasses.replace(serve.answer, steps=(Step.RECONSIDER,)))]
+    _, said = m.transition(STOPPING, ev.Registered(4, 4, back), RULE)
+    assert said == [ev.ServeAgain(dataclasses.replace(serve.answer, steps=(Step.RECONSIDER,)))]
 
 
 def test_a_member_back_is_told_what_the_phase_asks():
     rejoining = Back(Joining.REJOINING, takes_part=True)
-    _, running = m.transition(RUNNING, m.Returns(rejoining), RULE)
-    _, stopping = m.transition(STOPPING, m.Returns(rejoining), RULE)
+    _, running = m.transition(RUNNING, ev.Returns(rejoining), RULE)
+    _, stopping = m.transition(STOPPING, ev.Returns(rejoining), RULE)
     [running_answer], [stopping_answer] = running, stopping
-    assert isinstance(running_answer, m.ServeAgain) and isinstance(stopping_answer, m.ServeAgain)
+    assert isinstance(running_answer, ev.ServeAgain) and isinstance(stopping_answer, ev.ServeAgain)
     assert (running_answer.answer.state, running_answer.answer.steps) == (HostState.TRAINING, ())
     assert stopping_answer.answer.steps == (Step.STOP_WITH_THE_REST,)
 
@@ -141,22 +142,22 @@ def _host_lost_event() -> policy.HostLost:
 
 def test_a_decision_made_while_running_stops_the_job_before_the_world_changes():
     action = policy.ReplaceHost(host=1)
-    _, said = m.transition(RUNNING, m.Decided(_host_lost_event(), action), RULE)
+    _, said = m.transition(RUNNING, ev.Decided(_host_lost_event(), action), RULE)
     [carry] = said
-    assert isinstance(carry, m.Carry)
+    assert isinstance(carry, ev.Carry)
     [stop, replace] = carry.intents
     assert isinstance(stop, StopFirst) and stop.host == 1 and replace == action
 
 
 def test_a_decision_made_while_stopped_changes_the_world_at_once_and_a_wait_holds_the_start():
-    _, said = m.transition(STOPPING, m.Decided(_host_lost_event(), policy.ReplaceHost(host=1)), RULE)
-    assert said == [m.Carry((policy.ReplaceHost(host=1),))]
-    _, said = m.transition(STOPPING, m.Decided(_host_lost_event(), policy.Wait(seconds=5.0)), RULE)
-    assert said == [m.Carry((HoldFor(5.0, holds=True),))]
+    _, said = m.transition(STOPPING, ev.Decided(_host_lost_event(), policy.ReplaceHost(host=1)), RULE)
+    assert said == [ev.Carry((policy.ReplaceHost(host=1),))]
+    _, said = m.transition(STOPPING, ev.Decided(_host_lost_event(), policy.Wait(seconds=5.0)), RULE)
+    assert said == [ev.Carry((HoldFor(5.0, holds=True),))]
 
 
 def test_a_decision_on_an_ended_job_is_carried_out_by_nothing():
-    assert m.transition(FAILED, m.Decided(_host_lost_event(), policy.ReplaceHost(host=1)), RULE) == (
+    assert m.transition(FAILED, ev.Decided(_host_lost_event(), policy.ReplaceHost(host=1)), RULE) == (
         FAILED,
         [],
     )
@@ -176,6 +177,6 @@ def test_a_decision_on_an_ended_job_is_carried_out_by_nothing():
     ids=["training", "no-step-yet", "stopping", "deciding", "registering", "ended"],
 )
 def test_capacity_is_offered_to_the_policy_only_while_the_job_trains(state, offered):
-    after, said = m.transition(state, m.CapacityOffered(), RULE)
+    after, said = m.transition(state, ev.CapacityOffered(), RULE)
     assert after == state
-    assert said == ([m.OfferCapacity()] if offered else [])
+    assert said == ([ev.OfferCapacity()] if offered else [])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from slicekeeper.supervisor.leader import restart_events as ev
 from slicekeeper.supervisor.leader import restart_machine as m
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
 from slicekeeper.supervisor.leader.restart_state import JobState
@@ -20,8 +21,8 @@ def ready(holding: bool = False, live: frozenset[int] = ALL) -> m.Readiness:
     return m.Readiness(live, WORLD, holding)
 
 
-def fault(host: int = 1, planned: bool = False) -> m.FaultStop:
-    return m.FaultStop(host, "crash", "workload exited with 1", 10.0, ALL, WORLD, planned)
+def fault(host: int = 1, planned: bool = False) -> ev.FaultStop:
+    return ev.FaultStop(host, "crash", "workload exited with 1", 10.0, ALL, WORLD, planned)
 
 
 RUNNING = m.RestartState(phase=JobState.RUNNING, generation=4, progressed=True)
@@ -30,7 +31,7 @@ STOPPING = dataclasses.replace(
 )
 
 
-def kinds(commands: list[m.Command]) -> list[str]:
+def kinds(commands: list[ev.Command]) -> list[str]:
     return [type(c).__name__ for c in commands]
 
 
@@ -49,83 +50,83 @@ def kinds(commands: list[m.Command]) -> list[str]:
         # the last ack with nothing holding the start: the next generation starts
         (
             dataclasses.replace(STOPPING, stopped=frozenset({0, 1})),
-            m.StopAcked(frozenset({2}), 4, ready()),
+            ev.StopAcked(frozenset({2}), 4, ready()),
             JobState.STOPPING,
             ["CancelAckDeadline", "StartGeneration"],
         ),
         # the last ack while a decision holds the start: it waits
         (
             dataclasses.replace(STOPPING, stopped=frozenset({0, 1})),
-            m.StopAcked(frozenset({2}), 4, ready(holding=True)),
+            ev.StopAcked(frozenset({2}), 4, ready(holding=True)),
             JobState.STOPPING,
             [],
         ),
         # an ack for another generation does not count
         (
             dataclasses.replace(STOPPING, stopped=frozenset({0, 1})),
-            m.StopAcked(frozenset({2}), 3, ready()),
+            ev.StopAcked(frozenset({2}), 3, ready()),
             JobState.STOPPING,
             [],
         ),
         # the decision is in: reconsidering starts the job
         (
             dataclasses.replace(STOPPING, stopped=ALL),
-            m.Reconsider(ready()),
+            ev.Reconsider(ready()),
             JobState.STOPPING,
             ["CancelAckDeadline", "StartGeneration"],
         ),
         # the deadline with a member that never acked fails the job
         (
             dataclasses.replace(STOPPING, stopped=frozenset({0})),
-            m.AckDeadlinePassed(4, ready(), 30.0),
+            ev.AckDeadlinePassed(4, ready(), 30.0),
             JobState.FAILED,
             ["CancelAckDeadline", "EndJob"],
         ),
         # the deadline with every ack in and a decision still holding: armed again
         (
             dataclasses.replace(STOPPING, stopped=ALL),
-            m.AckDeadlinePassed(4, ready(holding=True), 30.0),
+            ev.AckDeadlinePassed(4, ready(holding=True), 30.0),
             JobState.STOPPING,
             ["ArmAckDeadline"],
         ),
         # ... and with nothing holding any more (its end went unnoticed): the start
         (
             dataclasses.replace(STOPPING, stopped=ALL),
-            m.AckDeadlinePassed(4, ready(), 30.0),
+            ev.AckDeadlinePassed(4, ready(), 30.0),
             JobState.STOPPING,
             ["CancelAckDeadline", "StartGeneration"],
         ),
         # the deadline of an older generation: nothing
         (
             dataclasses.replace(STOPPING, stopped=frozenset()),
-            m.AckDeadlinePassed(3, ready(), 30.0),
+            ev.AckDeadlinePassed(3, ready(), 30.0),
             JobState.STOPPING,
             [],
         ),
         # started: running the generation the driver started
-        (dataclasses.replace(STOPPING, starting=True), m.Started(5), JobState.RUNNING, []),
+        (dataclasses.replace(STOPPING, starting=True), ev.Started(5), JobState.RUNNING, []),
         # every active host finished: the job succeeded
         (
             dataclasses.replace(RUNNING, finished=frozenset({0, 1})),
-            m.HostFinished(2, 4, WORLD),
+            ev.HostFinished(2, 4, WORLD),
             JobState.SUCCEEDED,
             ["EndJob"],
         ),
         (
             dataclasses.replace(RUNNING, finished=frozenset({0, 1})),
-            m.HostFinished(2, 3, WORLD),
+            ev.HostFinished(2, 3, WORLD),
             JobState.RUNNING,
             [],
         ),
         # a failure ends the job in any state but an end
-        (STOPPING, m.JobFails("the policy said so"), JobState.FAILED, ["CancelAckDeadline", "EndJob"]),
-        (RUNNING, m.JobFails("the policy said so"), JobState.FAILED, ["EndJob"]),
-        (dataclasses.replace(RUNNING, phase=JobState.SUCCEEDED), m.JobFails("late"), JobState.SUCCEEDED, []),
+        (STOPPING, ev.JobFails("the policy said so"), JobState.FAILED, ["CancelAckDeadline", "EndJob"]),
+        (RUNNING, ev.JobFails("the policy said so"), JobState.FAILED, ["EndJob"]),
+        (dataclasses.replace(RUNNING, phase=JobState.SUCCEEDED), ev.JobFails("late"), JobState.SUCCEEDED, []),
         (dataclasses.replace(RUNNING, phase=JobState.FAILED), fault(), JobState.FAILED, []),
         # the first start: once, however often every host is found registered
-        (m.RestartState(), m.AllRegistered(), JobState.REGISTERING, ["StartGeneration"]),
-        (m.RestartState(starting=True), m.AllRegistered(), JobState.REGISTERING, []),
-        (m.RestartState(starting=True), m.Started(0), JobState.RUNNING, []),
+        (m.RestartState(), ev.AllRegistered(), JobState.REGISTERING, ["StartGeneration"]),
+        (m.RestartState(starting=True), ev.AllRegistered(), JobState.REGISTERING, []),
+        (m.RestartState(starting=True), ev.Started(0), JobState.RUNNING, []),
     ],
 )
 def test_each_state_answers_each_event_with_its_transition(state, event, phase, commands):
@@ -135,10 +136,10 @@ def test_each_state_answers_each_event_with_its_transition(state, event, phase, 
 
 
 def test_a_stop_tells_the_live_members_of_the_active_slices_what_stopped():
-    event = m.FaultStop(2, "hang", "no progress", 5.0, frozenset({0, 2, 3}), (0, 1, 2), planned=False)
+    event = ev.FaultStop(2, "hang", "no progress", 5.0, frozenset({0, 2, 3}), (0, 1, 2), planned=False)
     after, commands = m.transition(RUNNING, event, RULE)
-    [stop] = [c for c in commands if isinstance(c, m.SendStop)]
-    assert stop == m.SendStop(generation=4, kind="hang", host=2, to=(0, 2))
+    [stop] = [c for c in commands if isinstance(c, ev.SendStop)]
+    assert stop == ev.SendStop(generation=4, kind="hang", host=2, to=(0, 2))
     assert (after.restarts, after.stopped) == (1, frozenset())
 
 
@@ -146,7 +147,7 @@ def test_a_planned_stop_names_no_host_and_costs_no_restart_budget():
     spent = dataclasses.replace(RUNNING, restarts=3)  # the budget is spent
     after, commands = m.transition(spent, fault(planned=True), RULE)
     assert after.phase is JobState.STOPPING
-    [stop] = [c for c in commands if isinstance(c, m.SendStop)]
+    [stop] = [c for c in commands if isinstance(c, ev.SendStop)]
     assert stop.host is None
 
 
@@ -156,7 +157,7 @@ def test_once_the_restart_budget_is_spent_a_fault_fails_the_job_with_the_reason(
     assert after.phase is JobState.FAILED
     assert "restart budget spent: 3 in-job restarts" in (after.failure_reason or "")
     assert kinds(commands) == ["RecordStop", "EndJob"]
-    assert commands[0] == m.RecordStop(1, "crash", "workload exited with 1", False, True, 4, 10.0)
+    assert commands[0] == ev.RecordStop(1, "crash", "workload exited with 1", False, True, 4, 10.0)
 
 
 def test_starts_without_progress_fail_the_job_before_the_budget_is_spent():
@@ -168,17 +169,17 @@ def test_starts_without_progress_fail_the_job_before_the_budget_is_spent():
 
 def test_a_completed_step_resets_the_starts_without_progress():
     state = dataclasses.replace(RUNNING, progressed=False, restarts_without_progress=1)
-    state, _ = m.transition(state, m.Progressed(), RULE)
+    state, _ = m.transition(state, ev.Progressed(), RULE)
     after, _ = m.transition(state, fault(), RULE)
     assert (after.phase, after.restarts_without_progress) == (JobState.STOPPING, 0)
 
 
 def test_a_lost_member_no_longer_counts_as_stopped_and_a_newcomer_has_nothing_to_stop():
     state = dataclasses.replace(STOPPING, stopped=frozenset({0, 1}))
-    state, _ = m.transition(state, m.MemberLost(1), RULE)
+    state, _ = m.transition(state, ev.MemberLost(1), RULE)
     assert state.stopped == {0}
-    state, _ = m.transition(state, m.NoWorkload(1), RULE)
-    _, commands = m.transition(state, m.StopAcked(frozenset({2}), 4, ready()), RULE)
+    state, _ = m.transition(state, ev.NoWorkload(1), RULE)
+    _, commands = m.transition(state, ev.StopAcked(frozenset({2}), 4, ready()), RULE)
     assert kinds(commands) == ["CancelAckDeadline", "StartGeneration"]
 
 
@@ -192,22 +193,22 @@ def test_a_lost_member_no_longer_counts_as_stopped_and_a_newcomer_has_nothing_to
     ],
 )
 def test_a_new_leader_sends_a_stop_under_way_again_to_every_member_back(state, kind, stops):
-    after, commands = m.transition(state, m.TookOver(kind, (0, 2, 3)), RULE)
+    after, commands = m.transition(state, ev.TookOver(kind, (0, 2, 3)), RULE)
     assert after == state
-    assert commands == ([m.SendStop(generation=4, kind=kind, host=None, to=(0, 2, 3))] if stops else [])
+    assert commands == ([ev.SendStop(generation=4, kind=kind, host=None, to=(0, 2, 3))] if stops else [])
 
 
 def test_only_the_start_from_registration_is_the_first():
-    _, commands = m.transition(m.RestartState(), m.AllRegistered(), RULE)
-    assert commands == [m.StartGeneration(first=True)]
+    _, commands = m.transition(m.RestartState(), ev.AllRegistered(), RULE)
+    assert commands == [ev.StartGeneration(first=True)]
     stopping = dataclasses.replace(STOPPING, stopped=frozenset({0, 1}))
-    _, commands = m.transition(stopping, m.StopAcked(frozenset({2}), 4, ready()), RULE)
-    assert m.StartGeneration(first=False) in commands
+    _, commands = m.transition(stopping, ev.StopAcked(frozenset({2}), 4, ready()), RULE)
+    assert ev.StartGeneration(first=False) in commands
 
 
 def test_a_start_given_up_while_stopping_waits_again_under_its_deadline():
     state = dataclasses.replace(STOPPING, starting=True, ack_deadline=False)
-    after, commands = m.transition(state, m.StartAbandoned(), RULE)
+    after, commands = m.transition(state, ev.StartAbandoned(), RULE)
     assert (after.starting, after.ack_deadline, kinds(commands)) == (False, True, ["ArmAckDeadline"])
 
 
