@@ -25,6 +25,7 @@ import yaml
 from tests.support.cli_runs import EXAMPLE
 from tests.support.example_runs import PERSISTENT_INTERVAL, STEPS, final_params, persistent_step
 from tests.support.fake_kubelet import V5P_16_LABELS, FakeTpuCluster
+from tests.support.operator_example import PROGRAMS_CLAIM, shared_claims
 from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -63,6 +64,7 @@ def resumable_job(where: Path, steps: int) -> dict[str, Any]:
         {"name": "JAX_PLATFORMS", "value": "cpu"},
         {"name": "XLA_FLAGS", "value": "--xla_force_host_platform_device_count=2"},
     ]
+    spec["workload"]["compilationCache"] = {"claimName": PROGRAMS_CLAIM}  # three starts, one compile
     spec["checkpoint"]["persistent"] = {
         "uri": str(where / "persistent"),
         "interval": PERSISTENT_INTERVAL,
@@ -135,7 +137,7 @@ async def test_a_suspended_job_resumes_from_its_persistent_step_and_a_recreated_
 ):
     async with (
         emulated_cluster() as kube,
-        FakeTpuCluster(kube, tmp_path / "cluster", V5P_16_LABELS) as cluster,
+        FakeTpuCluster(kube, tmp_path / "cluster", V5P_16_LABELS, claims=shared_claims()) as cluster,
         operator(kube),
     ):
         await cluster.add_pools({"pool-a": ["a-0", "a-1"], "pool-b": ["b-0", "b-1"]})

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import signal
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -30,7 +29,7 @@ from slicekeeper.supervisor.leader.election import Holder
 
 from slicekeeper import protocol
 from tests.support.fake_kubelet import V5P_16_LABELS, FakeTpuCluster
-from tests.support.operator_example import EXAMPLE, NS
+from tests.support.operator_example import EXAMPLE, NS, PROGRAMS_CLAIM, shared_claims
 from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
 from tests.support.pod_launch import pod_processes
 
@@ -183,13 +182,6 @@ Disruption = Callable[[Kube, FakeTpuCluster], Awaitable[None]]
 """Something done to a running job once it trained past a step."""
 
 
-def shared_claims() -> Path:
-    """The PersistentVolumeClaims of every short job of the session: their pods share one compilation
-    cache (spec.workload.compilationCache.claimName), so the first job compiles the programs and the
-    others load them, as a job's replacement pods do; each job's own checks are unchanged."""
-    return Path(tempfile.gettempdir()) / "short-jobs-claims"
-
-
 async def short_job(
     tmp_path: Path,
     steps: int = SHORT_STEPS,
@@ -201,7 +193,7 @@ async def short_job(
     is done once training passed `step` (a spare node stands by for a pod replaced meanwhile). Returns
     the final status."""
     job = training_job(tmp_path, steps=steps)
-    job["spec"]["workload"]["compilationCache"] = {"claimName": "compiled-programs"}
+    job["spec"]["workload"]["compilationCache"] = {"claimName": PROGRAMS_CLAIM}
     async with (
         emulated_cluster() as kube,
         FakeTpuCluster(kube, tmp_path / "cluster", V5P_16_LABELS, claims=shared_claims()) as cluster,
