@@ -91,6 +91,9 @@ def test_a_run_gets_what_is_left_of_the_test_timeout_less_a_margin():
 # --- pytest-timeout firing while a run goes on -------------------------------------------------------
 
 INNER_TEST = """
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -98,9 +101,24 @@ import pytest
 from tests.support.cli_runs import run_cli, sdk_loop_job
 
 WHERE = Path({where!r})
+METHOD = {method!r}
 
 
-@pytest.mark.timeout(15, method={method!r})
+def fire_the_timeout_once_training():
+    \"\"\"pytest-timeout's own timeout, brought forward to a second after the run's first step: the
+    test is cut short while its run trains, however long the run took to start on this machine.\"\"\"
+    while not any('"step_end"' in log.read_text() for log in WHERE.glob("runs/*/host-*/events.jsonl")):
+        time.sleep(0.2)
+    time.sleep(1.0)
+    if METHOD == "signal":
+        signal.setitimer(signal.ITIMER_REAL, 0.01)  # its SIGALRM handler fires now
+    else:
+        [timer] = [t for t in threading.enumerate() if t.name.startswith("pytest_timeout ")]
+        timer.cancel()
+        threading.Timer(0.01, timer.function, timer.args, timer.kwargs).start()
+
+
+@pytest.mark.timeout({limit}, method=METHOD)
 def test_a_run_longer_than_the_test():
     job = sdk_loop_job(
         WHERE / "job.yaml",
@@ -109,8 +127,11 @@ def test_a_run_longer_than_the_test():
         local={{"workDir": str(WHERE / "runs")}},
         checkpoint={{"localDir": str(WHERE / "checkpoints")}},
     )
+    threading.Thread(target=fire_the_timeout_once_training, daemon=True).start()
     run_cli("run", str(job), timeout=900)
 """
+INNER_LIMIT = 90
+"""The inner test's timeout if its run never trains (then `trained` below fails the outer test)."""
 
 
 @pytest.mark.parametrize(
@@ -126,7 +147,9 @@ def test_a_run_longer_than_the_test():
 )
 def test_a_test_timed_out_by_pytest_leaves_no_process_of_its_run_behind(tmp_path, where, method, command):
     (tmp_path / "test_inner.py").write_text(
-        textwrap.dedent(INNER_TEST).format(where=str(where), method=method, command=command)
+        textwrap.dedent(INNER_TEST).format(
+            where=str(where), method=method, command=command, limit=INNER_LIMIT
+        )
     )
     # The inner session loads no conftest.py: run_cli knows nothing of its test's timeout, as in a
     # run that pytest-timeout interrupts.
@@ -139,7 +162,7 @@ def test_a_test_timed_out_by_pytest_leaves_no_process_of_its_run_behind(tmp_path
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=INNER_LIMIT + 60,
     )
     assert inner.returncode != 0 and "Timeout" in inner.stdout + inner.stderr, inner.stdout + inner.stderr
     assert trained(where), "the run should have been training when pytest-timeout fired"

@@ -38,7 +38,12 @@ async def test_the_pods_are_created_concurrently_within_the_limit_once_each():
     assert creates == PODS  # one request a pod
     serial, one, _ = await created_in(concurrency=1)  # the negative control
     assert one == 1
-    assert serial > PODS * LATENCY > seconds
+    # One at a time waits out every create's latency; concurrently, at most a few rounds of it. Each
+    # run pays the operator's own work too, which a loaded machine stretches (48 concurrent creates
+    # once took 3.98 s beside other tests), so the two runs are compared with each other, not with
+    # the latencies alone.
+    assert serial > PODS * LATENCY
+    assert serial > seconds + PODS * LATENCY / 2
 
 
 async def test_a_429_with_retry_after_is_waited_for_and_every_pod_is_made_once():
