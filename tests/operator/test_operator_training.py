@@ -31,6 +31,7 @@ from slicekeeper import protocol
 from tests.support.fake_kubelet import V5P_16_LABELS, FakeTpuCluster
 from tests.support.operator_example import EXAMPLE, NS, PROGRAMS_CLAIM, shared_claims
 from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
+from tests.support.pod_events import steps_ended, workload_events
 from tests.support.pod_launch import pod_processes
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
@@ -79,37 +80,23 @@ async def trains_past(kube: Kube, cluster: FakeTpuCluster, step: int, timeout: f
         raise
 
 
-def steps_ended(cluster: FakeTpuCluster, generation: int = 0) -> int:
-    """The furthest step any pod's workload has ended in `generation` or a later one (0: none), from
-    the pods' event logs: at once, where the job's status shows it only when the leader next publishes
-    its view (every 5 s). The short job trains its 60 steps in about 12 s once compiled: a disruption
-    awaited through the status once came after the last step; and a restart's first view, carrying
-    the restored step, once passed for a step of the new generation while it was still compiling."""
-    ended = 0
-    for log in cluster.workdir.glob("pods/*/run-dir/*/events.jsonl"):
-        for line in log.read_text().splitlines():
-            with contextlib.suppress(ValueError):  # (a line still being written)
-                record = json.loads(line)
-                kind = (record.get("source"), record.get("type"))
-                if kind == ("workload", "step_end") and int(record.get("generation", 0)) >= generation:
-                    ended = max(ended, int(record["step"]))
-    return ended
-
-
 def reasons(kube: Kube) -> list[str]:
     return [e["reason"] for e in kube.events(NS)]
 
 
-def compiled_by_generation(cluster_dir: Path) -> dict[int, list[list[str]]]:
-    """Generation -> what each pod's workload compiled in it (its SDK `programs` event), from every
-    pod's event log."""
-    said: dict[int, list[list[str]]] = {}
-    for log in cluster_dir.glob("pods/*/run-dir/*/events.jsonl"):
-        for line in log.read_text().splitlines():
-            record = json.loads(line)
-            if record.get("source") == "workload" and record.get("type") == "programs":
-                said.setdefault(record["generation"], []).append(record["compiled"])
-    return said
+def compiled_in(cluster: FakeTpuCluster, generation: int) -> dict[str, list[str]]:
+    """Pod uid -> what its workload compiled in `generation` (its SDK `programs` event)."""
+    return {
+        pod.name: record["compiled"]
+        for pod in (cluster.workdir / "pods").iterdir()
+        for record in workload_events(cluster, pod.name)
+        if record.get("type") == "programs" and record["generation"] == generation
+    }
+
+
+def first_generation(cluster: FakeTpuCluster, pod_uid: str) -> int:
+    """The first generation in which the pod `pod_uid`'s workload ended a step."""
+    return min(int(r["generation"]) for r in workload_events(cluster, pod_uid) if r.get("type") == "step_end")
 
 
 async def test_a_job_trains_in_pods_survives_node_losses_and_scales_down_and_back_up(tmp_path: Path):
@@ -139,15 +126,21 @@ async def test_a_job_trains_in_pods_survives_node_losses_and_scales_down_and_bac
             what="host 3's pod on b-2",
         )
         assert moved["metadata"]["annotations"]["slicekeeper.dev/avoid-nodes"] == lost
-        await eventually(lambda: steps_ended(cluster, generation=1), timeout=STARTUP, what="a restarted step")
+        new_pod = moved["metadata"]["uid"]
+        await eventually(
+            lambda: steps_ended(cluster, pod_uid=new_pod), timeout=STARTUP, what="the new pod's step"
+        )
         step = await trains_past(kube, cluster, step)
         assert "HotSwap" in reasons(kube)
         assert status(kube)["restarts"]["host_lost"] >= 1 and status(kube)["restarts"]["replace"] == 1
         assert status(kube)["slicesActive"] == 2
-        # The restart loaded its programs from each surviving pod's own volume; only the
-        # replacement pod, on a new node, compiled them.
-        said = compiled_by_generation(tmp_path / "cluster")
-        assert sorted(map(len, said[min(g for g in said if g > 0)])) == [0, 0, 0, 3], said
+        # The restart that took the replacement pod in (the first generation it trained in: on a
+        # loaded machine another restart, every pod loading, once came before the node was lost)
+        # loaded its programs from each surviving pod's own volume; only the replacement pod, on a
+        # new node, compiled them.
+        swap = first_generation(cluster, new_pod)
+        said = compiled_in(cluster, swap)
+        assert len(said[new_pod]) == 3 and sorted(map(len, said.values())) == [0, 0, 0, 3], (swap, said)
 
         # Node b-2 dies too: no node is left in pool b, the replacement stays Pending, the policy
         # drops slice 1 after replacementTimeoutSeconds and training goes on with slice 0.
