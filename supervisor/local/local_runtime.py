@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any, Final, TextIO
 
 from slicekeeper.supervisor.host import partition
+from slicekeeper.supervisor.leader.settings import POLICY_EVENTS_FILE, SUMMARY_FILE
 from slicekeeper.supervisor.local.live_view import ProgressMode, RunView, run_view
 from slicekeeper.supervisor.local.local_setup import RunSetup
 from slicekeeper.supervisor.local.local_watch import StatusWatch
@@ -210,7 +211,7 @@ class Machines:
         or an end whose status another waiter took: STATUS_LOST) while the others still run after
         the time a leader is waited for means the run is broken (e.g. it died before it registered,
         and the job waits for it): every other is stopped."""
-        summary = self._setup.run_dir / "job-summary.json"
+        summary = self._setup.run_dir / SUMMARY_FILE
         while pending := [host for host in hosts if not host.done()]:
             # Looked at before waiting: a host's task may have ended before this one first ran.
             failed = [h for h in hosts if h.done() and h.result() in (protocol.EXIT_JOB_FAILED, STATUS_LOST)]
@@ -338,7 +339,7 @@ class LocalRuntime:
         wall = time.time() - started
         report = self._gather(plan, started, wall)
         report_path = setup.report_path
-        events = setup.run_dir / "policy-events.jsonl"
+        events = setup.run_dir / POLICY_EVENTS_FILE
         if events.exists():
             # The decisions' event log, next to the report: `slicekeeper policy replay` reads it.
             events_copy = report_path.with_name(report_path.stem + ".events.jsonl")
@@ -359,7 +360,7 @@ class LocalRuntime:
 
     def _gather(self, plan: JobPlan, started: float, wall: float) -> dict[str, Any]:
         run_dir = self.setup.run_dir
-        summary_path = run_dir / "job-summary.json"
+        summary_path = run_dir / SUMMARY_FILE
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"state": "failed"}
         hosts = []
         for machine in self.machines.names:
