@@ -67,10 +67,13 @@ system-tools:
 dashboards: install
 	$(BIN)/python -m slicekeeper.dashboards charts/slicekeeper/dashboards
 
-# One pytest process: PYTEST_ARGS="-n auto --dist loadfile" runs the suite on one pytest-xdist
-# worker per core, not yet the default (docs/testing.md: tests still sensitive to another's load).
+# The suite on pytest-xdist workers, one more than the machine has cores (a run's waits, for a
+# deadline or a process starting, leave a core to the third), each file on one worker, the longest
+# files first (tests/support/schedule.py); docs/testing.md. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+XDIST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: lint typecheck layers system-tools
-	$(BIN)/pytest --durations=25 $(PYTEST_ARGS)
+	$(BIN)/pytest --durations=25 $(XDIST_ARGS) $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/recovery.py

