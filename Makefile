@@ -68,10 +68,11 @@ dashboards: install
 	$(BIN)/python -m slicekeeper.dashboards charts/slicekeeper/dashboards
 
 # The suite on pytest-xdist workers, one more than the machine has cores (a run's waits, for a
-# deadline or a process starting, leave a core to the third), each file on one worker, the longest
-# files first (tests/support/schedule.py); docs/testing.md. TEST_WORKERS=0 runs it in one process.
+# deadline or a process starting, leave a core to the third), each file on one worker, in
+# pytest-xdist's order (the files with the most tests first: the long runs start among short unit
+# files, not all at once); docs/testing.md. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
-XDIST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+XDIST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: lint typecheck layers system-tools
 	$(BIN)/pytest --durations=25 $(XDIST_ARGS) $(PYTEST_ARGS)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import alone, cli_runs, schedule
+from tests.support import alone, cli_runs
 from tests.support.example_runs import clean_run
 from tests.support.shared_runs import once_per_run
 
@@ -86,4 +86,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs --with-e2e and KUBECONFIG"))
         if "slow" in item.keywords and config.getoption("--skip-slow"):
             item.add_marker(pytest.mark.skip(reason="--skip-slow"))
-    schedule.longest_first(items)

@@ -181,6 +181,15 @@ class CheckpointTiers:
         """The machine is lost: its disk (local tier and held replicas) goes with it."""
         shutil.rmtree(self.disk, ignore_errors=True)
 
+    async def corrupt_newest_at_rest(self) -> int | None:
+        """Chaos `corrupt`: bytes flipped in the newest committed local step once the copies of the
+        saves queued so far are done: a corruption at rest, which a restore takes from a peer. (A copy
+        under way reads the flipped bytes, refuses them, and the step then has no valid copy at all:
+        the restore falls back to an older step, a different fault; on a loaded machine a step's
+        push can take longer than the few steps between its save and the corruption.)"""
+        await self._copies.drain()
+        return self.corrupt_newest()
+
     def corrupt_newest(self) -> int | None:
         """Flip bytes in the newest committed local step (its largest shard file); returns the step."""
         steps = shard_folder.committed_steps(self.local_dir)

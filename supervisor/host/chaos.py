@@ -106,13 +106,8 @@ class Chaos:
             elif fault.kind is ChaosKind.SLOW:
                 self.slow = fault.factor  # the SDK applies it (protocol.ENV_CHAOS_SLOW)
             elif fault.kind is ChaosKind.CORRUPT:
-                corrupted = self._tiers.corrupt_newest()
-                detail = (
-                    f"flipped bytes in local step {corrupted}, noticed at the next restore"
-                    if corrupted is not None
-                    else "no committed local step to corrupt yet"
-                )
-                chaos = chaos.model_copy(update={"detail": detail})
+                self._context.spawn(self._corrupt(chaos))
+                continue
             elif fault.kind is ChaosKind.LOSE:
                 self._context.spawn(self._lose_machine(chaos))
                 continue
@@ -129,6 +124,19 @@ class Chaos:
             self._context.spawn(self._tell(chaos))
 
     async def _tell(self, chaos: messages.ChaosFired) -> None:
+        await self._context.report(chaos)
+
+    async def _corrupt(self, chaos: messages.ChaosFired) -> None:
+        """Chaos `corrupt`: the newest local step's bytes flipped once its copies are out
+        (`CheckpointTiers.corrupt_newest_at_rest`), then logged and reported with the step."""
+        corrupted = await self._tiers.corrupt_newest_at_rest()
+        detail = (
+            f"flipped bytes in local step {corrupted}, noticed at the next restore"
+            if corrupted is not None
+            else "no committed local step to corrupt yet"
+        )
+        chaos = chaos.model_copy(update={"detail": detail})
+        self._context.log(_record(chaos))
         await self._context.report(chaos)
 
     async def _said(self, chaos: messages.ChaosFired) -> None:

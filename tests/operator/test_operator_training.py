@@ -6,8 +6,11 @@ and the host is hot-swapped onto a spare node of its slice's pool; the next node
 capacity, so after spec.health.replacementTimeoutSeconds the job scales down to one slice; a new
 node brings the slice back (scale-up); deleting the job ends every process. A short job succeeds,
 and so does the same job whose leader's pod is deleted mid-training, or whose leader's supervisor is
-paused (SIGSTOP) until another host took the Lease over, then resumed: with the same parameters, and
-nothing written by the paused leader once it woke up.
+paused (SIGSTOP) until another host took the Lease over, then resumed: with the fault-free parameters,
+and nothing written by the paused leader once it woke up. The short jobs train the SDK example's
+model in lockstep (tests/fixtures/checkpointed_lockstep_loop.py), not JAX: their checks are about
+the operator and the supervisors around a job, and its parameters after any number of restarts are
+known in advance (`sdk_loop_fingerprint`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -28,8 +32,9 @@ import pytest
 from slicekeeper.supervisor.leader.election import Holder
 
 from slicekeeper import protocol
+from tests.support.cli_runs import ROOT, sdk_loop_fingerprint
 from tests.support.fake_kubelet import V5P_16_LABELS, FakeTpuCluster
-from tests.support.operator_example import EXAMPLE, NS, PROGRAMS_CLAIM, shared_claims
+from tests.support.operator_example import EXAMPLE, NS
 from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
 from tests.support.pod_events import steps_ended, workload_events
 from tests.support.pod_launch import pod_processes
@@ -39,14 +44,15 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 STARTUP = 180.0
 """Seconds for four JAX processes to start and compile on two shared cores."""
 
-SHORT_STEPS = 60
-"""Steps of the short job: long enough (about 5 s of training) for a disruption at step 8 to find
-it still running."""
+SHORT_STEPS = 150
+"""Steps of the short job: long enough (about 9 s of training, 60 ms steps) for a disruption at
+step 8 to find it still running, a maintenance notice's way through the operator included."""
+SHORT_LOOP = ROOT / "tests" / "fixtures" / "checkpointed_lockstep_loop.py"
 LEADER_POD = "tiny-lm-s0-w0"
 """Host 0's pod: its supervisor is the job's first leader."""
 LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/tiny-lm-leader"
-FAULT_FREE: dict[int, dict[str, Any]] = {}
-"""steps -> the fault-free short job's final status (`fault_free`)."""
+FAULT_FREE = sdk_loop_fingerprint(SHORT_STEPS)
+"""The parameters every short job must end with, whatever it went through."""
 
 
 def training_job(tmp: Path, steps: int) -> dict[str, Any]:
@@ -94,9 +100,11 @@ def compiled_in(cluster: FakeTpuCluster, generation: int) -> dict[str, list[str]
     }
 
 
-def first_generation(cluster: FakeTpuCluster, pod_uid: str) -> int:
-    """The first generation in which the pod `pod_uid`'s workload ended a step."""
-    return min(int(r["generation"]) for r in workload_events(cluster, pod_uid) if r.get("type") == "step_end")
+def first_programs_generation(cluster: FakeTpuCluster, pod_uid: str) -> int:
+    """The first generation in which the pod `pod_uid`'s workload compiled or loaded its programs:
+    the one that took it in (it may end no step there: under load a hang found in that generation's
+    start once restarted it again before its first step)."""
+    return min(int(r["generation"]) for r in workload_events(cluster, pod_uid) if r.get("type") == "programs")
 
 
 async def test_a_job_trains_in_pods_survives_node_losses_and_scales_down_and_back_up(tmp_path: Path):
@@ -134,11 +142,11 @@ async def test_a_job_trains_in_pods_survives_node_losses_and_scales_down_and_bac
         assert "HotSwap" in reasons(kube)
         assert status(kube)["restarts"]["host_lost"] >= 1 and status(kube)["restarts"]["replace"] == 1
         assert status(kube)["slicesActive"] == 2
-        # The restart that took the replacement pod in (the first generation it trained in: on a
-        # loaded machine another restart, every pod loading, once came before the node was lost)
-        # loaded its programs from each surviving pod's own volume; only the replacement pod, on a
-        # new node, compiled them.
-        swap = first_generation(cluster, new_pod)
+        # The restart that took the replacement pod in (the first generation it loaded programs in:
+        # on a loaded machine another restart, every pod loading, once came before the node was lost,
+        # and once after, before the new pod's first step) loaded its programs from each surviving
+        # pod's own volume; only the replacement pod, on a new node, compiled them.
+        swap = first_programs_generation(cluster, new_pod)
         said = compiled_in(cluster, swap)
         assert len(said[new_pod]) == 3 and sorted(map(len, said.values())) == [0, 0, 0, 3], (swap, said)
 
@@ -186,10 +194,10 @@ async def short_job(
     is done once training passed `step` (a spare node stands by for a pod replaced meanwhile). Returns
     the final status."""
     job = training_job(tmp_path, steps=steps)
-    job["spec"]["workload"]["compilationCache"] = {"claimName": PROGRAMS_CLAIM}
+    job["spec"]["workload"].update(command=[sys.executable, str(SHORT_LOOP)], args=[], standby=False, env=[])
     async with (
         emulated_cluster() as kube,
-        FakeTpuCluster(kube, tmp_path / "cluster", V5P_16_LABELS, claims=shared_claims()) as cluster,
+        FakeTpuCluster(kube, tmp_path / "cluster", V5P_16_LABELS) as cluster,
         operator(kube),
     ):
         spare = ["a-2"] if disrupt is not None else []  # a node for host 0's new pod
@@ -245,6 +253,10 @@ class PausedLeader:
 
     async def __call__(self, kube: Kube, cluster: FakeTpuCluster) -> None:
         self.kube = kube
+        # Frozen once its first view of the job is published (the operator shows a step), not while
+        # that first write is under way: its client, made for it, takes a second or more here, and
+        # a write sent before the freeze lands after it whatever the leader checks on waking.
+        await eventually(lambda: status(kube).get("step"), what="the leader's first view published")
         [pod] = [p for p in cluster.running.values() if p.name == LEADER_POD and p.process.poll() is None]
         before = await lease_holder(kube)
         frozen = pod_processes(pod.process.pid)  # the pod's command execs the supervisor
@@ -279,20 +291,12 @@ class PausedLeader:
         return views
 
 
-async def fault_free(tmp_path: Path) -> dict[str, Any]:
-    """The fault-free short job's final status: run once, by whichever test asks first (the test order
-    is random), and shared."""
-    if SHORT_STEPS not in FAULT_FREE:
-        FAULT_FREE[SHORT_STEPS] = await short_job(tmp_path / "fault-free")
-    return FAULT_FREE[SHORT_STEPS]
-
-
 async def test_a_short_job_succeeds_in_pods(tmp_path: Path):
-    done = await fault_free(tmp_path)
+    done = await short_job(tmp_path)
     assert done["phase"] == "Succeeded", done
     assert done["step"] == SHORT_STEPS and done["lastCheckpointStep"] is not None
     assert 0 < done["goodput"] <= 1
-    assert len(done["paramsFingerprint"]) == 64  # every host's final parameters agree
+    assert done["paramsFingerprint"] == FAULT_FREE  # every host's final parameters agree
 
 
 async def test_the_leaders_pod_deleted_mid_training_hands_the_job_over_with_nothing_lost(tmp_path: Path):
@@ -303,7 +307,7 @@ async def test_the_leaders_pod_deleted_mid_training_hands_the_job_over_with_noth
     assert done["phase"] == "Succeeded", done
     assert done["step"] == SHORT_STEPS
     assert done["restarts"].get("host_lost", 0) >= 1, done["restarts"]
-    assert done["paramsFingerprint"] == (await fault_free(tmp_path))["paramsFingerprint"]
+    assert done["paramsFingerprint"] == FAULT_FREE
 
 
 async def announce_maintenance_of_host_3(kube: Kube, cluster: FakeTpuCluster) -> None:
@@ -329,7 +333,7 @@ async def test_a_node_announced_for_maintenance_has_its_slice_handed_over_first_
     # two (host 2's reaches the leader with the operator's next look at the job: in the same save, or
     # just after the restart); nothing was lost unannounced.
     assert done["restarts"].get("replace") == 2 and set(done["restarts"]) == {"announced_loss", "replace"}
-    assert done["paramsFingerprint"] == (await fault_free(tmp_path))["paramsFingerprint"]
+    assert done["paramsFingerprint"] == FAULT_FREE
     leader_log = "".join(
         log.read_text() for log in (tmp_path / "cluster" / "pods").glob(f"*/{LEADER_POD}.log")
     )
@@ -355,7 +359,7 @@ async def test_a_paused_leader_is_replaced_and_once_resumed_writes_nothing(tmp_p
     assert new is not None and new.host != 0, pause.holders  # another host's supervisor leads
     assert done["phase"] == "Succeeded", done
     assert (done["step"], done["slicesActive"]) == (SHORT_STEPS, 2)
-    assert done["paramsFingerprint"] == (await fault_free(tmp_path))["paramsFingerprint"]
+    assert done["paramsFingerprint"] == FAULT_FREE
     assert pause.old_leaders_status_writes() == []
     logs = [log.read_text() for log in (tmp_path / "cluster" / "pods").glob(f"*/{LEADER_POD}.log")]
     assert any("standing down as leader" in log for log in logs)  # woken up alive, and fenced

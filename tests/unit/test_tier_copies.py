@@ -238,6 +238,38 @@ def test_staging_falls_back_from_a_bad_local_copy_to_the_peer_replica(tmp_path, 
     run(scenario)
 
 
+@pytest.mark.parametrize("at_rest", [True, False])
+def test_chaos_corrupt_waits_for_the_steps_copies_so_that_the_peer_holds_a_valid_one(tmp_path, at_rest):
+    """Chaos `corrupt` fired just after a save, its push still queued: at rest (as the chaos fault
+    does it) the peer gets the good bytes first and the restore takes them from it. The negative
+    control flips the bytes at once, as chaos did before: the push reads them, refuses them, and the
+    step has no valid copy anywhere."""
+
+    async def scenario():
+        owner, holder = Host(tmp_path, 0, CheckpointSpec(), None), Host(tmp_path, 1, CheckpointSpec(), None)
+        addresses = {0: await owner.tiers.serve("127.0.0.1"), 1: await holder.tiers.serve("127.0.0.1")}
+        owner.tiers.start_generation(0, addresses)
+        write_step(owner.tiers.local_dir, 10)
+        owner.tiers.saved(10)  # queued; the copy worker has not run yet
+        if at_rest:
+            corrupted = await asyncio.wait_for(owner.tiers.corrupt_newest_at_rest(), WAIT)
+        else:
+            corrupted = owner.tiers.corrupt_newest()
+        assert corrupted == 10
+        await asyncio.wait_for(owner.tiers.drain(), WAIT)
+        sources = [{"tier": "local"}, {"tier": "peer", "holder": 1, "address": addresses[1]}]
+        staged.append(await owner.tiers.stage(10, sources))
+        await owner.tiers.close()
+        await holder.tiers.close()
+
+    staged: list[Any] = []
+    run(scenario)
+    if at_rest:
+        assert staged[0] is not None and (staged[0].tier, staged[0].holder) == (Tier.PEER, 1)
+    else:
+        assert staged == [None]  # neither the local copy nor a replica: the push refused the bytes
+
+
 def test_staging_with_no_valid_source_left_returns_none_and_commits_nothing(tmp_path):
     async def scenario():
         host = Host(tmp_path, 0, CheckpointSpec(), None)
