@@ -73,7 +73,9 @@ def gone_within(text: str, seconds: float) -> list[int]:
 def test_a_run_cut_short_by_its_time_limit_is_killed_whole_before_run_cli_returns(where):
     job = endless_job(where)
     with pytest.raises(subprocess.TimeoutExpired) as timed_out:
-        run_cli("run", str(job), timeout=12)
+        # 3 s from its first step: a fixed 12 s from its start once ran out before any step, with
+        # two other test files' runs beside it.
+        run_cli("run", str(job), timeout=3, from_when=lambda: trained(where))
     assert trained(where), "the run should have been training when its time was up"
     assert processes_mentioning(str(where)) == []  # at once: run_cli waited for every process
     assert "run directory:" in str(timed_out.value.output)  # what the CLI printed before it was killed

@@ -231,16 +231,21 @@ def _stop(process: subprocess.Popen[str], mark: str) -> tuple[str, str]:
     return out or "", err or ""
 
 
-def run_cli(*args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, timeout: float | None = None, from_when: Callable[[], bool] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`python -m slicekeeper.cli ARGS` from the repo root, output captured, within `cli_time_limit`.
 
     On its time limit it raises subprocess.TimeoutExpired; on that or on any interruption (pytest-timeout,
     Ctrl-C) every process of the run is killed and gone before the exception propagates.
+    `from_when`: the time limit counts from when it first holds (looked at every 0.2 s, the output
+    read meanwhile), not from the start: a test that must find its run in a given state when the
+    limit is up, however long the run takes to get there on a loaded machine.
     """
     limit = cli_time_limit(timeout)
     process, mark = _start_cli(args)
     try:
-        out, err = process.communicate(timeout=limit)
+        out, err = _communicate(process, limit, from_when)
     except subprocess.TimeoutExpired as expired:
         out, err = _stop(process, mark)
         assert limit is not None
@@ -259,6 +264,18 @@ def run_cli(*args: str, timeout: float | None = None) -> subprocess.CompletedPro
         _stop(process, mark)
         raise
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def _communicate(
+    process: subprocess.Popen[str], limit: float | None, from_when: Callable[[], bool] | None
+) -> tuple[str, str]:
+    """The process's whole output once it ended, within `limit` seconds of when `from_when` first
+    held (of now, without it): subprocess.TimeoutExpired otherwise. A timed-out communicate loses no
+    output and may be called again."""
+    while from_when is not None and not from_when():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return process.communicate(timeout=0.2)
+    return process.communicate(timeout=limit)
 
 
 @contextlib.contextmanager
