@@ -33,7 +33,8 @@ class ChaosKind(StrEnum):
     """The host is gone for good: supervisor and workload killed, its local disk (local tier and the
     peer replicas it held) deleted. A spare must take over its identity."""
     CORRUPT = "corrupt"
-    """Bytes flipped in the host's newest committed local checkpoint; noticed at the next restore."""
+    """Bytes flipped in the host's newest committed local checkpoint once its copies to the other
+    tiers are done (a corruption at rest); noticed at the next restore."""
     SLOW = "slow"
     """`slow:host=H,factor=F@step=S`: the machine serving host H does its work F times slower (F > 1)
     from step S on, for as long as that machine serves, across in-job restarts. Slowness belongs to
