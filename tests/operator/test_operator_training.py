@@ -253,10 +253,10 @@ class PausedLeader:
 
     async def __call__(self, kube: Kube, cluster: FakeTpuCluster) -> None:
         self.kube = kube
-        # Frozen once its first view of the job is published (the operator shows a step), not while
-        # that first write is under way: its client, made for it, takes a second or more here, and
-        # a write sent before the freeze lands after it whatever the leader checks on waking.
-        await eventually(lambda: status(kube).get("step"), what="the leader's first view published")
+        # Frozen once its first view of the job has reached the API server, not while that first
+        # write is under way (its client, made for it, takes a second or more here): a write sent
+        # before the freeze lands after it, whatever the leader checks on waking.
+        await eventually(lambda: self._status_writes(kube), what="the leader's first view written")
         [pod] = [p for p in cluster.running.values() if p.name == LEADER_POD and p.process.poll() is None]
         before = await lease_holder(kube)
         frozen = pod_processes(pod.process.pid)  # the pod's command execs the supervisor
@@ -280,8 +280,13 @@ class PausedLeader:
     def old_leaders_status_writes(self) -> list[dict[str, Any]]:
         """Views of the job published on host 0's pod by a leader of term 1 after it was resumed."""
         assert self.kube is not None and self.resumed_at_request is not None
+        return self._status_writes(self.kube, since=self.resumed_at_request)
+
+    @staticmethod
+    def _status_writes(kube: Kube, since: int = 0) -> list[dict[str, Any]]:
+        """Views of the job of a term up to 1 written on host 0's pod, from API request `since` on."""
         views = []
-        for request in self.kube.emulator._requests[self.resumed_at_request :]:
+        for request in kube.emulator._requests[since:]:
             if request.method.value != "PATCH" or not request.url.path.endswith(f"/pods/{LEADER_POD}"):
                 continue
             annotations = ((request.data or {}).get("metadata") or {}).get("annotations") or {}
