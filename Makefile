@@ -67,11 +67,11 @@ system-tools:
 dashboards: install
 	$(BIN)/python -m slicekeeper.dashboards charts/slicekeeper/dashboards
 
-# The suite on pytest-xdist workers, one more than the machine has cores (a run's waits, for a
-# deadline or a process starting, leave a core to the third), each file on one worker, in
-# pytest-xdist's order (the files with the most tests first: the long runs start among short unit
-# files, not all at once); docs/testing.md. TEST_WORKERS=0 runs it in one process.
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+# One pytest process by default: every whole run on workers so far found one more test that fails
+# beside other runs (docs/testing.md). `make test TEST_WORKERS=3` runs it on pytest-xdist workers
+# (one more than this machine's cores: a run's waits leave room for a third), each file on one
+# worker, in pytest-xdist's order (the files with the most tests first).
+TEST_WORKERS ?= 0
 XDIST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: lint typecheck layers system-tools
 	$(BIN)/pytest --durations=25 $(XDIST_ARGS) $(PYTEST_ARGS)
