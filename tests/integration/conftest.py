@@ -1,4 +1,4 @@
-"""What the integration tests share: one fault-free run of the SDK example loop job, and the elastic
+"""What the integration tests share: the SDK example loop job's fault-free fingerprint, and the elastic
 episode (a user policy forbidding hot-swap scales down and back up) that the policy tests check and the
 simulator replays."""
 
@@ -9,25 +9,19 @@ from typing import Any
 
 import pytest
 
-from tests.support.cli_runs import ROOT, run_job
-from tests.support.shared_runs import once_per_run
+from tests.support.cli_runs import ROOT, RUN_JOB_STEPS, run_job, sdk_loop_fingerprint
 
 ELASTIC_STEPS = 120
 NO_HOT_SWAP = str(ROOT / "examples" / "policies" / "no_hot_swap.py")
 
 
 @pytest.fixture(scope="session")
-def clean_fingerprint(tmp_path_factory):
-    """The parameters' fingerprint of the fault-free run (run_job's defaults): every faulty run of the
-    same length must end with it. Once per test run (tests/support/shared_runs.py)."""
-    return once_per_run(tmp_path_factory, "sdk-loop-clean", _fault_free_fingerprint)
-
-
-def _fault_free_fingerprint(where: Path) -> str:
-    result, report = run_job(where)
-    assert result.returncode == 0, result.stderr
-    assert report is not None and report["restores"] == [] and report["hot_swaps"]["count"] == 0
-    return str(report["params_fingerprint"])
+def clean_fingerprint() -> str:
+    """The parameters' fingerprint a fault-free run of run_job's default length (40 steps) ends with,
+    computed (the SDK loop's data is a function of the step): every faulty run of that length must
+    end with it. tests/integration/test_announced_losses_in_a_run.py checks a run against the same
+    computation."""
+    return sdk_loop_fingerprint(RUN_JOB_STEPS)
 
 
 @pytest.fixture(scope="session")

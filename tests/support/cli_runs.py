@@ -50,6 +50,10 @@ SDK_LOOP = ROOT / "examples" / "sdk_loop.py"
 RUN_MARK = "SLICEKEEPER_TEST_RUN"
 """Environment variable carrying one CLI run's mark, inherited by every process of the run."""
 
+RUN_JOB_STEPS = 40
+"""`run_job`'s default length: the length of the runs compared with the computed fault-free
+fingerprint (tests/integration/conftest.py)."""
+
 KILL_MARGIN_SECONDS = 10.0
 """What a CLI run leaves of its test's pytest timeout: time to kill its processes and report."""
 
@@ -392,7 +396,7 @@ def run_cli_in_terminal(
 
 
 def run_job(
-    tmp_path: Path, *extra: str, steps: int = 40, **spec: Any
+    tmp_path: Path, *extra: str, steps: int = RUN_JOB_STEPS, **spec: Any
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
     """`slicekeeper run` of the SDK example loop job in `tmp_path`: the result and the report, if any."""
     tmp_path.mkdir(parents=True, exist_ok=True)
