@@ -71,4 +71,5 @@ def main(argv: list[str] | None = None) -> int:
     )
 
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,9 +10,9 @@ slicekeeper.report_page). A supervisor killed by a signal while the job runs is 
 machine, as a kubelet restarts a container. Ctrl-C stops every process it started: supervisors get
 SIGTERM, then SIGKILL; workloads die with them.
 
-Each supervisor is held through a pidfd (SupervisorProcess), its exit status read once, there: a pid
-is a number the kernel hands out again once its process is reaped, so nothing here waits for, or
-signals, a supervisor or its process group by number after that.
+Supervisors are forked from one process that imported them once (supervisor.local.fork_server),
+which reaps them and says how each ended; each is held here through a pidfd: a pid is a number the
+kernel hands out again once its process is reaped, so nothing here signals a supervisor by number.
 """
 
 from __future__ import annotations
@@ -20,23 +20,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Final, TextIO
+from typing import Any, TextIO
 
 from slicekeeper.supervisor.host import partition
 from slicekeeper.supervisor.leader.settings import POLICY_EVENTS_FILE, SUMMARY_FILE
+from slicekeeper.supervisor.local.fork_server import SERVER_GONE, ForkedSupervisor, SupervisorForks
 from slicekeeper.supervisor.local.live_view import ProgressMode, RunView, run_view
 from slicekeeper.supervisor.local.local_setup import RunSetup
 from slicekeeper.supervisor.local.local_watch import StatusWatch
 from slicekeeper.supervisor.plan import JobPlan
-from slicekeeper.supervisor.workload_process import die_with_parent
 
 from slicekeeper import credentials, protocol
 from slicekeeper.api import TrainingJob
@@ -56,85 +54,6 @@ MACHINE_RESTARTS = 3
 """How often one machine's supervisor is started again after dying of a signal, at most."""
 LONE_FAILURE_SECONDS = 60.0
 """How long the other hosts' supervisors may go on after one failed on its own (see Machines.hosts_ended)."""
-STATUS_LOST: Final = 256
-"""A supervisor's code when another waiter in this process reaped it first (not an exit code: those
-are 0-255, or minus a signal): a stale `subprocess.Popen` whose own child was reaped behind its back
-polls its pid whenever a Popen is made, and the kernel may have given that pid to a supervisor."""
-
-
-class SupervisorProcess:
-    """One supervisor process, owned through a pidfd: the one place that reaps it and reads its exit
-    status, and that signals it or its process group, which only while it is not reaped (its pid, the
-    group's id, is still its own then). What a supervisor left in its process group is killed as it
-    ends, before it is reaped, as a container's processes end with it.
-
-    The Popen that starts it is never asked about it (poll, wait and send_signal reap by pid) and is
-    told its code once it is read, so that nothing in subprocess polls that pid later either.
-    """
-
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self._popen = popen
-        self.pid = popen.pid
-        self.returncode: int | None = None
-        """Its exit code (minus the signal that killed it), or STATUS_LOST; None while not reaped."""
-        self._loop = asyncio.get_running_loop()
-        self._ended: asyncio.Future[int] = self._loop.create_future()
-        self._pidfd = os.pidfd_open(self.pid)
-        self._loop.add_reader(self._pidfd, self._exited)
-
-    @classmethod
-    def start(
-        cls, argv: list[str], log: IO[bytes] | None = None, group: int | None = None
-    ) -> SupervisorProcess:
-        """Start `argv` in its own session (its process group is its pid), dying with this process;
-        under group id `group` (None: this process's)."""
-        return cls(
-            subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT if log is not None else None,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-                group=group,
-            )
-        )
-
-    async def wait(self) -> int:
-        # Shielded: a waiter given up on (a timeout) must not cancel the end other waiters await.
-        return await asyncio.shield(self._ended)
-
-    def send_signal(self, signum: signal.Signals) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(self._pidfd, signum)
-
-    def kill_group(self) -> None:
-        """SIGKILL its process group, while that is still its own."""
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
-
-    def _exited(self) -> None:
-        """Its pidfd is readable: it exited. It is seen a zombie first (WNOWAIT), so that its pid
-        still names its process group while what is left there is killed, and only then reaped."""
-        try:
-            if os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-                return
-            self.kill_group()
-            status = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
-        except ChildProcessError:
-            status = None
-        code = STATUS_LOST if status is None else _exit_code(status)
-        self._loop.remove_reader(self._pidfd)
-        os.close(self._pidfd)
-        self.returncode = self._popen.returncode = code
-        self._ended.set_result(code)
-
-
-def _exit_code(status: os.waitid_result) -> int:
-    """subprocess's form of a wait status: the exit code, or minus the signal that killed it."""
-    return status.si_status if status.si_code == os.CLD_EXITED else -status.si_status
 
 
 class Machines:
@@ -146,7 +65,9 @@ class Machines:
         self._view = view
         self.names: list[str] = []
         """Every machine the run started, in order: `host-i`, then `spare-j`."""
-        self.processes: list[SupervisorProcess] = []
+        self.forks: SupervisorForks | None = None
+        """Where supervisors are forked from (supervisor.local.fork_server); set for the run."""
+        self.processes: list[ForkedSupervisor] = []
         """Every supervisor process started, the ones started again included."""
         self.spares: list[asyncio.Task[int]] = []
         """The spare machines' keepers (kept running like the hosts')."""
@@ -175,7 +96,7 @@ class Machines:
         its machine lost) is not."""
         restart = 0
         while True:
-            process = self._launch(plan, plan_path, machine, joined_by, restart)
+            process = await self._launch(plan, plan_path, machine, joined_by, restart)
             code = await process.wait()
             if self.stopping or code >= 0 or -code in (signal.SIGTERM, signal.SIGINT):
                 return code
@@ -189,32 +110,33 @@ class Machines:
                 "starting it again on the same machine"
             )
 
-    def _launch(
+    async def _launch(
         self, plan: JobPlan, plan_path: Path, machine: str, joined_by: str | None, restart: int
-    ) -> SupervisorProcess:
+    ) -> ForkedSupervisor:
         """Start one machine's supervisor, in its own process group, logging to its machine folder."""
+        assert self.forks is not None, "the run's fork server is started before its machines"
         machine_dir = plan.machine_dir(machine)
         machine_dir.mkdir(parents=True, exist_ok=True)
         role, index = machine.rsplit("-", 1)
         extra = ["--joined-by", joined_by] if joined_by else []
         extra += ["--restart", str(restart)] if restart else []
-        argv = [sys.executable, "-m", "slicekeeper.supervisor", "--plan", str(plan_path), f"--{role}", index]
+        args = ["--plan", str(plan_path), f"--{role}", index]
         # With a partition among the faults, a group id of its own: how its packets are told apart.
         ordinal = int(index) + (plan.shape.host_count if role == "spare" else 0)
         group = partition.GROUP_ID_BASE + ordinal if self._setup.partitions else None
         with (machine_dir / "supervisor.log").open("ab") as log:
-            self.processes.append(SupervisorProcess.start(argv + extra, log, group=group))
+            self.processes.append(await self.forks.start(args + extra, log.fileno(), group))
         return self.processes[-1]
 
     async def hosts_ended(self, hosts: list[asyncio.Task[int]]) -> list[int]:
         """Every host's supervisor's exit code, once all ended. One that failed on its own (exit 1,
-        or an end whose status another waiter took: STATUS_LOST) while the others still run after
+        or an end the fork server could not see: SERVER_GONE) while the others still run after
         the time a leader is waited for means the run is broken (e.g. it died before it registered,
         and the job waits for it): every other is stopped."""
         summary = self._setup.run_dir / SUMMARY_FILE
         while pending := [host for host in hosts if not host.done()]:
             # Looked at before waiting: a host's task may have ended before this one first ran.
-            failed = [h for h in hosts if h.done() and h.result() in (protocol.EXIT_JOB_FAILED, STATUS_LOST)]
+            failed = [h for h in hosts if h.done() and h.result() in (protocol.EXIT_JOB_FAILED, SERVER_GONE)]
             if not failed:
                 await asyncio.wait(pending, timeout=END_POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED)
                 if summary.exists() and time.time() - summary.stat().st_mtime > UNHEARD_END_SECONDS:
@@ -310,6 +232,7 @@ class LocalRuntime:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._interrupt)
+        self.machines.forks = await SupervisorForks.launch(f"slicekeeper supervisors of {setup.run_dir}")
         try:
             self.view.start()
             hosts = [
@@ -332,6 +255,7 @@ class LocalRuntime:
             await self.machines.stop_all()
             for keeper in self.machines.spares:
                 keeper.cancel()
+            await self.machines.forks.close()
             if setup.partitions:
                 for table in await asyncio.to_thread(partition.remove_all, setup.run_key):
                     self._say(f"  chaos: removed the partition left in place ({table})")

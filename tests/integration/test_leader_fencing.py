@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli_runs import processes_mentioning, run_job
+from tests.support.cli_runs import command_words, processes_mentioning, run_job
 from tests.support.recovery_checks import problems
 
 STEPS = 40  # run_job's default: the fault-free run's length
@@ -33,10 +33,10 @@ PAUSE_AT_STEP = 10
 def supervisor_of_host_0(runs: Path) -> int | None:
     for pid in processes_mentioning(str(runs)):
         try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            words = command_words(pid)
         except OSError:
             continue
-        if b"slicekeeper.supervisor" in argv and argv[-3:-1] == [b"--host", b"0"]:
+        if "slicekeeper.supervisor" in words and words[-2:] == ["--host", "0"]:
             return pid
     return None
 

@@ -122,7 +122,7 @@ def test_a_crash_loop_that_loses_its_leader_midway_still_fails_after_exactly_its
             if "generation 2 starting" in line:
                 break
         assert run_dir is not None
-        os.kill(supervisor_of(run_dir, 0), signal.SIGKILL)  # the leader, in the middle of the loop
+        os.kill(supervisor_of(run_dir, "host-0"), signal.SIGKILL)  # the leader, in the middle of the loop
         _, err = process.communicate(timeout=120)
     assert process.returncode == 1, err[-3000:]
     report = read_report(report_path)
@@ -307,7 +307,7 @@ def every_host_holds_a_step(run_dir: Path) -> int | None:
 def kill_the_leader_and_await_it_back(run_dir: Path) -> None:
     """Host 0's supervisor (the leader) killed while the other members are paused: its restarted
     supervisor, the only machine not paused, must lead the next term."""
-    os.kill(supervisor_of(str(run_dir), 0), signal.SIGKILL)
+    os.kill(supervisor_of(str(run_dir), "host-0"), signal.SIGKILL)
     successor = awaited(lambda: leader_after(run_dir, term=1), "leader after term 1")
     assert successor == "host-0", successor
 
@@ -342,7 +342,7 @@ def paused(run_dir: Path, machines: list[str]) -> Iterator[None]:
     pids: list[int] = []
     try:
         for machine in machines:
-            supervisor = supervisor_of_machine(str(run_dir), machine)
+            supervisor = supervisor_of(str(run_dir), machine)
             os.kill(supervisor, signal.SIGSTOP)  # first: it starts nothing the loop below would miss
             pids.append(supervisor)
             for child in descendants(supervisor):
@@ -354,18 +354,6 @@ def paused(run_dir: Path, machines: list[str]) -> Iterator[None]:
         for pid in reversed(pids):  # workloads first: their supervisor wakes to their events
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-
-
-def supervisor_of_machine(run_dir: str, machine: str) -> int:
-    """The pid of the first supervisor a local run started on `machine` (`host-1`, `spare-0`)."""
-    role, index = machine.rsplit("-", 1)
-    wanted = [b"slicekeeper.supervisor", run_dir.encode(), f"--{role}\0{index}\0".encode()]
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            command = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
-            if all(part in command for part in wanted) and b"--restart" not in command:
-                return int(entry.name)
-    raise LookupError(f"no supervisor runs on {machine} for {run_dir}")
 
 
 def descendants(pid: int) -> list[int]:

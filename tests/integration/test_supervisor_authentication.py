@@ -81,7 +81,7 @@ def test_without_the_jobs_credentials_nothing_gets_in_and_the_job_ends_as_if_nob
         lease = read_lease_file(run_dir / LEASE_FILE)
         assert lease is not None and lease.leader is not None and lease.leader.host == 0
         leader_port = int(lease.leader.address.rsplit(":", 1)[1])
-        [peer_port] = intruder.listening_ports(supervisor_of(str(run_dir), 1)) - {base + 1}
+        [peer_port] = intruder.listening_ports(supervisor_of(str(run_dir), "host-1")) - {base + 1}
 
         attempts = {
             "leader": [intruder.leader_message()],

@@ -426,14 +426,24 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
-def supervisor_of(run_dir: str, host: int) -> int:
-    """The pid of the supervisor a local run started for `host` (the first one, not a restart)."""
-    wanted = [b"slicekeeper.supervisor", run_dir.encode(), b"--host\x00" + str(host).encode() + b"\x00"]
+def command_words(pid: int | str) -> list[str]:
+    """The words of process `pid`'s command line: its arguments, or the title a forked supervisor
+    set (supervisor/local/fork_server.py: one string, its words separated by spaces)."""
+    return (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")).split()
+
+
+def supervisor_of(run_dir: str, machine: str) -> int:
+    """The pid of the first supervisor (not a restart) a local run started on `machine` (`host-1`,
+    `spare-0`)."""
+    role, index = machine.rsplit("-", 1)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            command = (entry / "cmdline").read_bytes()
-            if all(part in command for part in wanted) and b"--restart" not in command:
+            words = command_words(entry.name)
+            if words[:3] != ["python", "-m", "slicekeeper.supervisor"] or "--restart" in words:
+                continue
+            flag = f"--{role}"
+            if flag in words and any(run_dir in w for w in words) and words[words.index(flag) + 1] == index:
                 return int(entry.name)
-    raise LookupError(f"no supervisor of host {host} runs for {run_dir}")
+    raise LookupError(f"no supervisor runs on {machine} for {run_dir}")

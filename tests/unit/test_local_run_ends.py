@@ -4,8 +4,8 @@
 on its own while the others run on (it died before it registered, say, and the job waits for it
 forever) would leave the run hanging: after LONE_FAILURE_SECONDS the others are stopped, and nothing
 is left running. A failure the others share (the leader failed the job, so every supervisor exits)
-stops nobody early. The supervisors here are real processes standing in for them, started and reaped
-by the runtime's own SupervisorProcess, as in a run.
+stops nobody early. The supervisors here are real processes standing in for them, forked and reaped
+by the run's own fork server, as in a run.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ import sys
 
 import pytest
 from slicekeeper.supervisor.local import local_runtime
-from slicekeeper.supervisor.local.local_runtime import LocalRuntime, SupervisorProcess
+from slicekeeper.supervisor.local.fork_server import SupervisorForks
+from slicekeeper.supervisor.local.local_runtime import LocalRuntime
 
 from slicekeeper.api import TrainingJob, dump_training_job, load_training_job
 from slicekeeper.shape import JobLayout, JobShape
 from tests.support.plans import EXAMPLE
+from tests.support.stand_ins import STAND_IN
 
 RUNNING = "import time; time.sleep(600)"
 # The failing supervisor exits only once every host has been started, as in a run.
@@ -41,8 +43,9 @@ def runtime(tmp_path, out: io.StringIO) -> LocalRuntime:
 async def hosts_ending(run: LocalRuntime, programs: list[str]) -> tuple[list[int], list[int]]:
     """Each program as a host's supervisor; their exit codes as the runtime saw them, and the pids."""
     processes = []
+    forks = await SupervisorForks.launch("test stand-ins")
     for program in programs:
-        process = SupervisorProcess.start([sys.executable, "-c", program])
+        process = await forks.start([program], sys.stdout.fileno(), entry=STAND_IN)
         run.machines.processes.append(process)
         run.machines.names.append(f"host-{len(processes)}")
         processes.append(process)
@@ -55,6 +58,8 @@ async def hosts_ending(run: LocalRuntime, programs: list[str]) -> tuple[list[int
             process.kill_group()
             await process.wait()
         pytest.fail(f"the run did not end within 60 s; hosts that ended, with their codes: {ended}")
+    finally:
+        await forks.close()
     return codes, [process.pid for process in processes]
 
 

@@ -1,10 +1,10 @@
 """A local run signals and reaps only the supervisor processes it still owns.
 
-`slicekeeper run` holds each supervisor through a pidfd (supervisor/local/local_runtime.py,
-SupervisorProcess). A pid is only a number: once its process is reaped the kernel gives it to the next
-process started, so a pid kept past that names another program, and its process group another
-program's group. And any waiter in the process that reaps by pid (a stale `subprocess.Popen` polling
-a pid it no longer owns) can take a supervisor's exit status: the run must still end.
+`slicekeeper run` forks each supervisor from its fork server (supervisor/local/fork_server.py), which
+reaps it, and holds it through a pidfd. A pid is only a number: once its process is reaped the kernel
+gives it to the next process started, so a pid kept past that names another program, and its process
+group another program's group. And the fork server is a process too: if it dies, its supervisors die
+with it, and the run must still end.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -21,12 +22,14 @@ from pathlib import Path
 
 import pytest
 from slicekeeper.supervisor.local import local_runtime
-from slicekeeper.supervisor.local.local_runtime import STATUS_LOST, LocalRuntime, SupervisorProcess
+from slicekeeper.supervisor.local.fork_server import SERVER_GONE, SupervisorForks
+from slicekeeper.supervisor.local.local_runtime import LocalRuntime
 
 from slicekeeper.api import TrainingJob, dump_training_job, load_training_job
 from slicekeeper.shape import JobLayout, JobShape
 from tests.support.cli_runs import ROOT
 from tests.support.plans import EXAMPLE
+from tests.support.stand_ins import STAND_IN
 
 RUNNING = "import time; time.sleep(600)"
 
@@ -38,8 +41,10 @@ import asyncio, json, subprocess, sys
 from pathlib import Path
 from slicekeeper.api import TrainingJob, dump_training_job, load_training_job
 from slicekeeper.shape import JobLayout, JobShape
-from slicekeeper.supervisor.local.local_runtime import LocalRuntime, SupervisorProcess
+from slicekeeper.supervisor.local.fork_server import SupervisorForks
+from slicekeeper.supervisor.local.local_runtime import LocalRuntime
 from tests.support.plans import EXAMPLE
+from tests.support.stand_ins import STAND_IN
 
 async def main(tmp: Path) -> None:
     spec = dump_training_job(load_training_job(EXAMPLE))
@@ -48,8 +53,9 @@ async def main(tmp: Path) -> None:
     shape = JobShape(slices=2, hosts_per_slice=2, devices_per_host=2)
     job = TrainingJob.model_validate(spec)
     run = LocalRuntime(job, JobLayout(job.metadata.name, shape))
-    ended = SupervisorProcess.start([sys.executable, "-c", "pass"])
-    running = SupervisorProcess.start([sys.executable, "-c", {RUNNING!r}])
+    forks = await SupervisorForks.launch("test stand-ins")
+    ended = await forks.start(["pass"], sys.stdout.fileno(), entry=STAND_IN)
+    running = await forks.start([{RUNNING!r}], sys.stdout.fileno(), entry=STAND_IN)
     run.machines.processes += [ended, running]
     await ended.wait()
     Path("/proc/sys/kernel/ns_last_pid").write_text(str(ended.pid - 1))
@@ -63,6 +69,7 @@ async def main(tmp: Path) -> None:
     print(json.dumps(seen))
     other.kill()
     other.wait()
+    await forks.close()
 
 asyncio.run(main(Path(sys.argv[1])))
 """
@@ -116,23 +123,28 @@ def test_the_pid_of_a_reaped_supervisor_is_not_signalled_once_another_program_ha
     assert seen["running"] == -15, seen  # the supervisor still running was stopped
 
 
-def test_a_supervisor_whose_exit_status_another_waiter_took_still_ends_the_run(tmp_path, monkeypatch):
+def test_a_fork_server_lost_ends_the_run_and_its_supervisors(tmp_path, monkeypatch):
     monkeypatch.setattr(local_runtime, "LONE_FAILURE_SECONDS", 2.0)
     out = io.StringIO()
 
-    async def hosts_ending() -> list[int]:
+    async def hosts_ending() -> tuple[list[int], list[int]]:
         run = runtime(tmp_path, out)
-        for index, program in enumerate([RUNNING, "raise SystemExit(1)", RUNNING]):
-            run.machines.processes.append(SupervisorProcess.start([sys.executable, "-c", program]))
+        forks = await SupervisorForks.launch("test stand-ins")
+        for index in range(3):
+            run.machines.processes.append(await forks.start([RUNNING], sys.stdout.fileno(), entry=STAND_IN))
             run.machines.names.append(f"host-{index}")
-        # Another waiter reaps host-1 by its pid before the runtime's loop gets to look.
-        os.waitpid(run.machines.processes[1].pid, 0)
         hosts = [asyncio.create_task(process.wait()) for process in run.machines.processes]
-        return await asyncio.wait_for(run.machines.hosts_ended(hosts), timeout=30)
+        os.kill(forks.pid, signal.SIGKILL)
+        try:
+            return await asyncio.wait_for(run.machines.hosts_ended(hosts), timeout=30), [
+                p.pid for p in run.machines.processes
+            ]
+        finally:
+            await forks.close()
 
-    codes = asyncio.run(hosts_ending())
-    assert codes[1] == STATUS_LOST and codes[0] < 0 and codes[2] < 0, codes
-    assert "host-1's supervisor failed and the others went on; stopping" in out.getvalue()
+    codes, pids = asyncio.run(hosts_ending())
+    assert codes == [SERVER_GONE] * 3, codes
+    assert all(gone(pid) for pid in pids)  # they died with it (PDEATHSIG)
 
 
 def test_what_a_supervisor_left_in_its_process_group_ends_with_it(tmp_path):
@@ -142,7 +154,11 @@ def test_what_a_supervisor_left_in_its_process_group_ends_with_it(tmp_path):
     )
 
     async def supervisor_ending() -> int:
-        return await SupervisorProcess.start([sys.executable, "-c", program]).wait()
+        forks = await SupervisorForks.launch("test stand-ins")
+        try:
+            return await (await forks.start([program], sys.stdout.fileno(), entry=STAND_IN)).wait()
+        finally:
+            await forks.close()
 
     assert asyncio.run(supervisor_ending()) == 0
     assert gone(int(left.read_text()))
