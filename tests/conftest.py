@@ -47,9 +47,10 @@ def _cli_runs_end_with_their_test() -> Iterator[None]:
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Each test, its fixtures' set-up and tear-down included, in its turn: alone on the machine when
-    marked `alone` (tests/support/alone.py). The outermost wrapper: the wait for a turn is not part
-    of the test's timeout."""
-    with alone.turn(item.get_closest_marker(alone.MARK) is not None):
+    marked `alone`, beside at most one other `heavy` test when marked `heavy` (tests/support/alone.py).
+    The outermost wrapper: the wait for a turn is not part of the test's timeout."""
+    heavy = item.get_closest_marker(alone.HEAVY) is not None
+    with alone.heavy_slot(heavy), alone.turn(item.get_closest_marker(alone.MARK) is not None):
         return (yield)
 
 

@@ -4,7 +4,8 @@
 compare what two runs measured (the simulator predicting one run from another's recovery costs, an
 announced loss costing less badput than the same loss unannounced): each run must see the same load,
 which another worker's run would change. Such a test is marked `alone`; while it runs (its fixtures
-included), no other test does, and it waits for the tests under way to end.
+included), no other test does, and it waits for the tests under way to end. A test marked `heavy`
+(a run of several JAX or torch processes) waits for one of HEAVY_AT_ONCE slots.
 
 The lock is a readers-writer lock over two `flock`ed files of the test run (shared by its workers):
 every test holds the gate while it takes its share, and an `alone` test holds the gate until it has
@@ -18,10 +19,17 @@ import contextlib
 import fcntl
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 MARK = "alone"
+HEAVY = "heavy"
+HEAVY_AT_ONCE = 2
+"""Tests marked `heavy` (a run of several JAX or torch processes: compiling, then steps whose times
+its detectors judge) that run at once, at most, on this 2-core machine. A third beside them starved
+all three: programs compiled in 40-60 s instead of 3-4, and hangs were found where there were none."""
+SLOT_WAIT_SECONDS = 0.2
 RUN_ID = "PYTEST_XDIST_TESTRUNUID"
 """Set by pytest-xdist in each worker, the same for every worker of one test run."""
 BASE = Path(tempfile.gettempdir())
@@ -59,3 +67,27 @@ def turn(alone: bool, where: Path | None = None) -> Iterator[None]:
             fcntl.flock(machine, fcntl.LOCK_UN)
             if alone:
                 fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def heavy_slot(heavy: bool, where: Path | None = None) -> Iterator[None]:
+    """Hold one of the HEAVY_AT_ONCE slots for a `heavy` test (nothing for another, or without
+    workers)."""
+    where = where if where is not None else lock_directory()
+    if not heavy or where is None:
+        yield
+        return
+    with contextlib.ExitStack() as files:
+        slots = [files.enter_context(open(where / f"heavy-{i}", "a")) for i in range(HEAVY_AT_ONCE)]
+        while True:
+            for slot in slots:
+                try:
+                    fcntl.flock(slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                try:
+                    yield
+                finally:
+                    fcntl.flock(slot, fcntl.LOCK_UN)
+                return
+            time.sleep(SLOT_WAIT_SECONDS)

@@ -73,3 +73,30 @@ def test_without_workers_no_lock_is_taken(monkeypatch):
     assert alone.lock_directory() is None
     with alone.turn(True), alone.turn(True):  # nested: would deadlock if it locked anything
         pass
+
+
+def _heavy(where: Path, name: str, log: list[tuple[str, str]]) -> threading.Thread:
+    def take() -> None:
+        with alone.heavy_slot(True, where):
+            log.append(("begin", name))
+            time.sleep(HOLD)
+            log.append(("end", name))
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    time.sleep(0.05)
+    return thread
+
+
+def test_heavy_tests_run_two_at_once_and_a_third_waits_for_a_slot(tmp_path):
+    log: list[tuple[str, str]] = []
+    threads = [_heavy(tmp_path, f"heavy-{index}", log) for index in range(3)]
+    for thread in threads:
+        thread.join()
+    inside, most = 0, 0
+    for what, _ in log:
+        inside += 1 if what == "begin" else -1
+        most = max(most, inside)
+    assert most == alone.HEAVY_AT_ONCE  # the negative control: two did run at once
+    first_end = min(log.index(("end", "heavy-0")), log.index(("end", "heavy-1")))
+    assert log.index(("begin", "heavy-2")) > first_end
