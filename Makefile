@@ -67,11 +67,10 @@ system-tools:
 dashboards: install
 	$(BIN)/python -m slicekeeper.dashboards charts/slicekeeper/dashboards
 
-# One pytest process by default: every whole run on workers so far found one more test that fails
-# beside other runs (docs/testing.md). `make test TEST_WORKERS=3` runs it on pytest-xdist workers
-# (one more than this machine's cores: a run's waits leave room for a third), each file on one
-# worker, in pytest-xdist's order (the files with the most tests first).
-TEST_WORKERS ?= 0
+# Three pytest-xdist workers (one more than this machine's cores: a run's waits leave room for a
+# third), each file on one worker, in pytest-xdist's order; at most two `heavy` tests at once
+# (tests/support/alone.py). `make test TEST_WORKERS=0` runs it in one pytest process (docs/testing.md).
+TEST_WORKERS ?= 3
 XDIST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: lint typecheck layers system-tools
 	$(BIN)/pytest --durations=25 $(XDIST_ARGS) $(PYTEST_ARGS)

@@ -41,6 +41,19 @@ connection to the leader. What it serves is a mode: a spare waiting for a host (
 - `host_report`: the supervisor's account at its end.
 """
 
-from slicekeeper.supervisor.host.supervisor import HostSupervisor
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slicekeeper.supervisor.host.supervisor import HostSupervisor
 
 __all__ = ["HostSupervisor"]
+
+
+def __getattr__(name: str) -> Any:
+    """`HostSupervisor`, imported when first asked for: `slicekeeper run` (the CLI) imports one module
+    of this folder (`partition`) and not the supervisor, which its fork server imports instead."""
+    if name == "HostSupervisor":
+        from slicekeeper.supervisor.host.supervisor import HostSupervisor
+
+        return HostSupervisor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

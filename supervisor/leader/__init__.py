@@ -13,6 +13,19 @@ status.py        the status lines, the TrainingJob status, the job summary
 world.py         which slices take part in the job now: scale-down and back up by whole slices
 """
 
-from slicekeeper.supervisor.leader.leader import Leader
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slicekeeper.supervisor.leader.leader import Leader
 
 __all__ = ["Leader"]
+
+
+def __getattr__(name: str) -> Any:
+    """`Leader`, imported when first asked for: `slicekeeper run` reads a few of this folder's
+    modules (settings, the lease file) and never runs a leader itself."""
+    if name == "Leader":
+        from slicekeeper.supervisor.leader.leader import Leader
+
+        return Leader
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
