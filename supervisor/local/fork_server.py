@@ -115,8 +115,9 @@ class SupervisorForks:
         """The fork server's pid."""
         self._channel = channel
         self._loop = asyncio.get_running_loop()
-        self._starting: collections.deque[asyncio.Future[tuple[int, int]]] = collections.deque()
+        self._starting: collections.deque[asyncio.Future[ForkedSupervisor]] = collections.deque()
         self._ends: dict[int, asyncio.Future[int]] = {}
+        """The end of each child still running, by pid (a pid is only this child's until its end)."""
         self._loop.add_reader(channel.fileno(), self._read)
 
     @classmethod
@@ -147,11 +148,10 @@ class SupervisorForks:
         `group` (None: this process's); `entry`: what the child runs (tests stand programs in)."""
         command = "python -m slicekeeper.supervisor" if entry == SUPERVISOR else entry
         request = StartRequest(entry, args, " ".join([command, *args]), dict(os.environ), os.getcwd(), group)
-        started = self._loop.create_future()
+        started: asyncio.Future[ForkedSupervisor] = self._loop.create_future()
         self._starting.append(started)
         socket.send_fds(self._channel, [request.encode()], [log])
-        pid, pidfd = await started
-        return ForkedSupervisor(pid, pidfd, self._ends.setdefault(pid, self._loop.create_future()))
+        return await started
 
     async def close(self) -> None:
         """The run is over: the server kills what is left of its children and exits."""
@@ -171,12 +171,19 @@ class SupervisorForks:
             return
         message = json.loads(data)
         if "started" in message:
-            self._starting.popleft().set_result((message["started"], fds[0]))
+            # Its end is awaited from here on: the server's next message may be that end.
+            pid, pidfd = message["started"], fds[0]
+            self._ends[pid] = self._loop.create_future()
+            child = ForkedSupervisor(pid, pidfd, self._ends[pid])
+            started = self._starting.popleft()
+            if started.cancelled():  # whoever asked gave up: nobody would stop it
+                child.kill_group()
+            else:
+                started.set_result(child)
         elif "failed" in message:
             self._starting.popleft().set_exception(OSError(f"fork server: {message['failed']}"))
         else:
-            ended = self._ends.setdefault(message["ended"], self._loop.create_future())
-            ended.set_result(message["code"])
+            self._ends.pop(message["ended"]).set_result(message["code"])
 
     def _lost(self, why: str) -> None:
         """No answer will come: starts fail, and supervisors still running end as SERVER_GONE."""

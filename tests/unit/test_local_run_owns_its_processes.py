@@ -35,9 +35,9 @@ RUNNING = "import time; time.sleep(600)"
 
 # Run in a PID namespace of its own, where /proc/sys/kernel/ns_last_pid chooses the next pid: a
 # supervisor ends and is reaped, its pid goes to another program leading its own process group, and
-# the runtime stops what it has left.
+# the runtime stops what it has left; then the pid goes to the fork server's next supervisor.
 PID_REUSED = f"""
-import asyncio, json, subprocess, sys
+import asyncio, json, signal, subprocess, sys
 from pathlib import Path
 from slicekeeper.api import TrainingJob, dump_training_job, load_training_job
 from slicekeeper.shape import JobLayout, JobShape
@@ -66,9 +66,16 @@ async def main(tmp: Path) -> None:
     except subprocess.TimeoutExpired:
         pass
     seen = {{"reused": other.pid == ended.pid, "other": other.poll(), "running": running.returncode}}
-    print(json.dumps(seen))
     other.kill()
     other.wait()
+    # The fork server's next child gets that pid once more: its end is its own, not the first's.
+    Path("/proc/sys/kernel/ns_last_pid").write_text(str(ended.pid - 1))
+    again = await forks.start([{RUNNING!r}], sys.stdout.fileno(), entry=STAND_IN)
+    await asyncio.sleep(0.5)
+    seen.update(again_reused=again.pid == ended.pid, again=again.returncode)
+    again.send_signal(signal.SIGTERM)
+    await again.wait()
+    print(json.dumps(seen))
     await forks.close()
 
 asyncio.run(main(Path(sys.argv[1])))
@@ -121,6 +128,8 @@ def test_the_pid_of_a_reaped_supervisor_is_not_signalled_once_another_program_ha
     assert seen["reused"], "the kernel did not give the reaped supervisor's pid to the other program"
     assert seen["other"] is None, seen  # the other program's process group was left alone
     assert seen["running"] == -15, seen  # the supervisor still running was stopped
+    assert seen["again_reused"], "the fork server's next child did not get the reaped one's pid"
+    assert seen["again"] is None, seen  # still running: not taken for the child that had its pid before
 
 
 def test_a_fork_server_lost_ends_the_run_and_its_supervisors(tmp_path, monkeypatch):
