@@ -68,11 +68,10 @@ dashboards: install
 	$(BIN)/python -m slicekeeper.dashboards charts/slicekeeper/dashboards
 
 # Three pytest-xdist workers (one more than this machine's cores: a run's waits leave room for a
-# third), each file one unit of work except the heavy files, in two lanes that start first (each run
-# by one worker: at most two heavy runs at once; tests/support/alone.py). `make test TEST_WORKERS=0`
-# runs the suite in one pytest process (docs/testing.md).
+# third), each file on one worker, in pytest-xdist's order; at most two `heavy` tests at once
+# (tests/support/alone.py). `make test TEST_WORKERS=0` runs it in one pytest process (docs/testing.md).
 TEST_WORKERS ?= 3
-XDIST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+XDIST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: lint typecheck layers system-tools
 	$(BIN)/pytest --durations=25 $(XDIST_ARGS) $(PYTEST_ARGS)
 

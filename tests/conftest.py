@@ -55,12 +55,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`--dist loadfile`: each file one unit of work, the heavy files in two lanes (support/alone.py)."""
-    return alone.LaneScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
-
-
-@pytest.hookimpl(optionalhook=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
     # Returns None, so pytest-timeout's own implementation still sets the timer.
     cli_runs.start_test_clock(float(settings.timeout))
@@ -93,4 +87,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs --with-e2e and KUBECONFIG"))
         if "slow" in item.keywords and config.getoption("--skip-slow"):
             item.add_marker(pytest.mark.skip(reason="--skip-slow"))
-    alone.arrange(items)

@@ -15,7 +15,7 @@ from tests.support.cli_runs import ROOT, processes_mentioning
 from tests.support.example_runs import STEPS, run_example
 from tests.support.recovery_checks import problems
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.heavy]
 
 REMEMBERING = str(ROOT / "tests" / "fixtures" / "remembering_policy.py")
 

@@ -17,7 +17,7 @@ from tests.support.cli_runs import ROOT
 from tests.support.example_runs import STEPS, final_params, run_example
 from tests.support.recovery_checks import problems, recovery_summary, tiers
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.heavy]
 
 NO_HOT_SWAP = str(ROOT / "examples" / "policies" / "no_hot_swap.py")
 

@@ -28,7 +28,7 @@ from tests.support.cli_runs import ROOT, processes_mentioning
 from tests.support.example_runs import STEPS, run_example
 from tests.support.recovery_checks import detected_on, problems, recovery_summary, tiers
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.heavy]
 
 MISRESTORING = str(ROOT / "tests" / "fixtures" / "misrestoring_trainer.py")
 SHORT_STEPS = 20

@@ -23,7 +23,7 @@ from tests.support.cli_runs import ROOT, processes_mentioning
 from tests.support.example_runs import run_example
 from tests.support.recovery_checks import detected_on, problems, recovery_summary, tiers
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.heavy]
 
 TORCH_EXAMPLE = yaml.safe_load((ROOT / "examples" / "trainingjob-torch.yaml").read_text())
 TORCH_TRAINER = TORCH_EXAMPLE["spec"]["workload"]["command"]

@@ -27,7 +27,7 @@ from slicekeeper.supervisor.ports import free_port
 from tests.support.cli_runs import ROOT, run_cli
 from tests.support.example_runs import final_params, run_example
 
-pytestmark = [pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.timeout(900), pytest.mark.heavy]
 
 STEPS = 30
 INTERVAL = 10

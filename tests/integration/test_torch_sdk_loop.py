@@ -16,7 +16,7 @@ import pytest
 from tests.support.cli_runs import ROOT, processes_mentioning, read_report, run_cli, sdk_loop_job
 from tests.support.recovery_checks import problems
 
-pytestmark = [pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.heavy]
 
 STEPS = 40
 TORCH_LOOP = [sys.executable, str(ROOT / "examples" / "sdk_torch_loop.py")]

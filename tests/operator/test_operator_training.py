@@ -39,7 +39,7 @@ from tests.support.operator_harness import Kube, emulated_cluster, eventually, o
 from tests.support.pod_events import steps_ended, workload_events
 from tests.support.pod_launch import pod_processes
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.heavy]
 
 STARTUP = 180.0
 """Seconds for four JAX processes to start and compile on two shared cores."""

@@ -5,9 +5,7 @@ compare what two runs measured (the simulator predicting one run from another's 
 announced loss costing less badput than the same loss unannounced): each run must see the same load,
 which another worker's run would change. Such a test is marked `alone`; while it runs (its fixtures
 included), no other test does, and it waits for the tests under way to end. A test marked `heavy`
-(a run of several JAX or torch processes, the files of HEAVY_LANES) waits for one of HEAVY_AT_ONCE
-slots; `make test` hands the heavy files out as two lanes (`LaneScheduling`), each run by one
-worker from the start, so that the slots are seldom waited for.
+(a run of several JAX or torch processes) waits for one of HEAVY_AT_ONCE slots.
 
 The lock is a readers-writer lock over two `flock`ed files of the test run (shared by its workers):
 every test holds the gate while it takes its share, and an `alone` test holds the gate until it has
@@ -24,10 +22,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import pytest
-from xdist.scheduler import LoadFileScheduling
 
 MARK = "alone"
 HEAVY = "heavy"
@@ -97,40 +91,3 @@ def heavy_slot(heavy: bool, where: Path | None = None) -> Iterator[None]:
                     fcntl.flock(slot, fcntl.LOCK_UN)
                 return
             time.sleep(SLOT_WAIT_SECONDS)
-
-
-HEAVY_LANES = {
-    "tests/chaos/test_jax_recovery.py": "jax",
-    "tests/chaos/test_jax_leader_handover.py": "jax",
-    "tests/chaos/test_jax_policies.py": "jax",
-    "tests/operator/test_operator_training.py": "jax",
-    "tests/chaos/test_torch_recovery.py": "torch",
-    "tests/integration/test_torch_sdk_loop.py": "torch",
-    "tests/integration/test_checkpoint_formats.py": "torch",
-}
-"""The heavy test files (runs of several JAX or torch processes) and the lane each runs in: the two
-lanes take about the same time (about 700 and 600 s of test time beside other workers)."""
-
-
-def lane_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: its heavy lane, or its file."""
-    path = nodeid.split("::", 1)[0]
-    lane = HEAVY_LANES.get(path)
-    return f"heavy-{lane}" if lane is not None else path
-
-
-def arrange(items: list[Any]) -> None:
-    """Mark the heavy files' tests `heavy` and put them first: `LaneScheduling` (with
-    `--no-loadscope-reorder`) then hands each lane to one worker from the start, beside the other
-    lane and the light files on the third worker."""
-    for item in items:
-        if lane_of(item.nodeid).startswith("heavy-"):
-            item.add_marker(pytest.mark.heavy)
-    items.sort(key=lambda item: item.get_closest_marker(HEAVY) is None)
-
-
-class LaneScheduling(LoadFileScheduling):
-    """pytest-xdist's `--dist loadfile`, with each heavy lane one unit of work instead of its files."""
-
-    def _split_scope(self, nodeid: str) -> str:
-        return lane_of(nodeid)

@@ -100,13 +100,3 @@ def test_heavy_tests_run_two_at_once_and_a_third_waits_for_a_slot(tmp_path):
     assert most == alone.HEAVY_AT_ONCE  # the negative control: two did run at once
     first_end = min(log.index(("end", "heavy-0")), log.index(("end", "heavy-1")))
     assert log.index(("begin", "heavy-2")) > first_end
-
-
-def test_each_heavy_file_is_in_a_lane_and_every_other_file_is_its_own_unit():
-    root = Path(__file__).parents[2]
-    assert all((root / path).is_file() for path in alone.HEAVY_LANES)  # a renamed file would leave its lane
-    assert sorted(set(alone.HEAVY_LANES.values())) == ["jax", "torch"]
-    assert alone.lane_of("tests/chaos/test_jax_recovery.py::test_x[1]") == "heavy-jax"
-    assert alone.lane_of("tests/operator/test_operator_training.py::test_y") == "heavy-jax"
-    assert alone.lane_of("tests/chaos/test_torch_recovery.py::test_z") == "heavy-torch"
-    assert alone.lane_of("tests/unit/test_alone_turns.py::test_w") == "tests/unit/test_alone_turns.py"
