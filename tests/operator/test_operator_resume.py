@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from tests.support.cli_runs import EXAMPLE
+from tests.support.cluster_emulator import TRAININGJOBS
 from tests.support.example_runs import PERSISTENT_INTERVAL, STEPS, final_params, persistent_step
 from tests.support.fake_kubelet import V5P_16_LABELS, FakeTpuCluster
 from tests.support.operator_example import PROGRAMS_CLAIM, shared_claims
@@ -171,6 +172,8 @@ async def test_a_suspended_job_resumes_from_its_persistent_step_and_a_recreated_
         # A new run of the same TrainingJob (deleted, created again) continues from step SECOND.
         await kube.delete_job(NS, "tiny-lm")
         await no_pods_left(kube, cluster)
+        # Gone once the operator let go of it (its finalizer): created again before, it is a 409.
+        await eventually(lambda: not kube.emulator.live(TRAININGJOBS, NS), timeout=60, what="the job gone")
         await kube.apply(resumable_job(tmp_path, steps=STEPS))
         done = await finished(kube, cluster, "the re-created job finished")
         assert done["step"] == STEPS
