@@ -296,8 +296,8 @@ def become_supervisor(request: StartRequest, log: int) -> int:
     sys.argv = [module, *request.args]
     try:
         return int(getattr(importlib.import_module(module), function)(request.args))
-    except SystemExit as exit:
-        return exit.code if isinstance(exit.code, int) else 1
+    except SystemExit as exit:  # as the interpreter reads it: None is 0, a message 1
+        return exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
     except BaseException:
         traceback.print_exc()
         return 1

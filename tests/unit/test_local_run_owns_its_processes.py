@@ -13,6 +13,7 @@ import asyncio
 import io
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -142,18 +143,21 @@ def test_a_fork_server_lost_ends_the_run_and_its_supervisors(tmp_path, monkeypat
         for index in range(3):
             run.machines.processes.append(await forks.start([RUNNING], sys.stdout.fileno(), entry=STAND_IN))
             run.machines.names.append(f"host-{index}")
+        # Held through pidfds of our own: a pid freed by a death may be another program's by the check.
+        pidfds = [os.pidfd_open(process.pid) for process in run.machines.processes]
         hosts = [asyncio.create_task(process.wait()) for process in run.machines.processes]
         os.kill(forks.pid, signal.SIGKILL)
         try:
-            return await asyncio.wait_for(run.machines.hosts_ended(hosts), timeout=30), [
-                p.pid for p in run.machines.processes
-            ]
+            return await asyncio.wait_for(run.machines.hosts_ended(hosts), timeout=30), pidfds
         finally:
             await forks.close()
 
-    codes, pids = asyncio.run(hosts_ending())
+    codes, pidfds = asyncio.run(hosts_ending())
     assert codes == [SERVER_GONE] * 3, codes
-    assert all(gone(pid) for pid in pids)  # they died with it (PDEATHSIG)
+    # They died with it (PDEATHSIG): a pidfd is readable once its process has exited.
+    assert all(select.select([pidfd], [], [], 5.0)[0] for pidfd in pidfds)
+    for pidfd in pidfds:
+        os.close(pidfd)
 
 
 def test_what_a_supervisor_left_in_its_process_group_ends_with_it(tmp_path):
