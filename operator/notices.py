@@ -17,8 +17,9 @@ will get). A termination taint wins over the label: it is the sooner loss. When 
 says anything (the maintenance was rescheduled away, the autoscaler changed its mind) the annotation
 is removed: a notice that is gone is withdrawn.
 
-Pure: `node_signal` reads a node, `notice_change` decides one pod's write; operator/pod_actions.py
-applies them, through operator/cluster.py.
+Pure: `node_signal` reads a node, `notice_change` decides one pod's write, `NoticesWritten` keeps
+what the operator wrote until its pod watch shows it; operator/pod_actions.py applies them, through
+operator/cluster.py.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ TERMINATION_TAINTS = ("cloud.google.com/impending-node-termination", "ToBeDelete
 """Taints on a node that is being terminated now (GKE), or deleted (the cluster autoscaler)."""
 DEFAULT_GRACE_SECONDS = 30
 """Kubernetes' own default terminationGracePeriodSeconds, for a pod that does not say."""
+WATCH_CATCH_UP_SECONDS = 60.0
+"""How long the operator trusts its own notice write over its pod watch's older view of the pod: a
+watch later than that (or someone else's write in between) costs one write again, no more."""
 
 
 class NoticeKind(StrEnum):
@@ -119,3 +123,36 @@ def announcement(signal: NodeSignal | None, previous: NodeSignal | None) -> str:
     if signal is None:
         return f"no longer announces a loss ({previous.source if previous else 'nothing before'})"
     return f"announces a {signal.kind.value} ({signal.source})"
+
+
+class NoticesWritten:
+    """The notices the operator wrote whose pod events its watch has not delivered yet.
+
+    The operator decides from its pod store, which hears of the operator's own writes only through the
+    watch: until then, a job's timer or another event of the node would find the pod without the
+    notice just put on it (or with the one just taken off) and write it again (seen on a loaded
+    machine; tests/operator/test_operator_notices.py makes the watch lag on purpose). A write is
+    remembered by pod uid until the store shows it or WATCH_CATCH_UP_SECONDS pass. Not thread-safe:
+    the caller holds its lock across the read, the decision and the write."""
+
+    def __init__(self) -> None:
+        self._written: dict[str, tuple[str | None, float]] = {}
+        """Pod uid -> (the annotation written, None: removed; when it stops being trusted)."""
+
+    def current(self, uid: str, seen: str | None, *, now: float) -> str | None:
+        """The pod's notice annotation as the operator knows it: its own write, until the store's
+        view `seen` shows that write (or it expires); else `seen`."""
+        written = self._written.get(uid)
+        if written is None:
+            return seen
+        value, until = written
+        if value == seen or now >= until:
+            del self._written[uid]
+            return seen
+        return value
+
+    def wrote(self, uid: str, value: str | None, *, now: float) -> None:
+        """The operator put `value` on pod `uid` (None: took its notice off)."""
+        self._written[uid] = (value, now + WATCH_CATCH_UP_SECONDS)
+        for stale in [key for key, (_, until) in self._written.items() if now >= until]:
+            del self._written[stale]

@@ -38,7 +38,13 @@ from slicekeeper.operator.image_check import unusable_image
 from slicekeeper.operator.job_bodies import job_of_body, where
 from slicekeeper.operator.job_status import condition, with_condition
 from slicekeeper.operator.log_summary import JobActivity
-from slicekeeper.operator.notices import DEFAULT_GRACE_SECONDS, NOTICE_ANNOTATION, NodeSignal, notice_change
+from slicekeeper.operator.notices import (
+    DEFAULT_GRACE_SECONDS,
+    NOTICE_ANNOTATION,
+    NodeSignal,
+    NoticesWritten,
+    notice_change,
+)
 from slicekeeper.operator.pod_store import JobKey, PodStore
 from slicekeeper.operator.render import LABEL_JOB, LABEL_SLICE, render
 from slicekeeper.operator.replacements import Plan, Replacements
@@ -68,6 +74,9 @@ class PodActions:
         self._failed: set[str | None] = set()
         """The uids of the jobs this operator marked Failed."""
         self._failing = threading.Lock()
+        self._notices = NoticesWritten()
+        self._noticing = threading.Lock()
+        """Held across a notice's read, decision and write: the timers and the node events race."""
 
     def action(self, owner: kopf.Body, pod: dict[str, Any]) -> Callable[[], None] | None:
         """What one of the job's pods, as it is now, asks of the operator (None: nothing): fail the
@@ -154,18 +163,29 @@ class PodActions:
         return {part: (all_seen or signal is not None, signal) for part, (all_seen, signal) in found.items()}
 
     def give_notice(self, pod: dict[str, Any], signal: NodeSignal | None) -> None:
-        """Put the notice of `signal` on the pod (or take its notice off: None), unless it says so."""
-        metadata = pod["metadata"]
-        grace = pod["spec"].get("terminationGracePeriodSeconds")
-        change = notice_change(
-            signal,
-            (metadata.get("annotations") or {}).get(NOTICE_ANNOTATION),
-            grace_seconds=DEFAULT_GRACE_SECONDS if grace is None else grace,
-            now=time.time(),
-        )
-        if change is None:
-            return
-        self.cluster.annotate_pod(metadata["namespace"], metadata["name"], {NOTICE_ANNOTATION: change.value})
+        """Put the notice of `signal` on the pod (or take its notice off: None), unless it says so.
+        `pod` may be an older summary than the store's: the store's latest is read, and the
+        operator's own writes its watch has not shown yet count as the pod's (`NoticesWritten`)."""
+        with self._noticing:
+            latest = self.store.latest(pod)
+            if latest is None:
+                return  # (gone since)
+            metadata = latest["metadata"]
+            now = time.time()
+            seen = (metadata.get("annotations") or {}).get(NOTICE_ANNOTATION)
+            grace = latest["spec"].get("terminationGracePeriodSeconds")
+            change = notice_change(
+                signal,
+                self._notices.current(metadata["uid"], seen, now=now),
+                grace_seconds=DEFAULT_GRACE_SECONDS if grace is None else grace,
+                now=now,
+            )
+            if change is None:
+                return
+            if self.cluster.annotate_pod(
+                metadata["namespace"], metadata["name"], {NOTICE_ANNOTATION: change.value}
+            ):
+                self._notices.wrote(metadata["uid"], change.value, now=now)
         self.activity.note(job_of(pod), "notices given" if change.value else "notices withdrawn")
         logger.debug(
             "pod %s/%s: notice %s", metadata["namespace"], metadata["name"], change.value or "withdrawn"

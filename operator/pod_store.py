@@ -179,6 +179,14 @@ class PodStore:
         with self._lock:
             return list(self._by_job.get((namespace, job), {}).values())
 
+    def latest(self, pod: PodSummary) -> PodSummary | None:
+        """The store's latest summary of the pod `pod` summarizes (the same uid); None once gone."""
+        metadata = pod["metadata"]
+        key = (metadata["namespace"], metadata["labels"].get(LABEL_JOB))
+        with self._lock:
+            stored = self._by_job.get(key, {}).get(metadata["name"])
+        return stored if stored is not None and stored["metadata"]["uid"] == metadata["uid"] else None
+
     def forget_job(self, namespace: str, job: str) -> None:
         """The job is gone: drop its pods."""
         key = (namespace, job)

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytest
+from slicekeeper.operator.pod_store import PodStore
 
 from slicekeeper import protocol
 from tests.support.operator_example import NAMES, NS, example
@@ -120,3 +121,33 @@ async def test_a_host_event_on_one_vm_of_a_slice_reaches_every_pod_of_that_slice
         assert sorted(held) == [n for n in NAMES if "-s1-" in n]
         await asyncio.sleep(SETTLE_SECONDS)
         assert sorted(notices(kube)) == [n for n in NAMES if "-s1-" in n]  # none on slice 0's pods
+
+
+async def test_a_notice_is_written_once_though_the_operators_pod_watch_lags_behind_its_own_writes(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The operator decides from its own pod store, which hears of the operator's own writes only
+    through its watch. Here every pod event with a notice reaches the store 1 s late (as under a
+    loaded machine or API server): the jobs' timers (every 0.5 s) and the node's events meanwhile see
+    no notice on the pods, and must not write it again."""
+    observe = PodStore.observe
+
+    def late(store: PodStore, event_type: str, pod: dict[str, Any]) -> None:
+        time.sleep(1.0 if protocol.ANNOTATION_NOTICE in (pod["metadata"].get("annotations") or {}) else 0)
+        observe(store, event_type, pod)
+
+    monkeypatch.setattr(PodStore, "observe", late)
+    async with emulated_cluster() as kube, operator(kube):
+        await kube.apply(example())
+        await eventually(lambda: len(kube.pods(NS)) == 4, what="4 pods")
+        await place_slices(kube)
+        written = pod_writes(kube)
+        await kube.put_node({"metadata": {"name": "tpu-b", "labels": {MAINTENANCE_LABEL: "1767225600"}}})
+        await eventually(lambda: len(notices(kube)) == 2, what="slice 1's notices")
+        await kube.put_node({"metadata": {"name": "tpu-b", "labels": {"checked": "yes"}}})
+        await asyncio.sleep(SETTLE_SECONDS + 2.0)
+        assert pod_writes(kube) - written == 2  # one notice on each of slice 1's pods
+        await kube.put_node({"metadata": {"name": "tpu-b", "labels": {MAINTENANCE_LABEL: None}}})
+        await eventually(lambda: notices(kube) == {}, what="the notices withdrawn")
+        await asyncio.sleep(SETTLE_SECONDS + 2.0)
+        assert pod_writes(kube) - written == 4  # and one withdrawal of each

@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 from slicekeeper.operator.notices import (
     MAINTENANCE_TIME_LABEL,
+    WATCH_CATCH_UP_SECONDS,
     NodeSignal,
     NoticeChange,
     NoticeKind,
+    NoticesWritten,
     node_signal,
     notice_change,
 )
@@ -164,3 +166,34 @@ def test_a_replacement_is_kept_off_the_nodes_that_announce_a_loss_but_does_not_r
     assert plain["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ][0]["matchExpressions"][0]["values"] == ["tpu-b"]
+
+
+# --- the operator's own writes, until its watch shows them -----------------------------------------
+
+
+def test_a_written_notice_counts_until_the_watch_shows_it_then_the_watch_does():
+    written = NoticesWritten()
+    written.wrote("uid-1", '{"kind": "maintenance"}', now=100.0)
+    assert written.current("uid-1", None, now=101.0) == '{"kind": "maintenance"}'  # the watch is late
+    assert written.current("uid-2", None, now=101.0) is None  # another pod: its own view
+    assert written.current("uid-1", '{"kind": "maintenance"}', now=102.0) == '{"kind": "maintenance"}'
+    # Caught up: from now on the watch says, a later change of anyone's included.
+    assert written.current("uid-1", None, now=103.0) is None
+
+
+def test_a_withdrawal_counts_until_the_watch_shows_it():
+    written = NoticesWritten()
+    written.wrote("uid-1", None, now=100.0)
+    assert written.current("uid-1", '{"kind": "maintenance"}', now=101.0) is None
+    assert written.current("uid-1", None, now=102.0) is None
+    assert written.current("uid-1", '{"kind": "preemption"}', now=103.0) == '{"kind": "preemption"}'
+
+
+def test_a_write_the_watch_never_shows_is_trusted_for_a_while_only():
+    written = NoticesWritten()
+    written.wrote("uid-1", "mine", now=100.0)
+    assert written.current("uid-1", "theirs", now=100.0 + WATCH_CATCH_UP_SECONDS - 1) == "mine"
+    assert written.current("uid-1", "theirs", now=100.0 + WATCH_CATCH_UP_SECONDS) == "theirs"
+    written.wrote("uid-2", "mine", now=100.0)
+    written.wrote("uid-3", "mine", now=100.0 + WATCH_CATCH_UP_SECONDS)  # forgets uid-2's
+    assert written.current("uid-2", None, now=100.0) is None
