@@ -68,11 +68,10 @@ dashboards: install
 	$(BIN)/python -m slicekeeper.dashboards charts/slicekeeper/dashboards
 
 # Three pytest-xdist workers (one more than this machine's cores: a run's waits leave room for a
-# third), each file on one worker, the files with an `alone` test first, then the most tests first
-# (tests/support/alone.py, `alone_files_first`); at most two `heavy` tests at once.
-# `make test TEST_WORKERS=0` runs it in one pytest process (docs/testing.md).
+# third), each file on one worker, in pytest-xdist's order; at most two `heavy` tests at once
+# (tests/support/alone.py). `make test TEST_WORKERS=0` runs it in one pytest process (docs/testing.md).
 TEST_WORKERS ?= 3
-XDIST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+XDIST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: lint typecheck layers system-tools
 	$(BIN)/pytest --durations=25 $(XDIST_ARGS) $(PYTEST_ARGS)
 

@@ -87,7 +87,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items[:] = [items[i] for i in alone.alone_files_first(items)]  # (make test: --no-loadscope-reorder)
     with_e2e = config.getoption("--with-e2e") and os.environ.get("KUBECONFIG")
     for item in items:
         if "e2e" in item.keywords and not with_e2e:

@@ -11,10 +11,6 @@ The lock is a readers-writer lock over two `flock`ed files of the test run (shar
 every test holds the gate while it takes its share, and an `alone` test holds the gate until it has
 the whole, so that tests starting meanwhile wait behind it instead of starving it. Without workers
 (one pytest process) there is nothing to wait for, and no lock is taken.
-
-Each `alone` test first waits for the tests under way to end (the other workers idle meanwhile, up
-to a minute and a half behind a JAX acceptance run), so the files with one are handed out first
-(`alone_files_first`, with `--no-loadscope-reorder`): at the start the tests under way are short.
 """
 
 from __future__ import annotations
@@ -24,9 +20,8 @@ import fcntl
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
 
 MARK = "alone"
 HEAVY = "heavy"
@@ -96,23 +91,3 @@ def heavy_slot(heavy: bool, where: Path | None = None) -> Iterator[None]:
                     fcntl.flock(slot, fcntl.LOCK_UN)
                 return
             time.sleep(SLOT_WAIT_SECONDS)
-
-
-class _Item(Protocol):
-    """What the ordering reads of a pytest item."""
-
-    nodeid: str
-
-    def get_closest_marker(self, name: str) -> object | None: ...
-
-
-def alone_files_first(items: Sequence[_Item]) -> list[int]:
-    """The order to run `items` in (their indexes): by file, the files with an `alone` test first,
-    then the others by their number of tests, most first (pytest-xdist's own `loadfile` order, which
-    `--no-loadscope-reorder` turns off so that this one holds); ties in collection order."""
-    files: dict[str, list[int]] = {}
-    for index, item in enumerate(items):
-        files.setdefault(item.nodeid.split("::")[0], []).append(index)
-    alone = {f for f, indexes in files.items() if any(items[i].get_closest_marker(MARK) for i in indexes)}
-    ordered = sorted(files, key=lambda f: (f not in alone, -len(files[f])))  # (stable: ties as collected)
-    return [index for f in ordered for index in files[f]]

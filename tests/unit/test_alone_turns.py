@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -101,34 +100,3 @@ def test_heavy_tests_run_two_at_once_and_a_third_waits_for_a_slot(tmp_path):
     assert most == alone.HEAVY_AT_ONCE  # the negative control: two did run at once
     first_end = min(log.index(("end", "heavy-0")), log.index(("end", "heavy-1")))
     assert log.index(("begin", "heavy-2")) > first_end
-
-
-@dataclass
-class FakeItem:
-    nodeid: str
-    marks: tuple[str, ...] = ()
-
-    def get_closest_marker(self, name: str) -> object | None:
-        return name if name in self.marks else None
-
-
-def test_files_with_an_alone_test_come_first_then_the_most_tests_first_each_file_whole():
-    items = [
-        FakeItem("a.py::one"),
-        FakeItem("b.py::one"),
-        FakeItem("b.py::two"),
-        FakeItem("c.py::one"),
-        FakeItem("d.py::one"),
-        FakeItem("d.py::two", (alone.MARK,)),
-        FakeItem("b.py::three"),
-    ]
-    order = [items[i].nodeid for i in alone.alone_files_first(items)]
-    assert order == [
-        "d.py::one",
-        "d.py::two",
-        "b.py::one",
-        "b.py::two",
-        "b.py::three",
-        "a.py::one",
-        "c.py::one",
-    ]
