@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import math
 import random
 import time
 import uuid
@@ -132,8 +133,9 @@ class _DirectDispatch(RawHandler):  # type: ignore[misc]
 
 @dataclasses.dataclass
 class Trouble:
-    """An API server in trouble until `until` (monotonic): each request (but watches and the test's
-    own) waits a latency drawn from `latency`, then a share `throttled` of them is answered 429 with
+    """An API server in trouble until `until` (monotonic; with `lasts` and `until` infinite, for that
+    many seconds from its first troubled request): each request (but watches and the test's own)
+    waits a latency drawn from `latency`, then a share `throttled` of them is answered 429 with
     `Retry-After: retry_after`, a share `failed` 500, before anything is committed."""
 
     until: float
@@ -144,6 +146,9 @@ class Trouble:
     random: random.Random = dataclasses.field(default_factory=lambda: random.Random(0))
     affects: Callable[[rendering.Request], bool] | None = None
     """Which requests are troubled (None: every one but watches and the test's own)."""
+    lasts: float | None = None
+    """Set: the stretch begins at its first troubled request, whenever a loaded machine lets the
+    client send it, and `until` is set then."""
     requests: list[tuple[float, str, str, int]] = dataclasses.field(default_factory=list)
     """(time, method, path, status: 0 served) of each troubled request."""
 
@@ -224,6 +229,8 @@ class ClusterEmulator(WatchesAndLists, KubernetesEmulator, _DirectDispatch):  # 
         watch = request.params.get("watch") in ("true", "1")
         if not trouble.affects(request) if trouble.affects else agent.startswith("Python/") or watch:
             return None
+        if trouble.lasts is not None and trouble.until == math.inf:  # its first troubled request
+            trouble.until = time.monotonic() + trouble.lasts
         await asyncio.sleep(trouble.random.uniform(*trouble.latency))
         roll = trouble.random.random()
         status = 429 if roll < trouble.throttled else 500 if roll < trouble.throttled + trouble.failed else 0
