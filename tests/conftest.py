@@ -6,6 +6,7 @@ keeps its run directory for the user to read, and hundreds of test runs must not
 
 Each test's pytest timeout is handed to tests.support.cli_runs, which fits every CLI run inside it,
 and a test whose CLI runs left processes alive fails (they are killed): see tests/support/cli_runs.py.
+The suite's JAX programs compile at XLA's cheapest optimization: tests/support/xla_flags.py.
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ from typing import Any
 
 import pytest
 
-from tests.support import alone, cli_runs
+from tests.support import alone, cli_runs, xla_flags
 from tests.support.example_runs import clean_run
 from tests.support.shared_runs import once_per_run
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before any test starts JAX or a job: every compile at XLA's cheapest (tests/support/xla_flags.py).
+    xla_flags.use_cheap_compile()
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -29,6 +29,7 @@ from tests.support.fake_kubelet import V5P_16_LABELS, FakeTpuCluster
 from tests.support.operator_example import PROGRAMS_CLAIM, shared_claims
 from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
 from tests.support.pod_events import steps_ended
+from tests.support.xla_flags import with_cheap_compile
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -64,7 +65,7 @@ def resumable_job(where: Path, steps: int) -> dict[str, Any]:
     spec["workload"]["args"] = ["--seed", "0", "--final-params", str(where / "params.npz")]
     spec["workload"]["env"] = [
         {"name": "JAX_PLATFORMS", "value": "cpu"},
-        {"name": "XLA_FLAGS", "value": "--xla_force_host_platform_device_count=2"},
+        {"name": "XLA_FLAGS", "value": with_cheap_compile("--xla_force_host_platform_device_count=2")},
     ]
     spec["workload"]["compilationCache"] = {"claimName": PROGRAMS_CLAIM}  # three starts, one compile
     spec["checkpoint"]["persistent"] = {

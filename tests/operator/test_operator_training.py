@@ -38,6 +38,7 @@ from tests.support.operator_example import EXAMPLE, NS
 from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
 from tests.support.pod_events import steps_ended, workload_events
 from tests.support.pod_launch import pod_processes
+from tests.support.xla_flags import with_cheap_compile
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.heavy]
 
@@ -62,7 +63,7 @@ def training_job(tmp: Path, steps: int) -> dict[str, Any]:
     spec["workload"]["steps"] = steps
     spec["workload"]["env"] = [
         {"name": "JAX_PLATFORMS", "value": "cpu"},
-        {"name": "XLA_FLAGS", "value": "--xla_force_host_platform_device_count=2"},
+        {"name": "XLA_FLAGS", "value": with_cheap_compile("--xla_force_host_platform_device_count=2")},
     ]
     spec["checkpoint"]["persistent"]["uri"] = str(tmp / "persistent")  # shared storage, as GCS is
     spec["health"]["replacementTimeoutSeconds"] = 10

@@ -25,6 +25,8 @@ import numpy as np
 import pytest
 from slicekeeper.workload.reference.model import ChunkPlan
 
+from tests.support.xla_flags import with_cheap_compile
+
 ROOT = Path(__file__).parents[2]
 FULL_HOSTS = 4
 STEPS = 8
@@ -171,7 +173,7 @@ def runs(tmp_path_factory):
     env = {
         **os.environ,
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "XLA_FLAGS": with_cheap_compile("--xla_force_host_platform_device_count=8"),
     }
     names = [FULL, f"{FULL}-again", f"1x2x2-of-{FULL_HOSTS}", "3x2x1-of-6", "2x2x1-of-6", "1x2x1-of-6"]
     result = subprocess.run(
