@@ -17,10 +17,11 @@ pydantic here would make the simulation, not the leader, the bottleneck.
 
 The benchmark's driver (control_plane_scale.py) runs a few of these processes and talks to each over
 its stdin/stdout, one JSON object per line:
-- in: {"do": "fault", "host": H, "kind": "crash"|"hang"}, {"do": "behind", "host": H} (that host
-  says it is a step behind when asked where it is), {"do": "lose", "host": H} (its connection cut,
-  never back: its machine is gone), {"do": "journals", "path": P} (the first and last journal of each
-  term held here, written to P), {"do": "stats"}, {"do": "quit"};
+- in: {"do": "fault", "host": H, "kind": "crash"|"hang"}, {"do": "behind", "host": H} (asked
+  where it is, that host says it is in its own work of the step, its workload process stopped: a
+  hang the leader names at once, as the chaos's SIGSTOP makes it), {"do": "lose", "host": H} (its
+  connection cut, never back: its machine is gone), {"do": "journals", "path": P} (the first and
+  last journal of each term held here, written to P), {"do": "stats"}, {"do": "quit"};
 - out: {"stats": {...}}
   (per generation and term: when the process's hosts got their stop and start, the journal bytes
   each journal `seq` cost, counts that must match: see `Stats`).
@@ -262,6 +263,7 @@ class SimulatedHost:
                         "stage": "begun" if self.behind else "work_done",
                         "phase": "idle",
                         "silent_seconds": 0.0,
+                        "process": "stopped" if self.behind else "running",
                     }
                 )
             elif kind in ("shutdown", "fail"):

@@ -7,9 +7,9 @@ acknowledgements, activity answers, journals kept, re-registration after a hand-
 
 - steady state: the leader's CPU time (from /proc) over `--window` seconds of training, per host-step
   and as a share of one core (`leader_cpu_share`);
-- the hang culprit (`culprit_s`): a host reports a hang, another says it is a step behind: from the
-  report to the last host's stop (the leader asked every host where it is, named the culprit, the
-  policy decided, every host was told to stop);
+- the hang culprit (`culprit_s`): a host reports a hang, another says it is behind, its workload
+  process stopped: from the report to the last host's stop (the leader asked every host where it
+  is, named the culprit, the policy decided, every host was told to stop);
 - restart rounds (`restart_round_s`, `--rounds` per run): a host reports a crash -> every host told
   to stop -> every stop acknowledged -> every host told to start: from the report to the last host's
   start; each host must be stopped and started exactly once per round;

@@ -13,8 +13,10 @@ work counts it), never leaving it stopped with nothing to start it again.
 
 A hang is put down to the host that stopped, not to the first host whose timer fired: the leader
 asks every member where its workload is and names the one furthest behind (supervisor.signals.culprit).
-When no host stands out, it asks again one allowance later and restarts the job only if no host
-moved meanwhile: a job only slower than its hang allowance is not restarted.
+A host whose workload is stopped or gone, or whose supervisor does not answer, is restarted for at
+once. Otherwise it asks again one allowance later and restarts the job only if the host named for
+being behind did not move meanwhile, or, when no host stood out, no host moved: a host only starved
+of CPU, or a job only slower than its hang allowance, is not restarted.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from slicekeeper.supervisor.leader.restart_events import (
     StandIn,
 )
 from slicekeeper.supervisor.leader.restart_state import DECIDING, WAITING, JobState
-from slicekeeper.supervisor.signals.culprit import GONE, Activity, moved, name_culprit
+from slicekeeper.supervisor.signals.culprit import GONE, Activity, Evidence, moved, name_culprit
 
 from slicekeeper import policy
 from slicekeeper.chaos import ChaosKind
@@ -60,9 +62,10 @@ ACTIVITY_REPLY_SECONDS = 2.0
 one that does not answer in time is taken for the host that stopped."""
 
 HANG_CONFIRM_MAX_SECONDS = 30.0
-"""When no host stands out at a hang report, every member is asked again one allowance later (the
+"""When no host is halted at a hang report, every member is asked again one allowance later (the
 reporter's silence, at least ACTIVITY_REPLY_SECONDS, at most this many seconds) and the job restarts
-only if no host moved in between: a job only slower than its allowance has moved on by then."""
+only if the host furthest behind (or, with none behind, every host) did not move in between: a host
+starved of CPU, or a job only slower than its allowance, has moved on by then."""
 
 
 class Remediation:
@@ -123,8 +126,10 @@ class Remediation:
 
     async def _hang_culprit(self, report: messages.Fault) -> tuple[int, messages.Fault] | None:
         """Ask every member where its workload is and name the host that stopped (supervisor.signals.culprit);
-        returns it with the report's detail saying who noticed and why that host. When no host stands
-        out, ask again one allowance later: None when a host moved meanwhile (the job was only slow)."""
+        returns it with the report's detail saying who noticed and why that host. Unless the culprit
+        is halted (its process stopped or gone, its supervisor silent), ask again one allowance later:
+        None when the host named for being behind moved meanwhile, or, with no host standing out, when
+        any host did (the job was only slow)."""
         generation = self.context.memory.generation
         try:
             asked_at = time.monotonic()
@@ -132,14 +137,16 @@ class Remediation:
             culprit = name_culprit(answers, report.host)
             latest = answers
             confirmed = ""
-            if not culprit.certain and answers:
+            if culprit.evidence is not Evidence.HALTED and answers:
                 wait = max(ACTIVITY_REPLY_SECONDS, report.silent_seconds or 0.0)
                 await asyncio.sleep(min(wait, HANG_CONFIRM_MAX_SECONDS))
                 if not self._running(generation):
                     return None
                 elapsed = time.monotonic() - asked_at
                 again = await self._where_they_are()
-                if went_on := moved(answers, again, elapsed):
+                behind = culprit.evidence is Evidence.BEHIND  # else: no host stands out, watch them all
+                watched = {culprit.host: answers[culprit.host]} if behind else answers
+                if went_on := moved(watched, again, elapsed):
                     hosts = ", ".join(str(h) for h in went_on)
                     await self.context.members.event(
                         f"hang reported by host {report.host} not confirmed: host(s) {hosts} went on "
@@ -147,9 +154,10 @@ class Remediation:
                         host=report.host,
                     )
                     return None
+                still = f"host {culprit.host} did not move" if behind else "no host went on"
                 culprit = name_culprit(again, report.host)
                 latest = again
-                confirmed = f"; no host went on in {elapsed:.1f} s"
+                confirmed = f"; {still} in {elapsed:.1f} s"
         finally:
             self._activities = None
         noticed = f"noticed by host {report.host}" if culprit.host != report.host else "noticed by itself"

@@ -15,6 +15,7 @@ import pytest
 from slicekeeper.supervisor.signals.culprit import (
     Activity,
     ActivityTracker,
+    Evidence,
     Stage,
     name_culprit,
     process_state,
@@ -31,7 +32,7 @@ def test_the_host_still_in_its_own_work_is_named_while_the_others_wait_for_it(st
     activities[stopped] = at(41, Stage.BEGUN, silent=2.15)
     reporter = (stopped + 1) % 4
     culprit = name_culprit(activities, reporter)
-    assert (culprit.host, culprit.certain) == (stopped, True)
+    assert (culprit.host, culprit.evidence) == (stopped, Evidence.BEHIND)
     assert culprit.reason.startswith(f"host {stopped} is in its own work of step 41")
     assert "the others are waiting for the other hosts in step 41" in culprit.reason
 
@@ -50,12 +51,13 @@ def test_a_host_stopped_between_steps_is_named_while_the_others_began_the_next()
 def test_a_host_whose_supervisor_does_not_answer_is_named():
     culprit = name_culprit({0: at(41, Stage.WORK_DONE), 1: at(41, Stage.BEGUN), 2: None}, reporter=0)
     assert (culprit.host, culprit.reason) == (2, "the supervisor of host 2 did not answer")
+    assert culprit.evidence is Evidence.HALTED
 
 
 def test_with_every_host_at_the_same_stage_the_reporter_is_named_and_the_reason_says_why():
     activities = {h: at(41, Stage.WORK_DONE, silent=2.0 + h) for h in range(4)}
     culprit = name_culprit(activities, reporter=2)
-    assert (culprit.host, culprit.certain) == (2, False)
+    assert (culprit.host, culprit.evidence) == (2, Evidence.NONE)
     assert culprit.reason == "no host stands out: every host is waiting for the other hosts in step 41"
 
 
@@ -98,7 +100,7 @@ def test_a_host_stopped_inside_the_collective_is_named_by_its_process(stopped):
     activities = {h: at(41, Stage.WORK_DONE) for h in range(4)}
     activities[stopped] = Activity(41, Stage.WORK_DONE, "idle", 2.0, process="stopped")
     culprit = name_culprit(activities, reporter=(stopped + 1) % 4)
-    assert (culprit.host, culprit.certain) == (stopped, True)
+    assert (culprit.host, culprit.evidence) == (stopped, Evidence.HALTED)
     where = f"host {stopped} is waiting for the other hosts in step 41, silent 2.0 s"
     assert culprit.reason.startswith(f"{where}, its workload process stopped")
 
@@ -106,13 +108,13 @@ def test_a_host_stopped_inside_the_collective_is_named_by_its_process(stopped):
 def test_negative_control_without_the_process_no_host_stands_out():
     activities = {h: at(41, Stage.WORK_DONE) for h in range(4)}
     culprit = name_culprit(activities, reporter=1)
-    assert (culprit.host, culprit.certain) == (1, False)
+    assert (culprit.host, culprit.evidence) == (1, Evidence.NONE)
 
 
 def test_every_workload_gone_names_nobody_by_its_process():
     """All gone (the job is being torn down): no evidence against one host."""
     activities = {h: Activity(41, Stage.WORK_DONE, "idle", 2.0, process="gone") for h in range(3)}
-    assert name_culprit(activities, reporter=1).certain is False
+    assert name_culprit(activities, reporter=1).evidence is Evidence.NONE
 
 
 def test_the_state_of_a_process_is_read_from_proc():
