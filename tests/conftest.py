@@ -53,11 +53,22 @@ def _cli_runs_end_with_their_test() -> Iterator[None]:
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Each test, its fixtures' set-up and tear-down included, in its turn: alone on the machine when
-    marked `alone`, beside at most one other `heavy` test when marked `heavy` (tests/support/alone.py).
+    marked `alone` (with the alone tests right after it: one wait for the machine to empty), beside
+    at most one other `heavy` test when marked `heavy` (tests/support/alone.py).
     The outermost wrapper: the wait for a turn is not part of the test's timeout."""
     heavy = item.get_closest_marker(alone.HEAVY) is not None
-    with alone.heavy_slot(heavy), alone.turn(item.get_closest_marker(alone.MARK) is not None):
+    is_alone = item.get_closest_marker(alone.MARK) is not None
+    next_is_alone = nextitem is not None and nextitem.get_closest_marker(alone.MARK) is not None
+    with alone.heavy_slot(heavy), _TURNS.test(is_alone, next_is_alone):
         return (yield)
+
+
+_TURNS = alone.Turns()
+"""This process's turns: consecutive `alone` tests share one (tests/support/alone.py)."""
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _TURNS.end()
 
 
 @pytest.hookimpl(optionalhook=True)

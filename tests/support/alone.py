@@ -4,7 +4,8 @@
 compare what two runs measured (the simulator predicting one run from another's recovery costs, an
 announced loss costing less badput than the same loss unannounced): each run must see the same load,
 which another worker's run would change. Such a test is marked `alone`; while it runs (its fixtures
-included), no other test does, and it waits for the tests under way to end. A test marked `heavy`
+included), no other test does, and it waits for the tests under way to end (consecutive alone tests
+of a worker share that wait: `Turns`). A test marked `heavy`
 (a run of several JAX or torch processes) waits for one of HEAVY_AT_ONCE slots.
 
 The lock is a readers-writer lock over two `flock`ed files of the test run (shared by its workers):
@@ -67,6 +68,42 @@ def turn(alone: bool, where: Path | None = None) -> Iterator[None]:
             fcntl.flock(machine, fcntl.LOCK_UN)
             if alone:
                 fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+class Turns:
+    """One worker's turns, test after test: consecutive `alone` tests (the tests of one file marked
+    `alone`, which pytest-xdist's `--dist loadfile` hands to one worker in a row) share one turn. Each
+    alone turn first waits for every test under way to end, the other workers idle meanwhile; one
+    wait a file, not one a test."""
+
+    def __init__(self, where: Path | None = None) -> None:
+        self._where = where
+        self._alone: contextlib.ExitStack | None = None
+        """The alone turn held over from the previous test (None: none is)."""
+
+    @contextlib.contextmanager
+    def test(self, is_alone: bool, next_is_alone: bool) -> Iterator[None]:
+        """Hold this test's turn; an alone one is kept for the next test when that one is alone too."""
+        if not is_alone:
+            self.end()
+            with turn(False, self._where):
+                yield
+            return
+        if self._alone is None:
+            held = contextlib.ExitStack()
+            held.enter_context(turn(True, self._where))
+            self._alone = held
+        try:
+            yield
+        finally:
+            if not next_is_alone:
+                self.end()
+
+    def end(self) -> None:
+        """Give back an alone turn held over (at the end of the stretch, or of the session)."""
+        if self._alone is not None:
+            held, self._alone = self._alone, None
+            held.close()
 
 
 @contextlib.contextmanager

@@ -100,3 +100,29 @@ def test_heavy_tests_run_two_at_once_and_a_third_waits_for_a_slot(tmp_path):
     assert most == alone.HEAVY_AT_ONCE  # the negative control: two did run at once
     first_end = min(log.index(("end", "heavy-0")), log.index(("end", "heavy-1")))
     assert log.index(("begin", "heavy-2")) > first_end
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["one-turn-for-the-stretch", "a-turn-a-test"])
+def test_consecutive_alone_tests_of_a_worker_share_one_turn(tmp_path, shared):
+    """A worker runs two alone tests in a row (one file's) while another worker's test waits to start:
+    it starts after both, not between them (each alone turn waits for the machine to empty, so a turn
+    a test would drain it twice). The negative control takes a turn a test: the other slips between."""
+    log: list[tuple[str, str]] = []
+
+    def worker() -> None:
+        turns = alone.Turns(tmp_path)
+        for name, next_is_alone in (("alone-1", shared), ("alone-2", False)):
+            with turns.test(True, next_is_alone):
+                log.append(("begin", name))
+                time.sleep(HOLD)
+                log.append(("end", name))
+            time.sleep(0.05)  # between two tests: pytest's own work
+
+    first = threading.Thread(target=worker)
+    first.start()
+    time.sleep(0.05)  # alone-1 holds the machine
+    other = _start(tmp_path, "other", False, log)
+    first.join(), other.join()
+    begins = [name for what, name in log if what == "begin"]
+    assert begins == (["alone-1", "alone-2", "other"] if shared else ["alone-1", "other", "alone-2"])
+    assert _overlapping(log) == set()
