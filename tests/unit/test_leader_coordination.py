@@ -6,7 +6,7 @@ Every test drives a real Leader over TCP on 127.0.0.1 with fake members speaking
 """
 
 import pytest
-from slicekeeper.supervisor.leader import Leader
+from slicekeeper.supervisor.leader import Leader, remediation
 from slicekeeper.supervisor.leader.restart_state import JobState
 from slicekeeper.supervisor.leader.settings import LeaderSettings
 
@@ -78,18 +78,25 @@ def test_a_fault_on_one_host_stops_every_member():
 
 
 @pytest.mark.parametrize("stopped", [0, 1, 2])
-def test_a_hang_is_stopped_and_decided_as_the_host_that_stopped_not_the_one_that_noticed(stopped):
+def test_a_hang_is_stopped_and_decided_as_the_host_that_stopped_not_the_one_that_noticed(
+    stopped, monkeypatch
+):
+    """The host behind is asked about again one allowance later (0.2 s here) and, still where it
+    was, is the hang's culprit (tests/unit/test_hang_confirmation.py: a host that moved is not)."""
+    monkeypatch.setattr(remediation, "ACTIVITY_REPLY_SECONDS", 0.2)
+
     async def scenario():
         leader, members = await running_job(hosts=3)
         reporter = (stopped + 1) % 3
         await members[reporter].fault(0, kind="hang")
         await members[(stopped + 2) % 3].fault(0, kind="hang")  # the same stall, noticed again
-        for member in members:  # the leader asks every host where its workload is, once
-            assert await member.receive() == {"type": "activity_request", "generation": 0}
-            stage = "begun" if member.host == stopped else "work_done"
-            await member.send(
-                "activity", generation=0, step=12, stage=stage, phase="idle", silent_seconds=2.0
-            )
+        for silent in (2.0, 3.0):  # the leader asks every host where its workload is, twice
+            for member in members:
+                assert await member.receive() == {"type": "activity_request", "generation": 0}
+                stage = "begun" if member.host == stopped else "work_done"
+                await member.send(
+                    "activity", generation=0, step=12, stage=stage, phase="idle", silent_seconds=silent
+                )
         for member in members:
             assert await member.receive() == {
                 "type": "stop",
@@ -100,6 +107,7 @@ def test_a_hang_is_stopped_and_decided_as_the_host_that_stopped_not_the_one_that
         [detection] = leader.memory.detections
         assert detection.host == stopped
         assert f"noticed by host {reporter}; host {stopped} is in its own work of step 12" in detection.detail
+        assert f"host {stopped} did not move in" in detection.detail
         await eventually(lambda: len(leader.decisions.records) == 1)
         assert leader.decisions.records[0]["event"]["host"] == stopped
         await shut(leader, members)
