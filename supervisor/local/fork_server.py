@@ -270,10 +270,14 @@ def serve(channel: socket.socket) -> tuple[StartRequest, int] | None:
             socket.send_fds(channel, [json.dumps({"started": pid}).encode()], [pidfd])
 
 
-def become_supervisor(request: StartRequest, log: int) -> int:
-    """In a forked child: set up as `subprocess.Popen(argv, start_new_session=True, group=...,
-    stdout=log, stderr=STDOUT, preexec_fn=die_with_parent)` would, then run the supervisor."""
-    server = os.getppid()
+def become_supervisor(request: StartRequest, log: int, server: int) -> int:
+    """In a forked child of process `server`: set up as `subprocess.Popen(argv, start_new_session=True,
+    group=..., stdout=log, stderr=STDOUT, preexec_fn=die_with_parent)` would, then run the supervisor.
+
+    `server` is the server's pid as the server knew it, not this child's parent read here: on a
+    loaded machine the server may be killed before its child runs a line, and a child reading its
+    parent then reads the process it was handed to, sets PDEATHSIG on that one and outlives the run
+    (seen in a whole run of the suite: three stand-ins still running 5 s after their server's end)."""
     os.setsid()
     if request.group is not None:
         os.setregid(request.group, request.group)
@@ -311,11 +315,12 @@ def main(argv: list[str]) -> int:
 
     # What every child would import, frozen: no collection in a child touches (and copies) its pages.
     gc.freeze()
+    server = os.getpid()
     forked = serve(channel)
     if forked is None:
         return 0
     request, log = forked
-    code = become_supervisor(request, log)
+    code = become_supervisor(request, log, server)
     sys.stdout.flush()
     sys.stderr.flush()
     return code

@@ -153,11 +153,69 @@ def test_a_fork_server_lost_ends_the_run_and_its_supervisors(tmp_path, monkeypat
             await forks.close()
 
     codes, pidfds = asyncio.run(hosts_ending())
-    assert codes == [SERVER_GONE] * 3, codes
     # They died with it (PDEATHSIG): a pidfd is readable once its process has exited.
-    assert all(select.select([pidfd], [], [], 5.0)[0] for pidfd in pidfds)
-    for pidfd in pidfds:
+    dead = [bool(select.select([pidfd], [], [], 5.0)[0]) for pidfd in pidfds]
+    for pidfd, gone in zip(pidfds, dead, strict=True):
+        if not gone:  # nothing left running after the test, whatever it found
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         os.close(pidfd)
+    assert codes == [SERVER_GONE] * 3, codes
+    assert all(dead), dead
+
+
+_SERVER_GONE_FIRST = """
+import os, sys, time
+from slicekeeper.supervisor.local.fork_server import StartRequest, become_supervisor
+from tests.support.stand_ins import STAND_IN
+
+marker, told = sys.argv[1], sys.argv[2]
+answer, answered = os.pipe()
+if os.fork() == 0:  # the server
+    server = os.getpid()
+    if os.fork() == 0:  # its child, which runs its first line once the server is gone
+        while os.getppid() == server:
+            time.sleep(0.01)
+        program = f"import os, time; open({marker!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+        request = StartRequest(STAND_IN, [program], "stand-in", dict(os.environ), os.getcwd(), None)
+        log = os.open(os.devnull, os.O_WRONLY)
+        code = become_supervisor(request, log, server if told == "server" else os.getppid())
+        os.write(answered, str(code).encode())
+        os._exit(0)
+    os._exit(0)
+os.wait()
+os.close(answered)
+print(os.read(answer, 16).decode() or "none")
+"""
+
+
+@pytest.mark.parametrize("told", ["server", "parent-read-late"])
+def test_a_child_whose_fork_server_ended_before_it_ran_ends_at_once(tmp_path, told):
+    """The run may kill its fork server right after a start, before the child has run a line (a
+    loaded machine). Told the server's pid, the child sees it is gone and ends (exit code 1) without
+    running its program. The negative control reads its parent once the server is gone, as the
+    child did before: it takes the process it was handed to for its server, sets PDEATHSIG on that,
+    and runs its program past the server's end."""
+    marker = tmp_path / "ran"
+    script = subprocess.Popen(
+        [sys.executable, "-c", _SERVER_GONE_FIRST, str(marker), told],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        if told == "server":
+            out, _ = script.communicate(timeout=60)
+            assert out.strip() == "1" and not marker.exists(), out
+            return
+        deadline = time.monotonic() + 60
+        while not (marker.exists() and marker.read_text()):
+            assert time.monotonic() < deadline, "the child never ran its program"
+            time.sleep(0.05)
+        os.kill(int(marker.read_text()), signal.SIGKILL)  # it outlived its server: the defect
+        script.communicate(timeout=60)
+    finally:
+        script.kill()
+        script.wait()
 
 
 def test_what_a_supervisor_left_in_its_process_group_ends_with_it(tmp_path):
