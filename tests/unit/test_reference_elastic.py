@@ -309,5 +309,17 @@ def test_local_gradients_communicate_only_within_a_host_and_apply_across_hosts_a
     assert any(len({host // 2 for host in hosts_in(group)}) > 1 for group in apply)  # across slices
 
 
+@pytest.mark.slow
+def test_apply_gathers_every_parameter_over_the_slice_in_one_collective(runs):
+    """FSDP's all-gather of the 15 parameters is one collective across hosts
+    (`ShardedModel._gather_over_slice`); left to XLA it was 15, one a parameter, each a round of
+    messages between the hosts' processes."""
+    base = runs[FULL]["hlo"]
+    hlo = base.with_name(f"{base.name}-apply.hlo").read_text().splitlines()
+    gathers = [line for line in hlo if re.search(r"\ball-gather(?:-start)?\(", line)]
+    across = [line for line in gathers if any(len(hosts_in(group)) > 1 for group in device_groups(line, 8))]
+    assert len(across) == 1, across
+
+
 def hosts_in(group: set[int]) -> set[int]:
     return {device // 2 for device in group}
