@@ -66,6 +66,11 @@ class SaveCopies:
         """Wait until every queued copy is done: the final checkpoint must reach every tier."""
         await self._queue.join()
 
+    def newest_saved(self) -> int | None:
+        """The newest step the workload of this generation said it saved (None: none yet)."""
+        generation, step = self._newest
+        return step if generation == self._serving.generation else None
+
     async def _copy_saved_steps(self) -> None:
         while True:
             generation, step = await self._queue.get()

@@ -22,7 +22,9 @@ replicas it keeps for other hosts). A lost machine loses both.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,6 +44,10 @@ from slicekeeper import shard_folder
 from slicekeeper.api import CheckpointSpec
 from slicekeeper.shape import JobShape
 from slicekeeper.shard_folder import CorruptCheckpoint
+
+SAVE_DUE_SECONDS = 10.0
+"""How long chaos `corrupt` waits for the save it is due to corrupt (`corrupt_newest_at_rest`)."""
+SAVE_DUE_POLL_SECONDS = 0.05
 
 
 class CheckpointTiers:
@@ -181,12 +187,26 @@ class CheckpointTiers:
         """The machine is lost: its disk (local tier and held replicas) goes with it."""
         shutil.rmtree(self.disk, ignore_errors=True)
 
-    async def corrupt_newest_at_rest(self) -> int | None:
+    async def corrupt_newest_at_rest(self, due: int | None = None) -> int | None:
         """Chaos `corrupt`: bytes flipped in the newest committed local step once the copies of the
         saves queued so far are done: a corruption at rest, which a restore takes from a peer. (A copy
         under way reads the flipped bytes, refuses them, and the step then has no valid copy at all:
         the restore falls back to an older step, a different fault; on a loaded machine a step's
-        push can take longer than the few steps between its save and the corruption.)"""
+        push can take longer than the few steps between its save and the corruption.)
+
+        `due`: the step the workload should have saved by now (the newest multiple of its save
+        interval before the step the fault fired at), waited for while this generation lasts, at most
+        SAVE_DUE_SECONDS: on a loaded machine its save was still being written three steps later,
+        and the step before it was corrupted instead, a step no restore then read (a whole run of
+        the suite)."""
+        generation, deadline = self._serving.generation, time.monotonic() + SAVE_DUE_SECONDS
+        while (
+            due is not None
+            and (self._copies.newest_saved() or 0) < due
+            and self._serving.generation == generation
+            and time.monotonic() < deadline
+        ):
+            await asyncio.sleep(SAVE_DUE_POLL_SECONDS)
         await self._copies.drain()
         return self.corrupt_newest()
 

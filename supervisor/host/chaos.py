@@ -127,9 +127,12 @@ class Chaos:
         await self._context.report(chaos)
 
     async def _corrupt(self, chaos: messages.ChaosFired) -> None:
-        """Chaos `corrupt`: the newest local step's bytes flipped once its copies are out
-        (`CheckpointTiers.corrupt_newest_at_rest`), then logged and reported with the step."""
-        corrupted = await self._tiers.corrupt_newest_at_rest()
+        """Chaos `corrupt`: the newest local step's bytes flipped once it is saved (the newest step
+        due by the save interval) and its copies are out (`CheckpointTiers.corrupt_newest_at_rest`),
+        then logged and reported with the step."""
+        interval = self._context.plan.training_job.spec.checkpoint.interval
+        due = (chaos.step - 1) // interval * interval  # saved before the step the fault fired at
+        corrupted = await self._tiers.corrupt_newest_at_rest(due or None)
         detail = (
             f"flipped bytes in local step {corrupted}, noticed at the next restore"
             if corrupted is not None

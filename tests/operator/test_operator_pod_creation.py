@@ -33,17 +33,15 @@ async def created_in(concurrency: int | None) -> tuple[float, int, int]:
 
 
 async def test_the_pods_are_created_concurrently_within_the_limit_once_each():
-    seconds, most, creates = await created_in(concurrency=8)
-    assert 1 < most <= 8
+    _, most, creates = await created_in(concurrency=8)
+    assert 1 < most <= 8  # counted by the emulator: creates overlapped, never more than the limit
     assert creates == PODS  # one request a pod
     serial, one, _ = await created_in(concurrency=1)  # the negative control
     assert one == 1
-    # One at a time waits out every create's latency; concurrently, at most a few rounds of it. Each
-    # run pays the operator's own work too, which a loaded machine stretches (48 concurrent creates
-    # once took 3.98 s beside other tests), so the two runs are compared with each other, not with
-    # the latencies alone.
-    assert serial > PODS * LATENCY
-    assert serial > seconds + PODS * LATENCY / 2
+    assert serial > PODS * LATENCY  # one at a time waits out every create's latency
+    # How much sooner the concurrent creates end is a figure, not a check: beside other tests the
+    # operator's own work stretched both runs alike (48 concurrent creates in 3.88 s, one at a time
+    # in 3.81 s: a whole run of the suite). benchmarks/operator_scale.py measures it.
 
 
 async def test_a_429_with_retry_after_is_waited_for_and_every_pod_is_made_once():

@@ -81,8 +81,8 @@ def spec(tmp_path: Path, interval: int = 5) -> CheckpointSpec:
     )
 
 
-def run(scenario: Any) -> None:
-    asyncio.run(asyncio.wait_for(scenario(), 3 * WAIT))
+def run(scenario: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(scenario(), 3 * WAIT))
 
 
 def test_a_saved_step_is_replicated_to_the_peer_and_persisted(tmp_path):
@@ -268,6 +268,30 @@ def test_chaos_corrupt_waits_for_the_steps_copies_so_that_the_peer_holds_a_valid
         assert staged[0] is not None and (staged[0].tier, staged[0].holder) == (Tier.PEER, 1)
     else:
         assert staged == [None]  # neither the local copy nor a replica: the push refused the bytes
+
+
+@pytest.mark.parametrize("due", [15, None], ids=["waits-for-the-save-due", "no-step-due"])
+def test_chaos_corrupt_waits_for_the_save_due_still_being_written(tmp_path, due):
+    """Chaos `corrupt` fired at step 18 with saves every 5 steps: step 15 is due, but on a loaded
+    machine the workload is still writing it (a whole run of the suite). The fault waits for it and
+    corrupts step 15, the step the next restore reads. The negative control, not told what is due
+    (as chaos was before), corrupts step 10, which no restore reads."""
+
+    async def scenario() -> int | None:
+        owner = Host(tmp_path, 0, CheckpointSpec(), None)
+        await owner.tiers.serve("127.0.0.1")
+        owner.tiers.start_generation(0, {})
+        write_step(owner.tiers.local_dir, 10)
+        owner.tiers.saved(10)
+        corrupting = asyncio.create_task(owner.tiers.corrupt_newest_at_rest(due))
+        await asyncio.sleep(0.3)  # step 15 still being written
+        write_step(owner.tiers.local_dir, 15)
+        owner.tiers.saved(15)
+        corrupted = await asyncio.wait_for(corrupting, WAIT)
+        await owner.tiers.close()
+        return corrupted
+
+    assert run(scenario) == (15 if due else 10)
 
 
 def test_staging_with_no_valid_source_left_returns_none_and_commits_nothing(tmp_path):
