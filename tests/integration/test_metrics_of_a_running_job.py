@@ -253,12 +253,17 @@ def test_restarts_are_counted_by_kind_on_every_host_crash_first(faulty):
 
 def test_the_last_checkpoint_step_follows_the_saves_at_the_interval(faulty):
     for host in range(HOSTS):
-        first = [s for s in faulty.scraper.of(host) if s.get("slicekeeper_restart_generation") == 0]
+        scrapes = faulty.scraper.of(host)
+        first = [s for s in scrapes if s.get("slicekeeper_restart_generation") == 0]
         saved = [s.get("slicekeeper_last_checkpoint_step") for s in first]
         assert saved == sorted(saved)
-        assert len(set(saved) - {0.0}) >= 2
         assert all(step % 5 == 0 for step in saved)
         assert all(s.get("slicekeeper_last_checkpoint_step") <= s.get("slicekeeper_step") for s in first)
+        # It moves with the saves: seen at two of them at least over the run. Generation 0 alone
+        # (steps 1-20 at 50 ms) is too short for that on a loaded machine: a scrape round of the four
+        # hosts once took long enough that only step 15 of 5, 10 and 15 was seen (a whole run).
+        seen = {s.get("slicekeeper_last_checkpoint_step") for s in scrapes}
+        assert len(seen - {0.0}) >= 2, sorted(seen)
 
 
 def test_after_a_restart_the_last_checkpoint_step_is_never_one_the_restart_discarded(faulty):
