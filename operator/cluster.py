@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -223,11 +224,17 @@ class Cluster:
         killed meanwhile lost it while the writes it told of had landed."""
         metadata = about["metadata"]
         now = datetime.datetime.now(datetime.UTC).isoformat()
+        # Named as client-go's recorder names its events (the object's name and the time in
+        # nanoseconds), not by `generateName`: `create` takes a 409 for "already there", which for a
+        # generated name that happened to be taken would have dropped the event without a word.
         self.create(
             {
                 "apiVersion": "v1",
                 "kind": "Event",
-                "metadata": {"namespace": metadata["namespace"], "generateName": f"{metadata['name']}."},
+                "metadata": {
+                    "namespace": metadata["namespace"],
+                    "name": f"{metadata['name']}.{time.time_ns():x}",
+                },
                 "type": "Warning" if warning else "Normal",
                 "reason": reason,
                 "message": message[:EVENT_MESSAGE_LIMIT],

@@ -235,9 +235,13 @@ def register(
         settled = actions.replacing.settled((namespace, name), pods, status)
         if settled:
             patch.status["replacing"] = settled
-        derived = derive(job, pods, dict(status))
+        # One snapshot for both what changed and which events say so: kopf updates a timer's
+        # `status` in place as watch events arrive, so a status read twice could differ between
+        # the reads (a change written with the event that tells of it derived from an older one).
+        previous = dict(body.get("status") or {})
+        derived = derive(job, pods, previous)
         for key, value in derived.status.items():
-            if status.get(key) != value:  # at rest nothing changes, and nothing is written
+            if previous.get(key) != value:  # at rest nothing changes, and nothing is written
                 patch.status[key] = value
         for event in derived.events:  # posted before kopf patches the status that says it happened
             cluster.post_event(body, warning=event.warning, reason=event.reason, message=event.message)
@@ -302,6 +306,8 @@ def register(
             return  # (a node first seen announcing nothing: the jobs' timers take off stale notices)
         pods = store.summaries_on(node)
         logger.info("node %s %s: %d job pods on it", node, announcement(signal, previous), len(pods))
+        if signal is not None:  # (a withdrawal stays the node's own: another node may announce)
+            pods = actions.with_slice_mates(pods)
         for pod in pods:
             await asyncio.to_thread(actions.give_notice, pod, signal)
 

@@ -45,7 +45,7 @@ from slicekeeper.operator.notices import (
     NoticesWritten,
     notice_change,
 )
-from slicekeeper.operator.pod_store import JobKey, PodStore
+from slicekeeper.operator.pod_store import JobKey, NotListedYet, PodStore, PodSummary
 from slicekeeper.operator.render import LABEL_JOB, LABEL_SLICE, render
 from slicekeeper.operator.replacements import Plan, Replacements
 
@@ -161,6 +161,22 @@ class PodActions:
             all_seen, first = found.get(slice_of(pod), (True, None))
             found[slice_of(pod)] = (all_seen and seen, first or signal)
         return {part: (all_seen or signal is not None, signal) for part, (all_seen, signal) in found.items()}
+
+    def with_slice_mates(self, pods: list[PodSummary]) -> list[PodSummary]:
+        """`pods` and the other pods of their slices, at once: a host event on one VM of a multi-host
+        slice interrupts the whole slice. Left to the jobs' timers, the mates' notices came at the
+        next look, by when the announcing host could be retired and its pod re-created elsewhere,
+        its slice then announcing nothing: the job ran on with the mates never told (seen in the
+        operator's maintenance test on a loaded machine)."""
+        slices = {(job_of(pod), slice_of(pod)) for pod in pods if slice_of(pod) is not None}
+        found = {pod["metadata"]["uid"]: pod for pod in pods}
+        for (namespace, job), part in sorted(slices, key=str):
+            try:
+                mates = self.store.pods(namespace, job, timeout=0)
+            except NotListedYet:
+                continue  # (the jobs' timers extend the notice once the pods are listed)
+            found.update((mate["metadata"]["uid"], mate) for mate in mates if slice_of(mate) == part)
+        return list(found.values())
 
     def give_notice(self, pod: dict[str, Any], signal: NodeSignal | None) -> None:
         """Put the notice of `signal` on the pod (or take its notice off: None), unless it says so.

@@ -168,9 +168,12 @@ async def eventually(check: Callable[[], Any], timeout: float = 20.0, what: str 
 
 
 @contextlib.asynccontextmanager
-async def operator(kube: Kube, *, concurrency: int | None = None) -> AsyncIterator[Cluster]:
+async def operator(
+    kube: Kube, *, concurrency: int | None = None, status_interval: float = 0.5
+) -> AsyncIterator[Cluster]:
     """The real operator (kopf, our handlers) running against the emulator until the block ends;
-    `concurrency`: its creates in flight (default: the operator's)."""
+    `concurrency`: its creates in flight (default: the operator's); `status_interval`: the seconds
+    between its jobs' timer runs."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -181,7 +184,7 @@ async def operator(kube: Kube, *, concurrency: int | None = None) -> AsyncIterat
     cluster = (
         Cluster(configuration) if concurrency is None else Cluster(configuration, concurrency=concurrency)
     )
-    register(registry, cluster, status_interval=0.5)
+    register(registry, cluster, status_interval=status_interval)
     settings = kopf.OperatorSettings()
     settings.watching.reconnect_backoff = 0.1
     kopf_run = KopfThread(registry, settings)
