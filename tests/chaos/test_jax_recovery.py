@@ -25,7 +25,7 @@ import sys
 import pytest
 
 from tests.support.cli_runs import ROOT, processes_mentioning
-from tests.support.example_runs import STEPS, run_example
+from tests.support.example_runs import STEPS, clean_run, run_example
 from tests.support.recovery_checks import detected_on, problems, recovery_summary, tiers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.heavy]
@@ -39,15 +39,24 @@ def nothing_lost(report, clean) -> list[str]:
     return problems(report, fingerprint=clean["report"]["params_fingerprint"], steps=STEPS)
 
 
+@pytest.fixture(scope="module")
+def clean_two_devices(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The fault-free run with the example's own two devices a host (the suite's runs have one:
+    tests/support/example_runs.py, DEVICES_PER_HOST), for the run below."""
+    return clean_run(tmp_path_factory.mktemp("clean-two-devices"), devices_per_host=2)
+
+
 def test_kill_corrupt_hang_and_slow_restore_the_newest_steps_and_end_with_the_fault_free_parameters(
-    tmp_path, clean
+    tmp_path, clean_two_devices
 ):
     # Host 1's newest local copy is corrupted at the instant its workload is hung (fired from one
     # host at one instant, the copy corrupted is the newest host 1 will commit, however late its
     # supervisor hears the step begin; a hang elsewhere two steps later let step 40 be committed).
+    # With two devices a host, as the example job has: each host's shard is two devices' blocks
+    # (the `model` axis), each saved, replicated and restored to its own device.
     chaos = "kill:host=2@step=20,corrupt:host=1@step=38,hang:host=1@step=38,slow:host=3,factor=2@step=50"
-    report = run_example(tmp_path, "--spares", "0", "--chaos", chaos)
-    assert nothing_lost(report, clean) == []
+    report = run_example(tmp_path, "--spares", "0", "--chaos", chaos, local={"devicesPerHost": 2})
+    assert nothing_lost(report, clean_two_devices) == []
     assert recovery_summary(report) == [("crash", 15, 4), ("hang", 35, 2)]
     assert detected_on(report)[0] == 2
     assert tiers(report, 1) == {0: "local", 1: "local", 2: "local", 3: "local"}

@@ -24,7 +24,13 @@ import yaml
 
 from tests.support.cli_runs import EXAMPLE
 from tests.support.cluster_emulator import TRAININGJOBS
-from tests.support.example_runs import PERSISTENT_INTERVAL, STEPS, final_params, persistent_step
+from tests.support.example_runs import (
+    DEVICES_PER_HOST,
+    PERSISTENT_INTERVAL,
+    STEPS,
+    final_params,
+    persistent_step,
+)
 from tests.support.fake_kubelet import V5P_16_LABELS, FakeTpuCluster
 from tests.support.operator_example import PROGRAMS_CLAIM, shared_claims
 from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
@@ -55,8 +61,8 @@ checks resuming bit for bit."""
 
 def resumable_job(where: Path, steps: int) -> dict[str, Any]:
     """The example job as `clean` runs it (seed, checkpoints, a persistent step every
-    PERSISTENT_INTERVAL), its persistent tier and final parameters in `where`, shared storage for
-    every pod."""
+    PERSISTENT_INTERVAL, its devices a host), its persistent tier and final parameters in `where`,
+    shared storage for every pod."""
     job = yaml.safe_load(EXAMPLE.read_text())
     job["metadata"]["namespace"] = NS
     spec = job["spec"]
@@ -65,7 +71,10 @@ def resumable_job(where: Path, steps: int) -> dict[str, Any]:
     spec["workload"]["args"] = ["--seed", "0", "--final-params", str(where / "params.npz")]
     spec["workload"]["env"] = [
         {"name": "JAX_PLATFORMS", "value": "cpu"},
-        {"name": "XLA_FLAGS", "value": with_cheap_compile("--xla_force_host_platform_device_count=2")},
+        {
+            "name": "XLA_FLAGS",
+            "value": with_cheap_compile(f"--xla_force_host_platform_device_count={DEVICES_PER_HOST}"),
+        },
     ]
     spec["workload"]["compilationCache"] = {"claimName": PROGRAMS_CLAIM}  # three starts, one compile
     spec["checkpoint"]["persistent"] = {

@@ -33,6 +33,7 @@ from slicekeeper.supervisor.leader.election import Holder
 
 from slicekeeper import protocol
 from tests.support.cli_runs import ROOT, sdk_loop_fingerprint
+from tests.support.example_runs import DEVICES_PER_HOST
 from tests.support.fake_kubelet import V5P_16_LABELS, FakeTpuCluster
 from tests.support.operator_example import EXAMPLE, NS
 from tests.support.operator_harness import Kube, emulated_cluster, eventually, operator
@@ -63,7 +64,10 @@ def training_job(tmp: Path, steps: int) -> dict[str, Any]:
     spec["workload"]["steps"] = steps
     spec["workload"]["env"] = [
         {"name": "JAX_PLATFORMS", "value": "cpu"},
-        {"name": "XLA_FLAGS", "value": with_cheap_compile("--xla_force_host_platform_device_count=2")},
+        {
+            "name": "XLA_FLAGS",
+            "value": with_cheap_compile(f"--xla_force_host_platform_device_count={DEVICES_PER_HOST}"),
+        },
     ]
     spec["checkpoint"]["persistent"]["uri"] = str(tmp / "persistent")  # shared storage, as GCS is
     spec["health"]["replacementTimeoutSeconds"] = 10

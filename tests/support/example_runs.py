@@ -16,6 +16,15 @@ STEPS = 70
 a run needs a few steps before it and the next (a restart replays at most 4 steps, a straggler is
 found within about 15 steps of a 2x slowdown): 70 leave room for three, at about 0.2 s a step."""
 PERSISTENT_INTERVAL = 30
+DEVICES_PER_HOST = 1
+"""CPU devices of each host in the suite's runs of the example job (the example itself has 2, as
+`make demo` runs it). With two, each step's local work is 53 collectives between a host's devices
+(the `model` axis: XLA's in-process rendezvous, a storm of futex calls), two thirds of a JAX run's
+CPU; with one, none. A clean run of 70 steps: 26 s of CPU against 42 (`/usr/bin/time`, the suite's
+compile flags, programs cached). What two devices a host add is checked where it is the subject:
+the model's layout and collectives (tests/unit/test_reference_elastic.py), and one acceptance run
+with a fault-free run of its own (tests/chaos/test_jax_recovery.py). The operator's JAX pods have as
+many (tests/operator/)."""
 
 
 def example_job(where: Path, persistent_interval: int = PERSISTENT_INTERVAL, **spec: Any) -> Path:
@@ -27,6 +36,7 @@ def example_job(where: Path, persistent_interval: int = PERSISTENT_INTERVAL, **s
     changes: dict[str, Any] = {
         "workload": {"args": ["--seed", "0", "--final-params", str(where / "params.npz")]},
         "checkpoint": {"persistent": persistent},
+        "local": {"devicesPerHost": DEVICES_PER_HOST},
     }
     for key, value in spec.items():
         changes[key] = {**changes[key], **value} if isinstance(changes.get(key), dict) else value
@@ -61,11 +71,11 @@ def persistent_step(where: Path, step: int) -> Path:
     return folder
 
 
-def clean_run(where: Path) -> dict[str, Any]:
+def clean_run(where: Path, devices_per_host: int = DEVICES_PER_HOST) -> dict[str, Any]:
     """The fault-free run: its report, final parameters and the folder it ran in. With no standby
     process: nothing restarts, and the standbys a run pre-starts after its first step would only cost
     their imports (3 s of a 23 s run here)."""
-    report = run_example(where, workload={"standby": False})
+    report = run_example(where, workload={"standby": False}, local={"devicesPerHost": devices_per_host})
     assert report["exit_code"] == 0, report["stderr"][-3000:]
     assert report["restarts"] == {} and report["faults"] == [] and report["recoveries"] == []
     assert report["stragglers"] == [] and report["decisions"] == []
