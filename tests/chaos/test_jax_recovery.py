@@ -5,7 +5,9 @@ shard exists only on its own disk, on its twin's in the other slice, in peer rep
 persistent tier: restoring the wrong one changes the result. Each run fires several faults and is
 checked three ways:
 
-- its final parameters equal the fault-free run's (`clean`, tests/chaos/conftest.py);
+- its final parameters equal the fault-free run's (`clean`, tests/conftest.py; one device a host,
+  as every suite run of the example job: the first run below has the example's two, and a
+  fault-free run of its own);
 - every restart restored the newest step every host held, each host loaded exactly that step, and
   the steps executed again are the ones after it (tests/support/recovery_checks.py), with the exact
   steps and tiers this schedule must give: a fault at step S stops the job after step S - 1, and
