@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import alone, cli_runs, xla_flags
+from tests.support import alone, cli_runs, timeline, xla_flags
 from tests.support.example_runs import clean_run
 from tests.support.shared_runs import once_per_run
 
@@ -55,11 +55,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """Each test, its fixtures' set-up and tear-down included, in its turn: alone on the machine when
     marked `alone` (with the alone tests right after it: one wait for the machine to empty), beside
     at most one other `heavy` test when marked `heavy` (tests/support/alone.py).
-    The outermost wrapper: the wait for a turn is not part of the test's timeout."""
+    The outermost wrapper: the wait for a turn is not part of the test's timeout. Inside the turn,
+    what the test costs goes to the timeline when asked for (tests/support/timeline.py)."""
     heavy = item.get_closest_marker(alone.HEAVY) is not None
     is_alone = item.get_closest_marker(alone.MARK) is not None
     next_is_alone = nextitem is not None and nextitem.get_closest_marker(alone.MARK) is not None
-    with alone.heavy_slot(heavy), _TURNS.test(is_alone, next_is_alone):
+    with alone.heavy_slot(heavy), _TURNS.test(is_alone, next_is_alone), timeline.record(item.nodeid):
         return (yield)
 
 
