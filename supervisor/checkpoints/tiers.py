@@ -198,7 +198,9 @@ class CheckpointTiers:
         interval before the step the fault fired at), waited for while this generation lasts, at most
         SAVE_DUE_SECONDS: on a loaded machine its save was still being written three steps later,
         and the step before it was corrupted instead, a step no restore then read (a whole run of
-        the suite)."""
+        the suite). That step itself is corrupted once saved, not the newest: a host that does not
+        wait for the others may have saved the next one meanwhile, which no restore reads while a
+        killed host lacks it (a whole run of the suite)."""
         generation, deadline = self._serving.generation, time.monotonic() + SAVE_DUE_SECONDS
         while (
             due is not None
@@ -208,11 +210,16 @@ class CheckpointTiers:
         ):
             await asyncio.sleep(SAVE_DUE_POLL_SECONDS)
         await self._copies.drain()
-        return self.corrupt_newest()
+        return self.corrupt_newest(at_most=due)
 
-    def corrupt_newest(self) -> int | None:
-        """Flip bytes in the newest committed local step (its largest shard file); returns the step."""
-        steps = shard_folder.committed_steps(self.local_dir)
+    def corrupt_newest(self, at_most: int | None = None) -> int | None:
+        """Flip bytes in the newest committed local step (at most `at_most`: the newest before it if
+        that step was never committed), in its largest shard file; returns the step."""
+        steps = [
+            step
+            for step in shard_folder.committed_steps(self.local_dir)
+            if at_most is None or step <= at_most
+        ]
         if not steps:
             return None
         folder = shard_folder.step_dir(self.local_dir, steps[-1])

@@ -294,6 +294,26 @@ def test_chaos_corrupt_waits_for_the_save_due_still_being_written(tmp_path, due)
     assert run(scenario) == (15 if due else 10)
 
 
+def test_chaos_corrupt_strikes_the_save_due_though_a_newer_step_was_saved_meanwhile(tmp_path):
+    """Fired at step 18, saves every 5 steps: step 15 is due. A host that does not wait for the others
+    has saved step 20 by the time the fault strikes; the restore after a host killed at step 20 reads
+    step 15, so step 15 is corrupted. Before: the newest, 20 (a whole run of the suite: the restore
+    took step 15 from the local tier, no corruption in sight)."""
+
+    async def scenario() -> int | None:
+        owner = Host(tmp_path, 0, CheckpointSpec(), None)
+        await owner.tiers.serve("127.0.0.1")
+        owner.tiers.start_generation(0, {})
+        for step in (10, 15, 20):
+            write_step(owner.tiers.local_dir, step)
+            owner.tiers.saved(step)
+        corrupted = await asyncio.wait_for(owner.tiers.corrupt_newest_at_rest(15), WAIT)
+        await owner.tiers.close()
+        return corrupted
+
+    assert run(scenario) == 15
+
+
 def test_staging_with_no_valid_source_left_returns_none_and_commits_nothing(tmp_path):
     async def scenario():
         host = Host(tmp_path, 0, CheckpointSpec(), None)
