@@ -19,9 +19,9 @@ PERSISTENT_INTERVAL = 30
 DEVICES_PER_HOST = 1
 """CPU devices of each host in the suite's runs of the example job (the example itself has 2, as
 `make demo` runs it). With two, each step's local work is 53 collectives between a host's devices
-(the `model` axis: XLA's in-process rendezvous, a storm of futex calls), two thirds of a JAX run's
-CPU; with one, none. A clean run of 70 steps: 26 s of CPU against 42 (`/usr/bin/time`, the suite's
-compile flags, programs cached). What two devices a host add is checked where it is the subject:
+(the `model` axis: XLA's in-process rendezvous, a storm of futex calls), most of a step's CPU;
+with one, none. A clean run of 70 steps: 26 s of CPU against 42 (`/usr/bin/time`, the suite's
+compile flags, programs cached, the machine loaded). What two devices a host add is checked where it is the subject:
 the model's layout and collectives (tests/unit/test_reference_elastic.py), and one acceptance run
 with a fault-free run of its own (tests/chaos/test_jax_recovery.py). The operator's JAX pods have as
 many (tests/operator/)."""
