@@ -21,10 +21,10 @@ DEVICES_PER_HOST = 1
 `make demo` runs it). With two, each step's local work is 53 collectives between a host's devices
 (the `model` axis: XLA's in-process rendezvous, a storm of futex calls), most of a step's CPU;
 with one, none. A clean run of 70 steps: 26 s of CPU against 42 (`/usr/bin/time`, the suite's
-compile flags, programs cached, the machine loaded). What two devices a host add is checked where it is the subject:
-the model's layout and collectives (tests/unit/test_reference_elastic.py), and one acceptance run
-with a fault-free run of its own (tests/chaos/test_jax_recovery.py). The operator's JAX pods have as
-many (tests/operator/)."""
+compile flags, programs cached, the machine loaded). What two devices a host add is checked where
+it is the subject: the model's layout and collectives (tests/unit/test_reference_elastic.py), and
+one acceptance run with a fault-free run of its own (tests/chaos/test_jax_recovery.py). The
+operator's JAX pods have as many (tests/operator/)."""
 
 
 def example_job(where: Path, persistent_interval: int = PERSISTENT_INTERVAL, **spec: Any) -> Path:
