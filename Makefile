@@ -68,10 +68,10 @@ dashboards: install
 	$(BIN)/python -m slicekeeper.dashboards charts/slicekeeper/dashboards
 
 # Three pytest-xdist workers (one more than this machine's cores: a run's waits leave room for a
-# third), each file on one worker, in pytest-xdist's order; at most two `heavy` tests at once
-# (tests/support/alone.py). `make test TEST_WORKERS=0` runs it in one pytest process (docs/testing.md).
+# third), each file on one worker, long light files first (tests/support/file_order.py); at most
+# two `heavy` tests at once (tests/support/alone.py). `make test TEST_WORKERS=0` runs it in one pytest process (docs/testing.md).
 TEST_WORKERS ?= 3
-XDIST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+XDIST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: lint typecheck layers system-tools
 	$(BIN)/pytest --durations=25 $(XDIST_ARGS) $(PYTEST_ARGS)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import alone, cli_runs, timeline, xla_flags
+from tests.support import alone, cli_runs, file_order, timeline, xla_flags
 from tests.support.example_runs import clean_run
 from tests.support.shared_runs import once_per_run
 
@@ -105,3 +105,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs --with-e2e and KUBECONFIG"))
         if "slow" in item.keywords and config.getoption("--skip-slow"):
             item.add_marker(pytest.mark.skip(reason="--skip-slow"))
+    # The order the workers get the files in (`make test`'s --no-loadscope-reorder keeps it).
+    items[:] = file_order.in_file_order(items)

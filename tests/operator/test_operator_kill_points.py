@@ -44,7 +44,7 @@ from tests.support.operator_example import NAMES, NS, example
 from tests.support.operator_harness import Kube, emulated_cluster, eventually
 from tests.support.operator_process import OperatorProcess, operator_as_deployed
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.timeout(900)]
 
 VALUES = {
     "operator": {
