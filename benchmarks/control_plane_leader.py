@@ -40,6 +40,10 @@ HOSTS_PER_SLICE = 8
 RESTART_BUDGET = 1_000_000
 """The benchmark restarts the job as often as it likes: no budget runs out."""
 
+ELECTED = "[elected] term"
+"""How this candidate's log says it won a term and when (`ELECTED <term> at <time.time()>`): the
+benchmark times a hand-over's rejoining part from it (control_plane_scale.py, `handover_rejoin_s`)."""
+
 
 def raise_file_limit(wanted: int) -> int:
     """The soft limit on open files raised towards `wanted` (never above the hard limit)."""
@@ -112,6 +116,7 @@ async def campaign(args: argparse.Namespace) -> None:
     first_term = [True]
 
     def new_leader(term: int, leading: object) -> Leader:
+        print(f"{ELECTED} {term} at {time.time():.6f}", file=sys.stderr, flush=True)
         leader = Leader(
             LeaderSettings(
                 shape, RESTART_BUDGET, max_restarts_without_progress=RESTART_BUDGET, log_events=True

@@ -17,7 +17,10 @@ acknowledgements, activity answers, journals kept, re-registration after a hand-
   journal written during the rounds (the first leader starts with `--history` faults behind it);
 - hand-over (`handover_s`): the first leader's process killed (SIGKILL) with its host -> the second
   elected, every host reconnected and registered, every host given its first command of the new
-  term: from the kill to the last host's first command (the lease's 3 s duration included);
+  term: from the kill to the last host's first command (the lease's 3 s duration included); of it,
+  `handover_rejoin_s`: from the second candidate's election (its log) to the last host registered
+  with it, the part that grows with the job (the simulator's hand-over cost is fitted to it:
+  control_plane_fit.py);
 - the leader's peak resident memory (`peak_rss_mib`, VmHWM before it is killed).
 
 It prints a table (medians over `--runs` runs, each round counted) and one JSON line per N.
@@ -54,6 +57,7 @@ from typing import Any
 
 from slicekeeper.supervisor.ports import free_port
 
+from benchmarks.control_plane_leader import ELECTED
 from benchmarks.control_plane_members import Stats
 from slicekeeper import credentials
 
@@ -141,6 +145,7 @@ class RunFigures:
     journal_bytes_per_command: list[int]
     handover_s: float
     handover_registered_s: float
+    handover_rejoin_s: float
     peak_rss_mib: float
 
 
@@ -302,10 +307,31 @@ class Run:
                 f"the leader of term {term} did not carry on its predecessor's journal: {carried}"
             )
         handover = merged.first_command[term] - killed
-        registered = merged.registered.get(term, float("nan")) - killed
+        last_registered = merged.registered.get(term, float("nan"))
+        rejoin = last_registered - self.elected_at(term)
         return RunFigures(
-            hosts, share, per_step, culprit, rounds, stops, acks, journal, handover, registered, rss
+            hosts,
+            share,
+            per_step,
+            culprit,
+            rounds,
+            stops,
+            acks,
+            journal,
+            handover,
+            last_registered - killed,
+            rejoin,
+            rss,
         )
+
+    def elected_at(self, term: int) -> float:
+        """When a candidate won `term` (its log's ELECTED line)."""
+        said = f"{ELECTED} {term} at "
+        for log in sorted(self.work.glob("leader-*.log")):
+            for line in log.read_text().splitlines():
+                if line.startswith(said):
+                    return float(line.removeprefix(said))
+        raise BenchmarkFailed(f"no candidate's log says it won term {term}")
 
     def journal_carried(self, term: int) -> str | None:
         """None when the first journal the leader of `term` wrote continues the last one its
@@ -403,6 +429,7 @@ def summarize(runs: list[RunFigures]) -> dict[str, Any]:
         "acks_s": median(every("acks_s")),
         "handover_s": median([run.handover_s for run in runs]),
         "handover_registered_s": median([run.handover_registered_s for run in runs]),
+        "handover_rejoin_s": median([run.handover_rejoin_s for run in runs]),
         "leader_cpu_share": median([run.leader_cpu_share for run in runs]),
         "leader_cpu_per_host_step_us": median([run.cpu_per_host_step_us for run in runs]),
         "journal_bytes_per_command": int(statistics.median(journal)) if journal else 0,
@@ -415,6 +442,7 @@ def summarize(runs: list[RunFigures]) -> dict[str, Any]:
 TARGETS = {
     "restart_round_s": ("restart round (s)", 2.0),
     "handover_s": ("hand-over (s)", 10.0),
+    "handover_rejoin_s": ("of which: elected -> all registered", None),
     "leader_cpu_share": ("leader share of a core", 0.5),
     "leader_cpu_per_host_step_us": ("leader CPU per host-step (us)", None),
     "journal_bytes_per_command": ("journal bytes per command, median", None),

@@ -9,11 +9,42 @@ can be set from the command line (`slicekeeper simulate --cost NAME=VALUE`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slicekeeper.errors import UserError
 
 GB = 1e9
+
+
+@dataclass(frozen=True)
+class SizeCurve:
+    """A cost that grows with the job's size: `base_seconds` plus `per_host_seconds` a host."""
+
+    base_seconds: float
+    per_host_seconds: float
+
+    def at(self, host_count: int) -> float:
+        return self.base_seconds + self.per_host_seconds * host_count
+
+
+def fit_size_curve(points: Sequence[tuple[int, float]]) -> SizeCurve:
+    """The least-squares line through (hosts, seconds) points, its base never negative (a line
+    through the origin when the free fit's base is): what the control-plane benchmark measured at
+    a few sizes, as the simulator prices any size. UserError with fewer than two sizes."""
+    sizes = {hosts for hosts, _ in points}
+    if len(sizes) < 2:
+        raise UserError(f"a cost's line needs figures at two sizes at least, got {sorted(sizes)}")
+    n = len(points)
+    mean_x = sum(hosts for hosts, _ in points) / n
+    mean_y = sum(seconds for _, seconds in points) / n
+    spread = sum((hosts - mean_x) ** 2 for hosts, _ in points)
+    slope = sum((hosts - mean_x) * (seconds - mean_y) for hosts, seconds in points) / spread
+    base = mean_y - slope * mean_x
+    if base < 0:
+        through_origin = sum(hosts * seconds for hosts, seconds in points) / sum(h * h for h, _ in points)
+        return SizeCurve(0.0, through_origin)
+    return SizeCurve(base, slope)
 
 
 @dataclass(frozen=True)
@@ -36,10 +67,19 @@ class CostModel:
     """The leader's machine gone: its lease runs out and another supervisor takes it over (the
     cluster's lease timing, supervisor.leader.election.CLUSTER_TIMING: within about 10 s; 3.7 s
     measured locally, where the lease is 3 s)."""
-    restart_round_base_seconds: float = 0.15
-    restart_round_per_host_seconds: float = 0.00019
-    """The leader's stop-and-start round: 0.18 s at 1,000 hosts, 1.01 s at 5,000, 1.92 s at 10,000
-    (benchmarks/control_plane_scale.py, docs/benchmarks.md): about 0.19 ms a host."""
+    restart_round: SizeCurve = SizeCurve(0.0, 0.000182)
+    """The leader's stop-and-start round: a line through the control-plane benchmark's documented
+    medians, 0.16 s at 1,000 hosts, 0.80 at 5,000, 1.88 at 10,000 (docs/benchmarks.md, 66490ac),
+    0.182 ms a host (`python -m benchmarks.control_plane_fit` fits it again from a run; the figures
+    and the method are in docs/simulator.md). Set as `restart_round_base_seconds` and
+    `restart_round_per_host_seconds`."""
+    handover: SizeCurve = SizeCurve(0.0, 0.00099)
+    """A new leader taking the job over, from its election to the last host registered again with
+    it (each host reconnects, a TLS handshake, and registers with what it holds): a line through the
+    same run's hand-overs less their kill-to-election part (0.5, 4.3 and 10.3 s at 1,000, 5,000 and
+    10,000 hosts), 0.99 ms a host. It follows the leader's loss being noticed
+    (`leader_lost_detect_seconds`) and comes before the restart round. Set as
+    `handover_base_seconds` and `handover_per_host_seconds`."""
     distributed_init_seconds: float = 10.0
     """jax.distributed.initialize and the megascale mesh at thousands of hosts (assumption: no
     published figure; 0.5 s measured with four local processes)."""
@@ -66,9 +106,6 @@ class CostModel:
     """Recreating every pod of the job (the restart-from-persistent baseline): JobSet measured 2 min 10 s
     at 5,000 nodes (REFERENCES.md)."""
 
-    def restart_round(self, host_count: int) -> float:
-        return self.restart_round_base_seconds + self.restart_round_per_host_seconds * host_count
-
     def hang_detect(self) -> float:
         return max(self.hang_floor_seconds, self.hang_factor * self.step_seconds)
 
@@ -79,20 +116,43 @@ class CostModel:
         return self.shard_gb / self.snapshot_gb_per_second
 
 
+CURVE_PARTS = ("base_seconds", "per_host_seconds")
+"""The settings of a cost that is a line in the job's size: `<cost>_base_seconds` and
+`<cost>_per_host_seconds`."""
+
+
+def setting_names() -> list[str]:
+    """Every `--cost` NAME: each plain field, and each line's two parts."""
+    names = []
+    for field in dataclasses.fields(CostModel):
+        if isinstance(field.default, SizeCurve):
+            names += [f"{field.name}_{part}" for part in CURVE_PARTS]
+        else:
+            names.append(field.name)
+    return sorted(names)
+
+
 def with_settings(model: CostModel, settings: list[str]) -> CostModel:
     """`model` with `NAME=VALUE` settings applied; UserError naming a setting that is not a field."""
-    fields = {f.name for f in dataclasses.fields(CostModel)}
+    names = setting_names()
     changes: dict[str, float] = {}
     for setting in settings:
         name, eq, value = setting.partition("=")
-        if not eq or name not in fields:
-            raise UserError(
-                f"--cost {setting!r}: expected NAME=VALUE with NAME one of {', '.join(sorted(fields))}"
-            )
+        if not eq or name not in names:
+            raise UserError(f"--cost {setting!r}: expected NAME=VALUE with NAME one of {', '.join(names)}")
         try:
             changes[name] = float(value)
         except ValueError:
             raise UserError(f"--cost {setting!r}: {value!r} is not a number") from None
         if changes[name] < 0:
             raise UserError(f"--cost {setting!r}: must not be negative")
-    return dataclasses.replace(model, **changes)
+    plain: dict[str, object] = {}
+    for field in dataclasses.fields(CostModel):
+        if isinstance(field.default, SizeCurve):
+            named = {part: f"{field.name}_{part}" for part in CURVE_PARTS}
+            parts = {part: changes[name] for part, name in named.items() if name in changes}
+            if parts:
+                plain[field.name] = dataclasses.replace(getattr(model, field.name), **parts)
+        elif field.name in changes:
+            plain[field.name] = changes[field.name]
+    return dataclasses.replace(model, **plain)  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slicekeeper.supervisor.fleet.costs import CostModel
+from slicekeeper.supervisor.fleet.costs import CostModel, SizeCurve
 from slicekeeper.supervisor.fleet.failures import Category, Effect, Failure
 from slicekeeper.supervisor.fleet.outcome import Job
 from slicekeeper.supervisor.fleet.simulation import Simulation
@@ -218,8 +218,8 @@ def cost_model(measured: Measured, *, step_seconds: float, defaults: CostModel) 
         hang_factor=0.0 if "hang" in detection else defaults.hang_factor,
         lost_detect_seconds=detection.get("host_lost", defaults.lost_detect_seconds),
         leader_lost_detect_seconds=detection.get("leader_lost", defaults.leader_lost_detect_seconds),
-        restart_round_base_seconds=parts.get("round", 0.0),
-        restart_round_per_host_seconds=0.0,
+        restart_round=SizeCurve(parts.get("round", 0.0), 0.0),
+        handover=SizeCurve(0.0, 0.0),  # a run's leader-lost detection holds its hosts' registering again
         distributed_init_seconds=parts.get("distributed_init", 0.0),
         prep_seconds=parts.get("prep", 0.0),
         program_load_seconds=parts.get("programs", 0.0),
@@ -341,7 +341,7 @@ def _costs_table(costs: CostModel) -> dict[str, float]:
         "crash_detect_seconds": costs.crash_detect_seconds,
         "hang_detect_seconds": costs.hang_detect(),
         "lost_detect_seconds": costs.lost_detect_seconds,
-        "restart_round_seconds": costs.restart_round(0),
+        "restart_round_seconds": costs.restart_round.at(0),
         "distributed_init_seconds": costs.distributed_init_seconds,
         "prep_seconds": costs.prep_seconds,
         "restore_local_seconds": costs.restore(costs.local_gb_per_second),

@@ -236,8 +236,10 @@ class Simulation:
         hit = self._hosts_hit(failure)
         detection = self._detect(effect)
         if effect is Effect.HOST_LOST and self.cluster.leader in hit:
-            # The leader's machine: the others notice when its lease runs out, and one of them leads.
-            detection = self.setup.costs.leader_lost_detect_seconds
+            # The leader's machine: the others notice when its lease runs out, one of them leads, and
+            # every host registers again with it before it can restart the job.
+            costs = self.setup.costs
+            detection = costs.leader_lost_detect_seconds + costs.handover.at(len(self.cluster.live()))
             self.cluster.leader_lost(hit)
         training.stall(Category.INFRASTRUCTURE_RECOVERY, detection)
         kind = FaultKind.CHECKPOINT_INVALID if effect is Effect.CORRUPT else FaultKind(str(effect))
@@ -310,7 +312,7 @@ class Simulation:
             return None
         c, hosts = self.setup.costs, len(self.cluster.world_hosts())
         restart = (
-            c.restart_round(hosts) + c.distributed_init_seconds + c.prep_seconds + c.program_load_seconds
+            c.restart_round.at(hosts) + c.distributed_init_seconds + c.prep_seconds + c.program_load_seconds
         )
         return policy.RecoveryCosts(
             restart_seconds=restart + c.restore(c.local_gb_per_second),
@@ -450,7 +452,7 @@ class Simulation:
         )
         if not any(isinstance(command, restart_events.StartGeneration) for command in commands):
             return
-        training.stall(Category.INFRASTRUCTURE_RECOVERY, c.restart_round(len(world)))
+        training.stall(Category.INFRASTRUCTURE_RECOVERY, c.restart_round.at(len(world)))
         training.stall(Category.TPU_INITIALIZATION, c.distributed_init_seconds)
         training.stall(Category.TRAINING_PREP, c.prep_seconds)
         rate = c.peer_gb_per_second if replaced else c.local_gb_per_second

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from slicekeeper.supervisor.fleet.costs import CostModel
+from slicekeeper.supervisor.fleet.costs import CostModel, setting_names, with_settings
 from slicekeeper.supervisor.fleet.failures import schedule
 from slicekeeper.supervisor.fleet.projection import Scenario, job_of
 from slicekeeper.supervisor.fleet.simulation import Simulation, young_interval_steps
@@ -35,7 +35,7 @@ SETTINGS = ("checkpoint.interval", "spares")
 def parse(specs: list[str]) -> dict[str, list[float]]:
     """`NAME=V1,V2,NAME2=V3,...` (repeatable) as name -> values; UserError naming what is wrong."""
     swept: dict[str, list[float]] = {}
-    cost_fields = {f.name for f in dataclasses.fields(CostModel)}
+    cost_fields = set(setting_names())
     for spec in specs:
         name: str | None = None
         for token in spec.split(","):
@@ -92,8 +92,8 @@ def sweep(s: Scenario, swept: dict[str, list[float]], *, progress: bool = True) 
         job = job_of(s, int(setting.get("spares", s.spares)))
         if "checkpoint.interval" in setting:
             job = dataclasses.replace(job, interval=int(setting["checkpoint.interval"]))
-        costs = dataclasses.replace(
-            s.costs, **{n.removeprefix("cost."): v for n, v in setting.items() if n.startswith("cost.")}
+        costs = with_settings(
+            s.costs, [f"{n.removeprefix('cost.')}={v}" for n, v in setting.items() if n.startswith("cost.")]
         )
         engine = PolicyEngine.from_spec(s.training_job.spec.policy)
         result = Simulation(job, costs, engine).run(failures, seconds)

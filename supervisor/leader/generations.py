@@ -167,9 +167,7 @@ class Generations:
 
     async def _send_stop(self, command: restart_events.SendStop) -> None:
         stop = messages.Stop(generation=command.generation, kind=command.kind, host=command.host)
-        for member in command.to:
-            if member in self.context.members:
-                await self.context.members.send(member, stop)
+        await self.context.members.send_each(command.to, stop)
 
     async def _arm_ack_deadline(self, command: restart_events.ArmAckDeadline) -> None:
         self._disarm()

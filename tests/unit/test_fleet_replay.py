@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from slicekeeper.supervisor.fleet.costs import CostModel
+from slicekeeper.supervisor.fleet.costs import CostModel, SizeCurve
 from slicekeeper.supervisor.fleet.failures import Category, Effect, Failure
 from slicekeeper.supervisor.fleet.outcome import Job
 from slicekeeper.supervisor.fleet.replay import failures_of, read_report, replay
@@ -28,8 +28,7 @@ COSTS = CostModel(
     shard_gb=1.0,
     crash_detect_seconds=0.5,
     lost_detect_seconds=2.0,
-    restart_round_base_seconds=0.3,
-    restart_round_per_host_seconds=0.0,
+    restart_round=SizeCurve(0.3, 0.0),
     distributed_init_seconds=0.0,
     program_load_seconds=0.2,
     program_compile_seconds=0.2,

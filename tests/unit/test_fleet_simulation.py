@@ -72,7 +72,7 @@ def test_a_crash_costs_the_steps_since_the_last_save_and_a_restart_from_the_loca
     result = Simulation(job(), COSTS, PolicyEngine()).run([crash_at(at)], DAY, start={})
     badput = result.badput_seconds()
     assert badput[Badput.WASTED_PROGRESS] == pytest.approx(55.0, abs=0.1)
-    restart = COSTS.restart_round(8) + COSTS.crash_detect_seconds
+    restart = COSTS.restart_round.at(8) + COSTS.crash_detect_seconds
     assert badput[Badput.INFRASTRUCTURE_RECOVERY] == pytest.approx(restart, abs=0.1)
     assert badput[Badput.CHECKPOINT_RESTORE] == pytest.approx(
         COSTS.restore(COSTS.local_gb_per_second), abs=0.1
@@ -180,19 +180,29 @@ def test_the_benchmark_prints_a_row_and_the_figures_of_each_size(capsys):
 
 
 def test_losing_the_leaders_machine_waits_for_its_lease_and_another_host_leads():
-    def recovery(*hosts: int) -> float:
+    """The leader's loss costs its lease's run-out and every host registering again with the next
+    leader, at the job's size (the hand-over's line, benchmarks/control_plane_fit.py)."""
+
+    def recovery(*hosts: int, costs: CostModel = COSTS) -> float:
         lost = [
             Failure(5_000.0 * (i + 1), h, Category("faulty chip", 0.0, Effect.HOST_LOST))
             for i, h in enumerate(hosts)
         ]
-        result = Simulation(job(spares=4), COSTS, PolicyEngine()).run(lost, DAY, start={})
+        result = Simulation(job(spares=4), costs, PolicyEngine()).run(lost, DAY, start={})
         return result.badput_seconds(3)[Badput.INFRASTRUCTURE_RECOVERY]
 
-    difference = COSTS.leader_lost_detect_seconds - COSTS.lost_detect_seconds
+    hosts = job().shape.host_count
+    difference = COSTS.leader_lost_detect_seconds - COSTS.lost_detect_seconds + COSTS.handover.at(hosts)
+    assert COSTS.handover.at(hosts) > 0
     assert recovery(0) - recovery(3) == pytest.approx(difference, abs=1e-3)
     # Host 1 leads after host 0: its loss waits for the lease too; host 0's new machine does not lead.
     assert recovery(0, 1) - recovery(0, 3) == pytest.approx(difference, abs=1e-3)
     assert recovery(0, 0) - recovery(0, 3) == pytest.approx(0.0, abs=1e-3)
+    # The hand-over grows with the job: a costlier line costs that much more, host by host.
+    dearer = with_settings(COSTS, ["handover_per_host_seconds=0.01"])
+    assert recovery(0, costs=dearer) - recovery(0) == pytest.approx(
+        dearer.handover.at(hosts) - COSTS.handover.at(hosts), abs=1e-3
+    )
 
 
 def test_with_no_spare_the_priced_ladder_scales_down_when_a_slice_is_a_small_share_of_the_job():

@@ -133,11 +133,13 @@ def test_every_command_carries_the_term_and_a_fenced_leader_sends_nothing(leadin
             1, messages.Start(generation=5, coordinator="c", restore_step=None, world=[1], rank=0)
         )
         await members.send_to(spare, messages.Assign(host=1, generation=5))  # type: ignore[arg-type]
+        await members.send_each([1, 7], messages.Stop(generation=5, kind="crash"))  # 7: no member
         return member.lines + spare.lines
 
     sent = asyncio.run(scenario())
     if leading:
-        assert [messages.command(line).term for line in sent] == [3, 3, 3]
+        assert [messages.command(line).term for line in sent] == [3, 3, 3, 3]
+        assert [type(messages.command(line)).__name__ for line in sent[:3]] == ["Stop", "Start", "Stop"]
     else:
         assert sent == []  # the negative control of the fence: nothing at all leaves
 
