@@ -21,7 +21,9 @@ acknowledgements, activity answers, journals kept, re-registration after a hand-
   `handover_rejoin_s`: from the second candidate's election (its log) to the last host registered
   with it, the part that grows with the job (the simulator's hand-over cost is fitted to it:
   control_plane_fit.py);
-- the leader's peak resident memory (`peak_rss_mib`, VmHWM before it is killed).
+- the leader's peak resident memory (`peak_rss_mib`, VmHWM before it is killed);
+- the leader's open connections in the steady state (`leader_connections`, its sockets in /proc:
+  one per host today, and its listening one; issue 41's target is a few hundred at any size).
 
 It prints a table (medians over `--runs` runs, each round counted) and one JSON line per N.
 
@@ -75,6 +77,17 @@ def say(text: str) -> None:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def open_sockets(pid: int) -> int:
+    """The sockets process `pid` holds open (its listening one among them)."""
+    count = 0
+    for link in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            count += os.readlink(link).startswith("socket:")
+        except OSError:
+            continue  # closed meanwhile
+    return count
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -147,6 +160,7 @@ class RunFigures:
     handover_registered_s: float
     handover_rejoin_s: float
     peak_rss_mib: float
+    leader_connections: int
 
 
 class Run:
@@ -258,6 +272,7 @@ class Run:
         cpu1, lines1, t1 = cpu_seconds(leader), merged_stats(self.groups).progress_steps, time.monotonic()
         share = (cpu1 - cpu0) / (t1 - t0)
         per_step = (cpu1 - cpu0) / max(1, lines1 - lines0) * 1e6
+        connections = open_sockets(leader)
 
         say("  the hang culprit")
         behind, reporter = hosts // 2, hosts - 1
@@ -322,6 +337,7 @@ class Run:
             last_registered - killed,
             rejoin,
             rss,
+            connections,
         )
 
     def elected_at(self, term: int) -> float:
@@ -436,6 +452,7 @@ def summarize(runs: list[RunFigures]) -> dict[str, Any]:
         "journal_bytes_per_command_max": max(journal) if journal else 0,
         "culprit_s": median([run.culprit_s for run in runs]),
         "peak_rss_mib": median([run.peak_rss_mib for run in runs]),
+        "leader_connections": max(run.leader_connections for run in runs),
     }
 
 
@@ -449,6 +466,7 @@ TARGETS = {
     "journal_bytes_per_command_max": ("journal bytes per command, most", 1 << 20),
     "culprit_s": ("culprit named (s)", 3.0),
     "peak_rss_mib": ("leader peak memory (MiB)", 2048),
+    "leader_connections": ("leader's open connections", 500),
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from slicekeeper.errors import UserError
 
@@ -146,7 +147,7 @@ def with_settings(model: CostModel, settings: list[str]) -> CostModel:
             raise UserError(f"--cost {setting!r}: {value!r} is not a number") from None
         if changes[name] < 0:
             raise UserError(f"--cost {setting!r}: must not be negative")
-    plain: dict[str, object] = {}
+    plain: dict[str, Any] = {}
     for field in dataclasses.fields(CostModel):
         if isinstance(field.default, SizeCurve):
             named = {part: f"{field.name}_{part}" for part in CURVE_PARTS}
@@ -155,4 +156,4 @@ def with_settings(model: CostModel, settings: list[str]) -> CostModel:
                 plain[field.name] = dataclasses.replace(getattr(model, field.name), **parts)
         elif field.name in changes:
             plain[field.name] = changes[field.name]
-    return dataclasses.replace(model, **plain)  # type: ignore[arg-type]
+    return dataclasses.replace(model, **plain)
