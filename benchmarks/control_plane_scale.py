@@ -46,19 +46,18 @@ import queue
 import resource
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor.ports import free_port
 
+from benchmarks.control_plane_figures import RunFigures, misses, summarize, table
 from benchmarks.control_plane_leader import ELECTED
 from benchmarks.control_plane_members import Stats
 from slicekeeper import credentials
@@ -144,23 +143,6 @@ def merged_stats(groups: list[MemberGroup]) -> Stats:
     for group in groups:
         group.order(do="stats")
     return Stats.merged([group.read("stats", 120) for group in groups])
-
-
-@dataclass
-class RunFigures:
-    hosts: int
-    leader_cpu_share: float
-    cpu_per_host_step_us: float
-    culprit_s: float
-    restart_rounds_s: list[float]
-    stop_s: list[float]
-    acks_s: list[float]
-    journal_bytes_per_command: list[int]
-    handover_s: float
-    handover_registered_s: float
-    handover_rejoin_s: float
-    peak_rss_mib: float
-    leader_connections: int
 
 
 class Run:
@@ -426,69 +408,6 @@ def continues(old: dict[str, Any], new: dict[str, Any]) -> str | None:
     if new["world"]["history"][: len(old["world"]["history"])] != old["world"]["history"]:
         return "world.history: not a continuation"
     return None
-
-
-def summarize(runs: list[RunFigures]) -> dict[str, Any]:
-    """One JSON line for a size: medians over runs (and over every round of every run)."""
-
-    def median(values: list[float]) -> float:
-        return round(statistics.median(values), 4)
-
-    every = lambda name: [value for run in runs for value in getattr(run, name)]  # noqa: E731
-    journal = every("journal_bytes_per_command")
-    return {
-        "hosts": runs[0].hosts,
-        "runs": len(runs),
-        "restart_round_s": median(every("restart_rounds_s")),
-        "restart_round_max_s": round(max(every("restart_rounds_s")), 4),
-        "stop_s": median(every("stop_s")),
-        "acks_s": median(every("acks_s")),
-        "handover_s": median([run.handover_s for run in runs]),
-        "handover_registered_s": median([run.handover_registered_s for run in runs]),
-        "handover_rejoin_s": median([run.handover_rejoin_s for run in runs]),
-        "leader_cpu_share": median([run.leader_cpu_share for run in runs]),
-        "leader_cpu_per_host_step_us": median([run.cpu_per_host_step_us for run in runs]),
-        "journal_bytes_per_command": int(statistics.median(journal)) if journal else 0,
-        "journal_bytes_per_command_max": max(journal) if journal else 0,
-        "culprit_s": median([run.culprit_s for run in runs]),
-        "peak_rss_mib": median([run.peak_rss_mib for run in runs]),
-        "leader_connections": max(run.leader_connections for run in runs),
-    }
-
-
-TARGETS = {
-    "restart_round_s": ("restart round (s)", 2.0),
-    "handover_s": ("hand-over (s)", 10.0),
-    "handover_rejoin_s": ("of which: elected -> all registered", None),
-    "leader_cpu_share": ("leader share of a core", 0.5),
-    "leader_cpu_per_host_step_us": ("leader CPU per host-step (us)", None),
-    "journal_bytes_per_command": ("journal bytes per command, median", None),
-    "journal_bytes_per_command_max": ("journal bytes per command, most", 1 << 20),
-    "culprit_s": ("culprit named (s)", 3.0),
-    "peak_rss_mib": ("leader peak memory (MiB)", 2048),
-    "leader_connections": ("leader's open connections", 500),
-}
-
-
-def misses(lines: list[dict[str, Any]]) -> list[str]:
-    """Each figure over its target, named with the size it was measured at."""
-    return [
-        f"{label} at {line['hosts']:,} hosts: {line[key]:,} over the target {target:,}"
-        for line in lines
-        for key, (label, target) in TARGETS.items()
-        if target is not None and line[key] > target
-    ]
-
-
-def table(lines: list[dict[str, Any]]) -> str:
-    header = f"{'':34}" + "".join(f"{line['hosts']:>12,}" for line in lines) + f"{'target':>12}"
-    rows = [header]
-    for key, (label, target) in TARGETS.items():
-        cells = "".join(
-            f"{line[key]:>12,.3f}" if isinstance(line[key], float) else f"{line[key]:>12,}" for line in lines
-        )
-        rows.append(f"{label:34}{cells}{'' if target is None else f'{target:>12,}'}")
-    return "\n".join(rows)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

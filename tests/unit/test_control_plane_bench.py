@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from slicekeeper.supervisor import messages
 
+from benchmarks.control_plane_figures import TARGETS, misses
 from benchmarks.control_plane_members import MemberProcess, SimulatedHost, Stats
-from benchmarks.control_plane_scale import TARGETS, BenchmarkFailed, Run, continues, misses, not_once_each
+from benchmarks.control_plane_scale import BenchmarkFailed, Run, continues, not_once_each
 from slicekeeper import credentials
 
 
