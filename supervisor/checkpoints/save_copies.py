@@ -4,11 +4,21 @@ The step folder is pushed to this host's peer holders over TCP (supervisor.check
 push that fails is tried again after a pause, at most PUSH_ATTEMPTS times, unless a newer save came
 meanwhile: the peers then get that one) and, every `persistent.interval` steps, uploaded to the
 persistent tier. A copy that fails is logged, counted and reported; training goes on without it.
+
+A step due for the persistent tier is kept for its upload the moment its save is heard of (its files
+hard-linked under PINNED): the workload's own retention deletes local steps a few saves later, and
+when the copies fall behind (a slow push, a loaded machine) the due step was gone before its upload,
+so that host's shard of it never reached the persistent tier and the job's persistent steps skipped
+it (the likeliest cause of a CI run where a job's first persistent step was never committed). A due
+step gone before it could be kept is said as a failed copy ("upload skipped"), never passed over.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -31,6 +41,9 @@ PUSH_ATTEMPTS = 3
 """Tries of one push to one holder (each under the peer tier's own time limit)."""
 PUSH_BACKOFF_SECONDS = 1.0
 """The pause before the second try, doubled before each later one."""
+PINNED = ".persisting"
+"""The local tier's sub-folder where steps due for the persistent tier wait for their upload (not a
+step folder: the workload's retention and the restores never see it)."""
 
 
 class SaveCopies:
@@ -43,7 +56,9 @@ class SaveCopies:
         """(generation, step) of the newest save queued: an older one's peer copy is skipped."""
 
     def start(self) -> None:
-        """Copy the saves queued from now on, one at a time."""
+        """Copy the saves queued from now on, one at a time (steps kept for an upload by an earlier
+        supervisor of this host are dropped: their generation is over)."""
+        shutil.rmtree(self._context.local_dir / PINNED, ignore_errors=True)
         self._worker = asyncio.create_task(self._copy_saved_steps())
 
     def stop(self) -> None:
@@ -54,12 +69,14 @@ class SaveCopies:
         """The workload committed `step` in the local tier: queue its copies (never blocks)."""
         generation = self._serving.generation
         self._newest = max(self._newest, (generation, step))
+        if self._persistent_due(step):
+            self._pin(generation, step)
         self._queue.put_nowait((generation, step))
 
     def pause(self) -> None:
         """The workload is being stopped: drop the copies not started (a push under way finishes)."""
         while not self._queue.empty():
-            self._queue.get_nowait()
+            self._unpin(*self._queue.get_nowait())
             self._queue.task_done()
 
     async def drain(self) -> None:
@@ -80,24 +97,58 @@ class SaveCopies:
                 self._queue.task_done()
 
     async def _copy(self, generation: int, step: int) -> None:
-        if generation != self._serving.generation or self._serving.host is None:
-            return  # a save of a generation being torn down
-        folder = shard_folder.step_dir(self._context.local_dir, step)
-        if not folder.is_dir():
-            return  # already gone by retention
-        if self._newest <= (generation, step):
-            await self._replicate(step, folder)
-        # else a newer save is queued: the peers get that one. When saves come faster than pushes,
-        # pushing every one in turn only falls further behind (the workload's retention then deletes
-        # steps before they are pushed), and the newest copy is the one a restore can use: every
-        # other host still holds that step locally.
+        try:
+            if generation != self._serving.generation or self._serving.host is None:
+                return  # a save of a generation being torn down
+            folder = shard_folder.step_dir(self._context.local_dir, step)
+            if folder.is_dir() and self._newest <= (generation, step):
+                await self._replicate(step, folder)
+            # Else gone by retention, or a newer save is queued: the peers get that one. When saves
+            # come faster than pushes, pushing every one in turn only falls further behind (the
+            # workload's retention then deletes steps before they are pushed), and the newest copy
+            # is the one a restore can use: every other host still holds that step locally.
+            if self._persistent_due(step):
+                kept = self._pinned(generation, step)
+                if kept.is_dir():
+                    await self._persist(step, kept)
+                else:
+                    await self._failed(
+                        step,
+                        Tier.PERSISTENT,
+                        "upload skipped",
+                        f"{folder} was gone before it could be kept for its upload",
+                    )
+        finally:
+            self._unpin(generation, step)
+
+    def _persistent_due(self, step: int) -> bool:
         persistent = self._context.spec.persistent
-        if (
+        return (
             self._context.persistent is not None
             and persistent is not None
             and step % persistent.interval == 0
-        ):
-            await self._persist(step, folder)
+        )
+
+    def _pinned(self, generation: int, step: int) -> Path:
+        """Per generation: a generation restarted from an older step saves the same step again
+        while the last one's upload of it may still be reading its files."""
+        return shard_folder.step_dir(self._context.local_dir / PINNED / f"generation-{generation}", step)
+
+    def _pin(self, generation: int, step: int) -> None:
+        """Keep `step`'s files for its upload (hard links: no copy, and the workload's retention
+        deleting the step folder leaves them); nothing is kept when the folder is already gone."""
+        folder, kept = shard_folder.step_dir(self._context.local_dir, step), self._pinned(generation, step)
+        shutil.rmtree(kept, ignore_errors=True)
+        try:
+            shutil.copytree(folder, kept, copy_function=os.link)
+        except (OSError, shutil.Error):
+            shutil.rmtree(kept, ignore_errors=True)
+
+    def _unpin(self, generation: int, step: int) -> None:
+        kept = self._pinned(generation, step)
+        shutil.rmtree(kept, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the generation's folder, once it keeps nothing
+            kept.parent.rmdir()
 
     async def _replicate(self, step: int, folder: Path) -> None:
         context, serving = self._context, self._serving

@@ -70,7 +70,7 @@ class Checkpoints:
         elif tier == "any":
             status.invalid.add(step)  # every source of this host's shard failed at restore
         # peer: the holder simply lacks that copy, and its inventory at the next stop says so
-        if report.reason in ("save failed", "upload failed", "replication failed"):
+        if report.reason in ("save failed", "upload failed", "upload skipped", "replication failed"):
             self.memory.failed_saves[tier] += 1
         await self.members.event(
             f"checkpoint of step {step} on host {host} invalid ({tier}): {invalid_reason(report)}", host=host

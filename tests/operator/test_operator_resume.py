@@ -44,6 +44,7 @@ SECOND, LONGER = 6 * PERSISTENT_INTERVAL, 8 * PERSISTENT_INTERVAL
 and of the re-created run. The loop's steps take about 60 ms: the suspension, from the patch to
 every pod gone, must land within the 150 steps after the first persistent one."""
 EXAMPLE_JOB = yaml.safe_load(EXAMPLE.read_text())
+POD_NAMES = [f"tiny-lm-s{s}-w{w}" for s in (0, 1) for w in (0, 1)]
 
 
 def resumable_job(where: Path, steps: int) -> dict[str, Any]:
@@ -78,10 +79,15 @@ async def finished(kube: Kube, cluster: FakeTpuCluster, what: str) -> dict[str, 
             what=what,
         )
     except AssertionError:
-        print(cluster.log_of("tiny-lm-s0-w0")[-4000:])
+        print(*pod_logs(cluster), sep="\n")
         raise
     assert done["phase"] == "Succeeded", (done, cluster.log_of("tiny-lm-s0-w0")[-4000:])
     return done
+
+
+def pod_logs(cluster: FakeTpuCluster) -> list[str]:
+    """The end of every pod's log, for a failure's output."""
+    return [f"--- {pod}:\n{cluster.log_of(pod)[-3000:]}" for pod in POD_NAMES]
 
 
 async def no_pods_left(kube: Kube, cluster: FakeTpuCluster) -> None:
@@ -105,14 +111,19 @@ async def test_a_suspended_job_resumes_from_its_persistent_step_and_a_recreated_
         await kube.apply(resumable_job(tmp_path, steps=SECOND))
 
         # Suspended once the first persistent step is committed and training went past it.
-        await eventually(
-            lambda: (
-                committed(tmp_path)[:1] == [PERSISTENT_INTERVAL]
-                and steps_ended(cluster) > PERSISTENT_INTERVAL + 2
-            ),
-            timeout=STARTUP,
-            what=f"persistent step {PERSISTENT_INTERVAL} committed and training past it",
-        )
+        try:
+            await eventually(
+                lambda: (
+                    committed(tmp_path)[:1] == [PERSISTENT_INTERVAL]
+                    and steps_ended(cluster) > PERSISTENT_INTERVAL + 2
+                ),
+                timeout=STARTUP,
+                what=f"persistent step {PERSISTENT_INTERVAL} committed and training past it",
+            )
+        except AssertionError:
+            print(f"persistent steps {committed(tmp_path)}, steps ended {steps_ended(cluster)}")
+            print(f"status {status(kube)}", *pod_logs(cluster), sep="\n")
+            raise
         await kube.patch_job(NS, "tiny-lm", {"spec": {"suspend": True}})
         await no_pods_left(kube, cluster)
         reached = steps_ended(cluster)  # the pods' logs: the status can be a publish (5 s) behind
@@ -126,7 +137,7 @@ async def test_a_suspended_job_resumes_from_its_persistent_step_and_a_recreated_
         assert done["lastRestore"] == {"generation": 0, "cause": "resume", "step": newest, "stepsReplayed": 0}
         assert done["paramsFingerprint"] == sdk_loop_fingerprint(SECOND)
         # Whichever host's supervisor won the job's Lease led the resumed run.
-        logs = [cluster.log_of(f"tiny-lm-s{s}-w{w}") for s in (0, 1) for w in (0, 1)]
+        logs = [cluster.log_of(pod) for pod in POD_NAMES]
         assert any(f"generation 0 starting from step {newest} of an earlier run" in log for log in logs)
 
         # A new run of the same TrainingJob (deleted, created again, longer) continues from SECOND.

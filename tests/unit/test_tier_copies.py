@@ -128,6 +128,42 @@ def test_a_failed_upload_is_reported_counted_and_logged_and_later_saves_go_on(tm
     run(scenario)
 
 
+def upload_of_a_step_deleted_before_its_copies_ran(tmp_path: Path) -> tuple[Host, PersistentTier]:
+    """Step 30 (due for the persistent tier) saved, then deleted by the workload's retention before
+    the copies got to it, as when they fall behind on a loaded machine."""
+
+    async def scenario():
+        persistent = PersistentTier(str(tmp_path / "persistent"), "job/run")
+        host = Host(tmp_path, 0, spec(tmp_path, interval=30), persistent)
+        await host.tiers.serve("127.0.0.1")
+        host.tiers.start_generation(0, {})
+        for step in (25, 30, 35, 40, 45):
+            write_step(host.tiers.local_dir, step)
+            host.tiers.saved(step)
+            shard_folder.retain(host.tiers.local_dir, 3)  # the workload's maxToKeep, before any copy
+        assert shard_folder.committed_steps(host.tiers.local_dir) == [35, 40, 45]
+        await asyncio.wait_for(host.tiers.drain(), WAIT)
+        await host.tiers.close()
+        return host, persistent
+
+    return asyncio.run(scenario())
+
+
+def test_a_step_due_for_the_persistent_tier_is_uploaded_though_retention_deleted_it_first(tmp_path):
+    host, persistent = upload_of_a_step_deleted_before_its_copies_ran(tmp_path)
+    assert persistent.hosts_uploaded(30) == {0}
+    assert {"type": "persisted", "step": 30} in host.reports
+    assert not list((host.tiers.local_dir / save_copies.PINNED).glob("**/*"))  # nothing left kept
+
+
+def test_negative_control_without_keeping_the_due_step_it_is_skipped_and_said(tmp_path, monkeypatch):
+    monkeypatch.setattr(save_copies.SaveCopies, "_pin", lambda self, generation, step: None)
+    host, persistent = upload_of_a_step_deleted_before_its_copies_ran(tmp_path)
+    assert persistent.hosts_uploaded(30) == set()
+    skipped = [r for r in host.reports if r["type"] == "checkpoint_invalid"]
+    assert [(r["step"], r["tier"], r["reason"]) for r in skipped] == [(30, "persistent", "upload skipped")]
+
+
 def test_an_unreachable_peer_is_a_counted_replication_failure_not_a_stop(tmp_path, monkeypatch):
     monkeypatch.setattr(save_copies, "PUSH_BACKOFF_SECONDS", 0.01)
 
