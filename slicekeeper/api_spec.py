@@ -303,6 +303,21 @@ class NetworkSpec(Model):
     )
 
 
+class ControlPlaneSpec(Model):
+    """How the hosts' supervisors reach the job's leader (docs/architecture.md, "Relays")."""
+
+    relays: bool = Field(
+        default=False,
+        description="Each group of hosts reaches the leader through a relay, one of the group's "
+        "supervisors: the leader holds one connection per group instead of one per host.",
+    )
+    hosts_per_relay: PositiveInt = Field(
+        default=64,
+        description="Hosts of a relay's group, at least: the group is as many whole slices as make "
+        "this many hosts (a slice's hosts go together, in a host event as in a restart).",
+    )
+
+
 class KueueSpec(Model):
     """Gang admission with Kueue plain-pod groups: all of the job's pods are admitted together."""
 
@@ -323,6 +338,7 @@ class TrainingJobSpec(Model):
     local: LocalSpec = Field(default_factory=LocalSpec)
     kueue: KueueSpec | None = Field(default=None, description="Admit the pods through Kueue (cluster).")
     network: NetworkSpec = Field(default_factory=NetworkSpec)
+    control_plane: ControlPlaneSpec = Field(default_factory=ControlPlaneSpec)
     service_account_name: str = Field(
         default="slicekeeper-supervisor",
         description="Service account of the pods (the chart gives it the supervisors' Role).",

@@ -123,6 +123,8 @@ EXIT_LEADER_UNREACHABLE: Final = 4
 """The leader could not be reached within spec.health.replacementTimeoutSeconds: replace this pod,
 without blaming its node (supervisor/leader_connection.py)."""
 SUPERVISOR_PORT: Final = 8490
+RELAY_PORT: Final = 8491
+"""In a pod: where a supervisor relays its group's members to the leader (spec.controlPlane.relays)."""
 """In a pod: the port the leader's supervisor listens on for its peers."""
 METRICS_PORT: Final = 9464
 """In a pod: the supervisor's Prometheus endpoint."""

@@ -46,6 +46,18 @@ class JobShape:
         """The hosts of `slices`, in rank order (slice by slice)."""
         return tuple(h for s in slices for h in self.hosts_of(s))
 
+    def relay_group_of(self, host: int, hosts_per_relay: int) -> int:
+        """The relay group of `host`: groups are as many whole slices as make `hosts_per_relay` hosts
+        (the last may have fewer), numbered from 0."""
+        return self.slice_of(host) // -(-hosts_per_relay // self.hosts_per_slice)
+
+    def relay_group(self, host: int, hosts_per_relay: int) -> tuple[int, ...]:
+        """The hosts of `host`'s relay group, in order. The first is the group's relay; the others
+        stand in, in turn, when it does not answer (supervisor.host.relay)."""
+        slices = -(-hosts_per_relay // self.hosts_per_slice)
+        first = self.relay_group_of(host, hosts_per_relay) * slices
+        return self.hosts_in(range(first, min(self.slices, first + slices)))
+
     def twins(self, host: int, slices: Iterable[int]) -> tuple[int, ...]:
         """Hosts of `slices` whose shard equals `host`'s: the same worker in the other slices."""
         worker, own = self.worker_of(host), self.slice_of(host)

@@ -247,6 +247,23 @@ class Watch(Message):
     type: Literal["watch"] = "watch"
 
 
+class RelayHello(Message):
+    """The first line of a relay's connection: what follows are its group's members' lines, framed
+    (supervisor.relay_frames)."""
+
+    type: Literal["relay"] = "relay"
+    group: int
+
+
+# --- member -> relay ----------------------------------------------------------------------------
+class RelayTo(Message):
+    """The first line of a member's connection to its group's relay: the leader to carry it to (the
+    one the job's lease names); every later line is the member's to that leader."""
+
+    type: Literal["relay_to"] = "relay_to"
+    leader: str
+
+
 # --- leader -> member ---------------------------------------------------------------------------
 class Order(Message):
     """Said by the leader of `term` (supervisor.leader.election): a member ignores what a leader of an
@@ -434,6 +451,22 @@ def to_leader(line: bytes | str) -> ToLeader:
     if isinstance(message, Report) and "host" not in message.model_fields_set:
         raise ValueError(f"a {message.type} report that names no host")
     return message
+
+
+def relay_hello(line: bytes | str) -> RelayHello | None:
+    """The relay's greeting, when `line` is one (None: any other line, a member's first)."""
+    try:
+        value = protocol.decode(line)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or value.get("type") != "relay":
+        return None
+    return RelayHello.model_validate(value)
+
+
+def relay_to(line: bytes | str) -> RelayTo:
+    """The first line a member sent its relay."""
+    return RelayTo.model_validate(protocol.decode(line))
 
 
 def command(line: bytes | str) -> Command:

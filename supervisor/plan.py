@@ -50,6 +50,9 @@ class JobPlan:
     leader's host locally; all interfaces, reached by host name, in a pod without POD_IP)."""
     replacement_timeout: float | None = None
     """In a pod: how long the leader awaits a lost host's replacement pod (None: locally, spares)."""
+    relay_ports: list[int] = field(default_factory=list)
+    """Locally, with spec.controlPlane.relays: the port each host's relay listens at (index: the host;
+    empty otherwise, and in a pod, where every relay listens at protocol.RELAY_PORT)."""
     credentials: str = ""
     """The directory of the job's credentials (slicekeeper.credentials): its supervisors connect to
     each other with them, and refuse whoever has none. Locally in the run directory; in a pod, the

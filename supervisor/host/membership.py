@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine
@@ -21,6 +20,7 @@ from typing import Any, Protocol
 
 from slicekeeper.supervisor import connection_deadline, leader_connection, messages
 from slicekeeper.supervisor.host.leadership import Leadership
+from slicekeeper.supervisor.host.relay import through_relays
 from slicekeeper.supervisor.leader.members import send
 
 LAST_LINES_SECONDS = 0.1
@@ -51,9 +51,13 @@ class Membership:
         finished: asyncio.Event,
         say: Callable[[str], None],
         connection_deadline: float = 0.0,
+        relays: Callable[[], list[str]] = list,
     ) -> None:
         """`connection_deadline`: spec.health.connectionDeadlineSeconds, imposed on the connection to
-        each leader (supervisor.connection_deadline): a leader cut off is given up on within it."""
+        each leader (supervisor.connection_deadline): a leader cut off is given up on within it.
+        `relays()`: the relays this host reaches each leader through, in the order tried
+        (supervisor.host.relay; empty: directly)."""
+        self._relays = relays
         self._leadership = leadership
         self._connection_deadline = connection_deadline
         self._site = site
@@ -146,9 +150,7 @@ class Membership:
                 self._leadership.current,
                 term=term,
                 wait=self._site.leader_wait,
-                open_connection=functools.partial(
-                    leader_connection.open_control_connection, tls=self._leadership.tls
-                ),
+                open_connection=through_relays(self._relays(), self._leadership.tls),
             )
         except leader_connection.LeaderUnreachable as unreachable:
             self.exit_code = self._site.leader_unreachable_exit_code

@@ -26,6 +26,7 @@ from slicekeeper.supervisor.host.generation import Generation
 from slicekeeper.supervisor.host.host_report import host_report
 from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.host.notices import SigtermNotice, save_on_notice
+from slicekeeper.supervisor.host.relay import Relay
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
 from slicekeeper.supervisor.host.sdk_socket import remove_sdk_socket
 from slicekeeper.supervisor.host.workload import Workloads
@@ -33,6 +34,7 @@ from slicekeeper.supervisor.host.workload_starts import WorkloadStarts
 from slicekeeper.supervisor.leader.journal import received
 from slicekeeper.supervisor.signals.culprit import ActivityTracker, process_state
 from slicekeeper.supervisor.signals.hang import HangDetector
+from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper.chaos import COLLECTIVE
 from slicekeeper.goodput import GoodputAccountant
@@ -46,6 +48,7 @@ class ServedHost:
         self,
         context: HostContext,
         *,
+        tls: JobTls | None,
         tiers: CheckpointTiers,
         record: MachineRecord,
         fired: set[str],
@@ -53,13 +56,26 @@ class ServedHost:
         write_report: Callable[[str], None],
         leading: Callable[[], bool],
     ) -> None:
-        """`tiers`: the machine's checkpoint tiers, now holding this host's shards; `record`: the
+        """`tls`: the job's credentials (the relay's connections); `tiers`: the machine's checkpoint
+        tiers, now holding this host's shards; `record`: the
         machine's (supervisor.host.machine_record); `fired`: this host's chaos faults already fired
         elsewhere (a spare taking over); `restarted`: a supervisor served this host on this machine
         before this one; `write_report(end)`: the supervisor's account, written by a chaos fault
         that ends it; `leading`: whether this supervisor leads the job now."""
         self.context = context
         self._tiers = tiers
+        control = context.plan.training_job.spec.control_plane
+        self.relay = (
+            Relay(
+                context.plan.shape.relay_group_of(context.host, control.hosts_per_relay),
+                tls=tls,
+                deadline=context.plan.training_job.spec.health.connection_deadline_seconds,
+                say=context.say,
+            )
+            if control.relays
+            else None
+        )
+        """This host's relay for its group's members (spec.controlPlane.relays; None: none)."""
         self._restarted = restarted
         self.journal: messages.Journal | None = None
         """The newest journal the leader sent: what a leader taking over carries on."""
@@ -130,6 +146,12 @@ class ServedHost:
         if prestart:
             self._starts.prestart()
         self._hang_watch = self.context.spawn(self.generation.hangs.run())
+        if self.relay is not None:
+            site, host = self.context.site, self.context.host
+            try:
+                await self.relay.serve(site.bind_address(), site.relay_port(host))
+            except OSError as error:  # its port still held (a partitioned predecessor, locally)
+                self.context.say(f"relay of host {host} not served: {error}; its group uses the next one")
 
     async def end(self) -> None:
         """The supervisor ends: the workload and its standby stopped, the SDK socket gone."""
@@ -137,6 +159,8 @@ class ServedHost:
             self._hang_watch.cancel()
         self.workloads.drop_standby()
         await self.workloads.stop()
+        if self.relay is not None:
+            await self.relay.close()
         self.sdk.close()
         remove_sdk_socket(self._starts.socket, self.context.folder)
 

@@ -89,6 +89,22 @@ class Site(ABC):
             return bind
         return f"{layout.hostname(identity)}.{layout.job_name}"
 
+    def relays(self, host: int | None) -> list[str]:
+        """The relays `host`'s supervisor reaches the leader through, in the order it tries them
+        (spec.controlPlane.relays; empty: it reaches the leader directly, as a spare does)."""
+        control = self.plan.training_job.spec.control_plane
+        if host is None or not control.relays:
+            return []
+        return [self.relay_address(h) for h in self.plan.shape.relay_group(host, control.hosts_per_relay)]
+
+    @abstractmethod
+    def relay_address(self, host: int) -> str:
+        """host:port of the relay server of `host`'s supervisor."""
+
+    @abstractmethod
+    def relay_port(self, host: int) -> int:
+        """The port `host`'s supervisor serves its relay at."""
+
     @abstractmethod
     def coordinator_address(self, layout: JobLayout, rank0: int) -> str:
         """Where the workloads of a generation whose rank 0 is host `rank0` find JAX's coordinator."""
@@ -209,6 +225,13 @@ class LocalSite(Site):
     def coordinator_address(self, layout: JobLayout, rank0: int) -> str:
         return f"127.0.0.1:{free_port()}"
 
+    def relay_address(self, host: int) -> str:
+        return f"{self.leader_host}:{self.relay_port(host)}"
+
+    def relay_port(self, host: int) -> int:
+        """The plan's port of `host` (the run chose them at its start)."""
+        return self.plan.relay_ports[host]
+
     def leader_address(self, host: int | None, advertised: str) -> tuple[str, socket.socket | None]:
         """A port bound now, so that no other process of the machine takes it before an election:
         the plan's leader port for the first leader (host 0) if it is still free, any port otherwise
@@ -306,6 +329,15 @@ class PodSite(Site):
     def coordinator_address(self, layout: JobLayout, rank0: int) -> str:
         """JAX's coordinator runs in rank 0's workload; peers reach it through the headless Service."""
         return f"{layout.hostname(layout.host(rank0))}.{layout.job_name}:{COORDINATOR_PORT}"
+
+    def relay_address(self, host: int) -> str:
+        """Through the headless Service, as JAX's coordinator: the pod of `host` keeps its name when
+        it is replaced."""
+        layout = self.plan.layout
+        return f"{layout.hostname(layout.host(host))}.{layout.job_name}:{protocol.RELAY_PORT}"
+
+    def relay_port(self, host: int) -> int:
+        return protocol.RELAY_PORT
 
     def leader_address(self, host: int | None, advertised: str) -> tuple[str, socket.socket | None]:
         return f"{advertised}:{self.leader_port}", None

@@ -158,6 +158,7 @@ class HostSupervisor:
         )
         return ServedHost(
             context,
+            tls=self.tls,
             tiers=self.tiers,
             record=record,
             fired=fired,
@@ -342,6 +343,7 @@ class HostSupervisor:
             finished=self._finished,
             say=self._say,
             connection_deadline=self.site.plan.training_job.spec.health.connection_deadline_seconds,
+            relays=lambda: self.site.relays(self._mode.host),
         )
         await self.membership.run(
             hello,

@@ -19,7 +19,7 @@ import contextlib
 import socket
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from slicekeeper.supervisor import connection_deadline, messages
@@ -38,6 +38,7 @@ from slicekeeper.supervisor.leader.election import Holder
 from slicekeeper.supervisor.leader.generations import Generations
 from slicekeeper.supervisor.leader.journal import JobMemory, JournalWriter
 from slicekeeper.supervisor.leader.members import HostStatus, Members
+from slicekeeper.supervisor.leader.relay_link import RelayLink
 from slicekeeper.supervisor.leader.remediation import Remediation
 from slicekeeper.supervisor.leader.restart_inbox import RestartInbox
 from slicekeeper.supervisor.leader.restart_rule import RestartRule
@@ -246,12 +247,36 @@ class Leader:
         self.members.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A connection to the leader's port: a member's, a watcher's, or a relay's, which carries
+        many members' (supervisor.leader.relay_link: each is then served as if it came here)."""
         if self._tls is not None and not await self._tls.accept("leader", writer):
             return  # refused before a message was read: never a member, nothing to disconnect
+        connection_deadline.impose_on(writer, self.silence.deadline)
+        try:
+            first = await reader.readline()
+        except (OSError, ValueError):  # (TimeoutError is an OSError) never a member: nothing to lose
+            first = b""
+        except asyncio.CancelledError:  # the process is ending
+            return
+        relay = messages.relay_hello(first)
+        if relay is not None:
+            await self.members.event(f"relay of group {relay.group} connected")
+            with contextlib.suppress(asyncio.CancelledError):
+                await RelayLink(reader, writer, self._member).run()
+            writer.close()
+            if not self._quiet():
+                await self.members.event(f"relay of group {relay.group}: its connection ended")
+            return
+        await self._member(reader, writer, first)
+
+    async def _member(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, first: bytes | None = None
+    ) -> None:
+        """A member's (or a watcher's) connection, `first` its first line when already read: each
+        line handled in turn; its end, a lost host."""
         silent = ending = False
         try:
-            connection_deadline.impose_on(writer, self.silence.deadline)
-            while line := await reader.readline():
+            async for line in _lines(reader, first):
                 if not line.endswith(b"\n"):
                     break  # cut short by the end of its connection: not a whole message, not acted on
                 if not self.leading():
@@ -348,3 +373,13 @@ class Leader:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.done.wait(), interval)
         self.members.notify(self.status_message())
+
+
+async def _lines(reader: asyncio.StreamReader, first: bytes | None) -> AsyncIterator[bytes]:
+    """The lines of a connection, `first` (already read) first, until its end."""
+    if first is not None:
+        if not first:
+            return
+        yield first
+    while line := await reader.readline():
+        yield line

@@ -134,5 +134,8 @@ class RunSetup:
             metrics_port=self.job.spec.local.metrics_port,
             spares=self.spares,
             run_key=self.run_key,
+            relay_ports=[free_port() for _ in range(self.layout.shape.host_count)]
+            if self.job.spec.control_plane.relays
+            else [],
             credentials=str(self.run_dir / CREDENTIALS_DIR),
         )

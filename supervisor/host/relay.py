@@ -1,0 +1,269 @@
+"""A group's relay: its hosts' supervisors reach the leader through one connection instead of one each.
+
+One leader serving every host holds a connection per host, and every hand-over makes every host
+connect and register again (issue 41: at 25,000 hosts, more connections than a process may open,
+and a hand-over of tens of seconds). A relay, run by a supervisor of the group, takes its group's
+members' connections and carries them to the leader over one connection of its own
+(supervisor.relay_frames; the leader's side is supervisor.leader.relay_link), so the leader holds one
+connection per group.
+
+A member's connection to the relay begins with the leader it wants (messages.RelayTo: the one the
+job's lease names); every later line is the member's, passed on unread, and every line the leader
+sends for it comes back the same way. The relay keeps one connection per leader asked for, opened
+at the first member's asking; when that leader's connection ends (the leader lost, or standing down)
+the relay closes every member connection it carried, and each member finds the next leader as it
+would have, through the relay again. A member whose connection ends is said to the leader as that
+member's connection ending (at its deadline of silence: as silent), so the leader handles it as it
+handles any member's connection ending.
+
+The relay never waits on one member: a member's lines are written without waiting for them to
+leave, and one whose connection holds more than MEMBER_BUFFER_LIMIT unsent is dropped (its channel
+ended: the leader handles it as a member whose connection ended, as it would its own drop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import socket
+from collections.abc import Awaitable, Callable
+
+from slicekeeper.supervisor import connection_deadline, messages
+from slicekeeper.supervisor.leader_connection import (
+    ATTEMPT_SECONDS,
+    Connect,
+    ReceivedFirst,
+    open_control_connection,
+)
+from slicekeeper.supervisor.relay_frames import END, OPEN, SILENT, FrameError, frame, parse
+from slicekeeper.supervisor.tls import JobTls
+
+from slicekeeper import protocol
+
+FRAME_ROOM = 1 << 20
+"""Bytes a frame's header may add to a line: the relay reads the leader's lines this much longer."""
+MEMBER_LINE_LIMIT = protocol.CONTROL_LINE_LIMIT - (1 << 10)
+"""The longest line a member may send through a relay: framed, it stays within the leader's limit."""
+MEMBER_BUFFER_LIMIT = 4 * protocol.CONTROL_LINE_LIMIT
+"""Bytes of the leader's lines a member's connection may hold unsent before the relay drops it."""
+
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+OpenUpstream = Callable[[str, int], Awaitable[Streams]]
+
+
+class Upstream:
+    """The relay's connection to one leader, and the members it carries there, by channel."""
+
+    def __init__(self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.address = address
+        self.reader = reader
+        self.writer = writer
+        self.members: dict[int, asyncio.StreamWriter] = {}
+        self.ended = False
+        self._channels = itertools.count()
+
+    def open(self, member: asyncio.StreamWriter) -> int:
+        channel = next(self._channels)
+        self.members[channel] = member
+        self.writer.write(frame([channel], OPEN))
+        return channel
+
+    def send(self, channel: int, line: bytes) -> None:
+        if not self.ended and channel in self.members:
+            self.writer.write(frame([channel], line))
+
+    def close_channel(self, channel: int, silent: bool) -> None:
+        """The member's connection ended: the leader is told, unless it ended the channel itself."""
+        if self.members.pop(channel, None) is not None and not self.ended:
+            self.writer.write(frame([channel], SILENT if silent else END))
+
+    async def run(self) -> None:
+        """The leader's lines to their members, until the leader's connection ends; then every
+        member's connection is closed (each finds the next leader)."""
+        try:
+            while line := await self.reader.readline():
+                if not line.endswith(b"\n"):
+                    break
+                try:
+                    received = parse(line)
+                except FrameError:
+                    continue
+                for channel in received.channels:
+                    self._to_member(channel, received.payload)
+        except (OSError, ValueError):  # reset, cut, silent at its deadline; a line over the limit
+            pass
+        finally:
+            self.ended = True
+            self.writer.close()
+            for member in list(self.members.values()):
+                member.transport.abort()
+            self.members.clear()
+
+    def _to_member(self, channel: int, payload: bytes) -> None:
+        member = self.members.get(channel)
+        if member is None:
+            return
+        if payload in (END, SILENT):  # the leader dropped the member
+            del self.members[channel]
+            member.transport.abort()
+            return
+        member.write(payload)
+        if member.transport.get_write_buffer_size() > MEMBER_BUFFER_LIMIT:
+            self.close_channel(channel, False)
+            member.transport.abort()
+
+
+async def open_upstream(host: str, port: int, tls: JobTls | None) -> Streams:
+    """A connection to the leader at host:port for a relay (its lines a frame's header longer than a
+    member's, read by `ReceivedFirst`: every line received is handed out, however it ended)."""
+    loop = asyncio.get_running_loop()
+    reader = ReceivedFirst(limit=protocol.CONTROL_LINE_LIMIT + FRAME_ROOM, loop=loop)
+    stream = asyncio.StreamReaderProtocol(reader, loop=loop)
+    options = {} if tls is None else tls.client_options()
+    transport, _ = await loop.create_connection(lambda: stream, host, port, **options)
+    return reader, asyncio.StreamWriter(transport, stream, reader, loop)
+
+
+class Relay:
+    """The relay of group `group`: serves its members' connections, carries them to their leader."""
+
+    def __init__(
+        self,
+        group: int,
+        *,
+        tls: JobTls | None = None,
+        deadline: float = 0.0,
+        say: Callable[[str], None] = lambda text: None,
+    ) -> None:
+        """`tls`: the job's credentials, for both sides (None: plain TCP, in unit tests); `deadline`:
+        spec.health.connectionDeadlineSeconds, imposed on every connection it holds
+        (supervisor.connection_deadline)."""
+        self.group = group
+        self.tls = tls
+        self.deadline = deadline
+        self._say = say
+        self._server: asyncio.Server | None = None
+        self._upstreams: dict[str, Upstream] = {}
+        self._opening: dict[str, asyncio.Task[Upstream | None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(self, address: str, port: int = 0, sock: socket.socket | None = None) -> int:
+        """Listen for the group's members on address:port (or `sock`, bound already); the port."""
+        if sock is not None:
+            self._server = await asyncio.start_server(self._member, sock=sock, limit=MEMBER_LINE_LIMIT)
+        else:
+            self._server = await asyncio.start_server(self._member, address, port, limit=MEMBER_LINE_LIMIT)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def upstreams(self) -> list[str]:
+        """The leaders it holds a connection to (normally one)."""
+        return [address for address, upstream in self._upstreams.items() if not upstream.ended]
+
+    async def close(self) -> None:
+        """Stop serving: every upstream and member connection ends."""
+        if self._server is not None:
+            self._server.close()
+        for upstream in list(self._upstreams.values()):
+            upstream.writer.transport.abort()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _member(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.tls is not None and not await self.tls.accept("relay", writer):
+            return
+        connection_deadline.impose_on(writer, self.deadline)
+        try:
+            asked = messages.relay_to(await reader.readline())
+        except (OSError, ValueError):
+            writer.close()
+            return
+        upstream = await self._upstream(asked.leader)
+        if upstream is None:
+            writer.close()  # the member tries again, or finds the next leader
+            return
+        channel = upstream.open(writer)
+        silent = False
+        try:
+            while line := await reader.readline():
+                if not line.endswith(b"\n"):
+                    break
+                upstream.send(channel, line)
+        except TimeoutError:  # its deadline of silence (supervisor.connection_deadline)
+            silent = True
+        except (OSError, ValueError):  # reset, a cut TLS stream; a line over the limit
+            pass
+        except asyncio.CancelledError:
+            pass
+        finally:
+            upstream.close_channel(channel, silent)
+            writer.close()
+            self._let_go_of_idle()
+
+    async def _upstream(self, address: str) -> Upstream | None:
+        """The connection to the leader at `address`, opened if there is none (None: it does not
+        answer)."""
+        upstream = self._upstreams.get(address)
+        if upstream is not None and not upstream.ended:
+            return upstream
+        opening = self._opening.get(address)
+        if opening is None:
+            opening = asyncio.create_task(self._open(address))
+            self._opening[address] = opening
+            opening.add_done_callback(lambda _: self._opening.pop(address, None))
+        return await asyncio.shield(opening)
+
+    async def _open(self, address: str) -> Upstream | None:
+        host, _, port = address.rpartition(":")
+        try:
+            reader, writer = await asyncio.wait_for(open_upstream(host, int(port), self.tls), ATTEMPT_SECONDS)
+        except (OSError, ValueError, TimeoutError) as error:
+            self._say(f"relay of group {self.group}: the leader at {address} does not answer: {error}")
+            return None
+        connection_deadline.impose_on(writer, self.deadline)
+        writer.write(messages.RelayHello(group=self.group).encode())
+        upstream = Upstream(address, reader, writer)
+        self._upstreams[address] = upstream
+        self._say(f"relay of group {self.group}: carrying its members to the leader at {address}")
+        task = asyncio.create_task(upstream.run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self._let_go_of_idle()
+        return upstream
+
+    def _let_go_of_idle(self) -> None:
+        """Close the connections to earlier leaders that carry no member any more."""
+        newest = next(reversed(self._upstreams), None)
+        for address, upstream in list(self._upstreams.items()):
+            if upstream.ended or (address != newest and not upstream.members):
+                del self._upstreams[address]
+                with contextlib.suppress(OSError):
+                    upstream.writer.close()
+
+
+def via_relay(relay: str, tls: JobTls | None) -> Connect:
+    """How a member connects to the leader at (host, port) through the relay at `relay` ("host:port"):
+    the same streams as a direct connection (reach_leader's `open_connection`,
+    supervisor.leader_connection)."""
+    relay_host, _, relay_port = relay.rpartition(":")
+
+    async def connect(host: str, port: int) -> Streams:
+        reader, writer = await open_control_connection(relay_host, int(relay_port), tls)
+        writer.write(messages.RelayTo(leader=f"{host}:{port}").encode())
+        return reader, writer
+
+    return connect
+
+
+def through_relays(relays: list[str], tls: JobTls | None) -> Connect:
+    """How a member connects to the leader at (host, port): through the first of `relays` that
+    answers, in order, or directly when none does (or there is none)."""
+
+    async def connect(host: str, port: int) -> Streams:
+        for relay in relays:
+            with contextlib.suppress(OSError, TimeoutError):
+                return await asyncio.wait_for(via_relay(relay, tls)(host, port), ATTEMPT_SECONDS)
+        return await open_control_connection(host, port, tls)
+
+    return connect

@@ -1,0 +1,174 @@
+"""The leader's side of a relay's connection: each member behind the relay as a connection of its own.
+
+A relay (supervisor.host.relay) carries its group's members' connections over one connection to the
+leader (supervisor.relay_frames). Here each of its channels becomes an asyncio stream pair of its
+own, over a transport that writes framed lines to the relay's connection, so that the leader serves a
+member behind a relay with the very code that serves a member connected to it directly: its
+registration, its commands and their drain deadlines (`Members`), its connection's end as a lost
+host, its silence at the deadline. The leader holds one socket per relay; nothing else changes.
+
+A channel's end: the relay says its member's connection ended (`-`, or `-silent` at its deadline of
+silence), or the leader drops or closes the member's stream (the relay is told, and closes the
+member's connection). The relay's own connection ending ends every channel it carried, as silent
+when it ended at its deadline (the relay's host cut off: the leader judges that silence as it judges
+every member's), so that its members are handled as if their own connections had ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from slicekeeper.supervisor.relay_frames import END, OPEN, SILENT, FrameError, frame, parse
+
+from slicekeeper import protocol
+
+ServeMember = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]]
+
+
+class ChannelTransport(asyncio.Transport):
+    """One member's stream to the leader, written as frames on its relay's connection."""
+
+    def __init__(self, link: RelayLink, channel: int, protocol_: asyncio.StreamReaderProtocol) -> None:
+        super().__init__()
+        self.link = link
+        self.channel = channel
+        self._protocol = protocol_
+        self._closing = False
+        self._unsent: deque[tuple[int, int]] = deque()
+        """(the relay connection's byte count after it, its size) of each write not seen leave yet."""
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing:
+            return
+        for line in bytes(data).splitlines(keepends=True):
+            self._sent(self.link.write([self.channel], line))
+
+    def _sent(self, written: tuple[int, int]) -> None:
+        self._unsent.append(written)
+
+    def received(self, line: bytes) -> None:
+        """A line the member sent, for the leader's reader of it."""
+        self._protocol.data_received(line)
+
+    def get_write_buffer_size(self) -> int:
+        """This member's bytes not yet gone from the relay connection's buffer: what `Members` reads
+        to see a member fall behind (here: its relay's connection stopped draining)."""
+        gone = self.link.gone()
+        while self._unsent and self._unsent[0][0] <= gone:
+            self._unsent.popleft()
+        return sum(size for _, size in self._unsent)
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        self.abort()
+
+    def abort(self) -> None:
+        """The leader drops the member: the relay is told to close its connection, and the leader's
+        reader of it ends as a connection's does."""
+        if not self._closing:
+            self.link.write([self.channel], END)
+            self.link.ended(self.channel, None)
+
+    def ending(self, error: Exception | None) -> None:
+        """The channel ends (`error` None: cleanly): the reader sees its end once what came before."""
+        if not self._closing:
+            self._closing = True
+            asyncio.get_running_loop().call_soon(self._protocol.connection_lost, error)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "socket":
+            return None  # its deadline of silence is the relay's to keep (supervisor.connection_deadline)
+        return self.link.writer.get_extra_info(name, default)
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def can_write_eof(self) -> bool:
+        return False
+
+
+class RelayLink:
+    """One relay's connection, serving each of its channels with `serve_member`."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, serve_member: ServeMember
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self._serve_member = serve_member
+        self._channels: dict[int, ChannelTransport] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._written = 0
+        """Bytes written to the relay's connection."""
+
+    def write(self, channels: list[int], line: bytes) -> tuple[int, int]:
+        """`line` to `channels` (one frame); (bytes written after it, its size)."""
+        data = frame(channels, line)
+        if not self.writer.transport.is_closing():
+            self.writer.write(data)
+        self._written += len(data)
+        return self._written, len(data)
+
+    def gone(self) -> int:
+        """Bytes of the relay's connection that left its buffer."""
+        return self._written - self.writer.transport.get_write_buffer_size()
+
+    def ended(self, channel: int, error: Exception | None) -> None:
+        transport = self._channels.pop(channel, None)
+        if transport is not None:
+            transport.ending(error)
+
+    async def run(self) -> None:
+        """Serve the relay's channels until its connection ends; then end every channel it carried,
+        and return once the leader handled each member's end."""
+        error: Exception | None = None
+        try:
+            while line := await self.reader.readline():
+                if not line.endswith(b"\n"):
+                    break  # cut short by the connection's end
+                try:
+                    received = parse(line)
+                except FrameError as bad:
+                    print(f"leader: ignored a malformed relay frame: {bad}", file=sys.stderr, flush=True)
+                    continue
+                for channel in received.channels:
+                    self._received(channel, received.payload)
+        except TimeoutError as silent:  # the relay's deadline of silence: its members fell silent too
+            error = silent
+        except (OSError, ValueError):  # reset, a cut TLS stream; a line over the limit
+            pass
+        finally:
+            for channel in list(self._channels):
+                self.ended(channel, TimeoutError() if error is not None else None)
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _received(self, channel: int, payload: bytes) -> None:
+        if payload == OPEN:
+            self._open(channel)
+        elif payload == END:
+            self.ended(channel, None)
+        elif payload == SILENT:
+            self.ended(channel, TimeoutError())
+        elif (transport := self._channels.get(channel)) is not None:
+            transport.received(payload)
+
+    def _open(self, channel: int) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=protocol.CONTROL_LINE_LIMIT, loop=loop)
+        stream = asyncio.StreamReaderProtocol(reader, loop=loop)
+        transport = ChannelTransport(self, channel, stream)
+        stream.connection_made(transport)
+        self.ended(channel, None)  # a channel opened again: its earlier member is gone
+        self._channels[channel] = transport
+        writer = asyncio.StreamWriter(transport, stream, reader, loop)
+        task = asyncio.create_task(self._serve_member(reader, writer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

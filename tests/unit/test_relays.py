@@ -1,0 +1,266 @@
+"""A group's members reach the leader through one relay: one connection to the leader for the group.
+
+A real Leader and a real Relay (supervisor/host/relay.py) on 127.0.0.1 (plain TCP, and TLS on both of
+the relay's sides as in a job), with fake members speaking the supervisors' protocol through the relay
+(tests/support/fake_members.py). The leader serves each member behind the relay with the code that
+serves a member connected to it directly (supervisor/leader/relay_link.py): registrations, a fault
+and the stop that follows, a member's connection ending as its host lost, a member dropped by the
+leader, the relay's own loss ending every member's connection. The negative control: a relay that
+hands each of the leader's lines to every member of its group is caught by the check that a command
+reaches its member alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from slicekeeper.supervisor import messages, relay_frames
+from slicekeeper.supervisor.host import relay as relay_module
+from slicekeeper.supervisor.host.relay import Relay, through_relays, via_relay
+from slicekeeper.supervisor.leader import Leader
+from slicekeeper.supervisor.leader.relay_link import ChannelTransport
+from slicekeeper.supervisor.leader.settings import LeaderSettings
+from slicekeeper.supervisor.ports import free_port
+from slicekeeper.supervisor.tls import JobTls
+
+from slicekeeper import credentials
+from slicekeeper.shape import JobShape
+from tests.support.fake_members import Member, coordinator, eventually, run
+
+HOSTS = 8
+QUIET = 0.3
+"""Seconds a member that should hear nothing listens for a line."""
+
+
+@dataclass
+class RelayedJob:
+    leader: Leader
+    relay: Relay
+    members: list[Member]
+    leader_address: str
+
+    async def shut(self) -> None:
+        for member in self.members:
+            member.close()
+        await self.relay.close()
+        await self.leader.close()
+
+
+@pytest.fixture(scope="module")
+def job_credentials(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return credentials.generate("relays").write(tmp_path_factory.mktemp("credentials") / "own")
+
+
+@pytest.fixture(params=["plain", "tls"])
+def tls(request: pytest.FixtureRequest, job_credentials: Path) -> JobTls | None:
+    return JobTls(job_credentials) if request.param == "tls" else None
+
+
+async def relayed_job(tls: JobTls | None = None, hosts: int = HOSTS) -> RelayedJob:
+    """A job of `hosts` members, every one registered through one relay and given its start."""
+    leader = Leader(LeaderSettings(JobShape(2, hosts // 2), 3), coordinator)
+    port = await leader.serve("127.0.0.1", 0, tls=tls)
+    relay = Relay(0, tls=tls)
+    connect = via_relay(f"127.0.0.1:{await relay.serve('127.0.0.1')}", tls)
+    members = [Member(host, *await connect("127.0.0.1", port)) for host in range(hosts)]
+    for member in members:
+        await member.send("register", metrics_port=9100 + member.host)
+    for member in members:
+        assert (await member.receive())["type"] == "start"
+    return RelayedJob(leader, relay, members, f"127.0.0.1:{port}")
+
+
+async def silent(member: Member) -> bool:
+    """Whether `member` hears nothing for QUIET seconds."""
+    try:
+        await asyncio.wait_for(member.reader.readline(), QUIET)
+    except TimeoutError:
+        return True
+    return False
+
+
+# --- one connection for the group ------------------------------------------------------------------
+
+
+def test_every_member_registers_and_starts_through_one_relay_connection(tls):
+    async def scenario() -> None:
+        job = await relayed_job(tls)
+        writers = job.leader.members.writers
+        assert sorted(writers) == list(range(HOSTS))
+        transports = [writer.transport for writer in writers.values()]
+        assert all(isinstance(t, ChannelTransport) for t in transports)
+        assert len({t.link for t in transports if isinstance(t, ChannelTransport)}) == 1
+        assert job.relay.upstreams() == [job.leader_address]
+        await job.shut()
+
+    run(scenario)
+
+
+def test_a_fault_reported_through_the_relay_stops_every_member(tls):
+    async def scenario() -> None:
+        job = await relayed_job(tls)
+        await job.members[5].fault(0)
+        for member in job.members:
+            stop = await member.receive()
+            assert (stop["type"], stop["kind"], stop["host"]) == ("stop", "crash", 5)
+        await job.shut()
+
+    run(scenario)
+
+
+# --- each command to its member alone ---------------------------------------------------------------
+
+
+async def who_hears_a_command_to(host: int) -> set[int]:
+    job = await relayed_job()
+    await job.leader.members.send(host, messages.ActivityRequest(generation=0))
+    heard = {member.host for member in job.members if not await silent(member)}
+    await job.shut()
+    return heard
+
+
+def test_a_command_to_one_member_reaches_it_alone():
+    async def scenario() -> None:
+        assert await who_hears_a_command_to(3) == {3}
+
+    run(scenario)
+
+
+def test_negative_control_a_relay_that_hands_every_line_to_the_whole_group_is_caught(monkeypatch):
+    def to_everyone(self: relay_module.Upstream, channel: int, payload: bytes) -> None:
+        for member in self.members.values():
+            member.write(payload)
+
+    monkeypatch.setattr(relay_module.Upstream, "_to_member", to_everyone)
+
+    async def scenario() -> None:
+        assert await who_hears_a_command_to(3) == set(range(HOSTS))
+
+    run(scenario)
+
+
+# --- ends -------------------------------------------------------------------------------------------
+
+
+def test_a_members_connection_to_the_relay_ending_is_its_host_lost_once():
+    async def scenario() -> None:
+        job = await relayed_job()
+        job.members[6].close()
+        others = [member for member in job.members if member.host != 6]
+        for member in others:
+            stop = await member.receive()
+            assert (stop["type"], stop["kind"], stop["host"]) == ("stop", "host_lost", 6)
+        await eventually(lambda: 6 not in job.leader.members)
+        assert job.leader.memory.restarts == {"host_lost": 1}
+        assert all(member.host in job.leader.members for member in others)
+        await job.shut()
+
+    run(scenario)
+
+
+def test_a_member_the_leader_drops_has_its_connection_closed_by_the_relay():
+    async def scenario() -> None:
+        job = await relayed_job()
+        job.leader.members.writers[2].transport.abort()  # as its drain deadline would
+        assert await asyncio.wait_for(job.members[2].reader.read(), 5.0) == b""  # closed
+        await eventually(lambda: 2 not in job.leader.members)
+        for member in job.members:
+            if member.host != 2:
+                stop = await member.receive()
+                assert (stop["type"], stop["kind"], stop["host"]) == ("stop", "host_lost", 2)
+        await job.shut()
+
+    run(scenario)
+
+
+def test_the_relay_lost_ends_every_members_connection_and_the_leader_loses_each_host():
+    async def scenario() -> None:
+        job = await relayed_job()
+        await job.relay.close()
+        for member in job.members:
+            assert await asyncio.wait_for(member.reader.read(), 5.0) == b""
+        await eventually(lambda: not job.leader.members.writers)
+        assert all(job.leader.status[host].state == "lost" for host in range(HOSTS))
+        await job.shut()
+
+    run(scenario)
+
+
+# --- which relay a member goes through ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("hosts_per_relay", "groups"),
+    [
+        (2, [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)]),  # a slice a group
+        (3, [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9)]),  # whole slices: two, the last group one
+        (64, [tuple(range(10))]),  # more than the job: one group
+    ],
+)
+def test_a_relay_group_is_whole_slices_its_first_host_first(hosts_per_relay, groups):
+    shape = JobShape(5, 2)
+    assert [shape.relay_group(group[0], hosts_per_relay) for group in groups] == groups
+    for number, group in enumerate(groups):
+        assert all(shape.relay_group(host, hosts_per_relay) == group for host in group)
+        assert {shape.relay_group_of(host, hosts_per_relay) for host in group} == {number}
+
+
+def test_a_member_goes_through_the_first_relay_that_answers_and_else_directly():
+    async def scenario() -> None:
+        leader = Leader(LeaderSettings(JobShape(1, 2), 3), coordinator)
+        port = await leader.serve("127.0.0.1", 0)
+        relay = Relay(0)
+        answering = f"127.0.0.1:{await relay.serve('127.0.0.1')}"
+        dead = f"127.0.0.1:{free_port()}"  # nobody listens there
+        through = Member(0, *await through_relays([dead, answering], None)("127.0.0.1", port))
+        direct = Member(1, *await through_relays([dead], None)("127.0.0.1", port))
+        for member in (through, direct):
+            await member.send("register", metrics_port=9100 + member.host)
+        for member in (through, direct):
+            assert (await member.receive())["type"] == "start"
+        transports = {host: writer.transport for host, writer in leader.members.writers.items()}
+        assert isinstance(transports[0], ChannelTransport)
+        assert not isinstance(transports[1], ChannelTransport)
+        through.close()
+        direct.close()
+        await relay.close()
+        await leader.close()
+
+    run(scenario)
+
+
+# --- the frames on a relay's connection ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("channels", "line"),
+    [
+        ([0], b'{"type":"register","host":0}\n'),
+        ([3, 17, 250], b'{"type":"stop"}\n'),
+        ([5], relay_frames.OPEN),
+    ],
+)
+def test_a_frame_reads_back_as_its_channels_and_line(channels, line):
+    framed = relay_frames.frame(channels, line)
+    assert framed.endswith(b"\n") and framed.count(b"\n") == 1
+    parsed = relay_frames.parse(framed)
+    assert (list(parsed.channels), parsed.payload) == (channels, line)
+    assert parsed.control == (line if line in relay_frames.CONTROLS else None)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b'{"type":"stop"}\n', b"x1 -\n", b"1,,2 -\n", b"-1 -\n", b"1 \n", b"1 -", b" -\n"],
+)
+def test_a_line_that_is_not_a_frame_is_refused_by_name(line):
+    with pytest.raises(relay_frames.FrameError):
+        relay_frames.parse(line)
+
+
+@pytest.mark.parametrize(("channels", "line"), [([], b"{}\n"), ([1], b"{}"), ([1], b"{}\n{}\n")])
+def test_only_one_whole_line_for_at_least_one_channel_is_framed(channels, line):
+    with pytest.raises(relay_frames.FrameError):
+        relay_frames.frame(channels, line)
