@@ -161,10 +161,14 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--first", action="store_true", help="take the lease at once")
     parser.add_argument("--history", type=int, default=0)
+    parser.add_argument(
+        "--connections", type=int, default=None, help="members' connections it holds (default: one a host)"
+    )
     args = parser.parse_args()
-    limit = raise_file_limit(args.hosts + 256)
-    if limit < args.hosts + 64:
-        sys.exit(f"{args.hosts} hosts need {args.hosts + 64} open files; this machine allows {limit}")
+    connections = args.hosts if args.connections is None else args.connections
+    limit = raise_file_limit(connections + 256)
+    if limit < connections + 64:
+        sys.exit(f"{connections} connections need {connections + 64} open files; this machine allows {limit}")
     asyncio.run(campaign(args))
 
 

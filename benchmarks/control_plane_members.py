@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slicekeeper.supervisor.host.relay import Relay, via_relay
 from slicekeeper.supervisor.leader import journal_delta
 from slicekeeper.supervisor.leader.election import LEASE_FILE, read_lease_file
 from slicekeeper.supervisor.leader_connection import RETRY_PAUSE_SECONDS, open_control_connection
@@ -173,11 +174,11 @@ class SimulatedHost:
         while not self.gone:
             term, address = await self.process.lease.newer_than(known_term)
             known_term = term
-            connected = await self.process.connect(address)
+            connected = await self.process.connect(address, self.host)
             while connected is None and self.process.lease.term == term:
                 # Not listening yet (the lease is written before the server starts) or too busy to
                 # answer: try it again, as a supervisor does (leader_connection.reach_leader).
-                connected = await self.process.connect(address)
+                connected = await self.process.connect(address, self.host)
             if connected is None:
                 continue  # a newer leader meanwhile
             reader, self.writer = connected
@@ -308,8 +309,13 @@ class SimulatedHost:
 
 
 class MemberProcess:
-    def __init__(self, hosts: range, run_dir: Path, step_seconds: float) -> None:
+    def __init__(self, hosts: range, run_dir: Path, step_seconds: float, hosts_per_relay: int = 0) -> None:
         self.hosts = {h: SimulatedHost(h, self) for h in hosts}
+        self.hosts_per_relay = hosts_per_relay
+        """Hosts a relay carries to the leader (groups of consecutive hosts, each within this process;
+        0: every host connects to the leader directly)."""
+        self.relays: dict[int, tuple[Relay, str]] = {}
+        """group -> its relay (supervisor.host.relay, the production code) and the address it serves."""
         self.lease = LeaseWatch(run_dir)
         self.tls = JobTls(run_dir / "credentials")
         self.step_seconds = step_seconds
@@ -318,10 +324,16 @@ class MemberProcess:
         """seq -> the term that wrote it and the journal whole (the same for every replica)."""
         self._connecting = asyncio.Semaphore(CONNECTS_AT_ONCE)
 
-    async def connect(self, address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    async def connect(
+        self, address: str, member: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """`member`'s connection to the leader at `address`: through its group's relay, if any."""
         host, port = address.rsplit(":", 1)
         async with self._connecting:
             try:
+                if self.hosts_per_relay:
+                    _, relay = self.relays[member // self.hosts_per_relay]
+                    return await via_relay(relay, self.tls)(host, int(port))
                 return await open_control_connection(host, int(port), self.tls)
             except (OSError, TimeoutError):
                 pass
@@ -393,6 +405,10 @@ class MemberProcess:
                     return
 
     async def run(self) -> None:
+        if self.hosts_per_relay:
+            for group in sorted({host // self.hosts_per_relay for host in self.hosts}):
+                relay = Relay(group, tls=self.tls)
+                self.relays[group] = (relay, f"127.0.0.1:{await relay.serve('127.0.0.1')}")
         watch = asyncio.create_task(self.lease.run())
         clock = asyncio.create_task(self.clock())
         hosts = [asyncio.create_task(host.run()) for host in self.hosts.values()]
@@ -407,8 +423,10 @@ def main() -> None:
     parser.add_argument("--first", type=int, required=True)
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--step-seconds", type=float, default=1.0)
+    parser.add_argument("--hosts-per-relay", type=int, default=0)
     args = parser.parse_args()
-    process = MemberProcess(range(args.first, args.first + args.count), args.run_dir, args.step_seconds)
+    hosts = range(args.first, args.first + args.count)
+    process = MemberProcess(hosts, args.run_dir, args.step_seconds, args.hosts_per_relay)
     asyncio.run(process.run())
 
 

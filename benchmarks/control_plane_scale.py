@@ -33,8 +33,11 @@ It prints a table (medians over `--runs` runs, each round counted) and one JSON 
 With `--no-targets` a run fails only on a wrong answer (a host stopped or started other than once, a
 journal not carried on, ...), not on a figure over its target.
 
+With `--hosts-per-relay N` the simulated hosts reach the leader through relays (the production
+supervisor/host/relay.py), one per N consecutive hosts, as `spec.controlPlane.relays` makes a job's.
+
 A size this machine cannot hold (a process may open at most `ulimit -Hn` files; the leader needs one
-per host) is reported as not run, with the reason, and the exit status is 1.
+per host, or one per relay) is reported as not run, with the reason, and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -168,6 +171,8 @@ class Run:
                     *(["--first"] if host == 0 else []),
                     "--history",
                     str(args.history if host == 0 else 0),
+                    "--connections",
+                    str(-(-hosts // args.hosts_per_relay) if args.hosts_per_relay else hosts),
                 ],
                 stderr=(work / f"leader-{host}.log").open("w"),
             )
@@ -175,6 +180,8 @@ class Run:
         ]
         processes = max(2, -(-hosts // HOSTS_PER_PROCESS))
         per = -(-hosts // processes)
+        if args.hosts_per_relay:  # a relay's group within one process
+            per = -(-per // args.hosts_per_relay) * args.hosts_per_relay
         self.groups = []
         for first in range(0, hosts, per):
             count = min(per, hosts - first)
@@ -190,6 +197,8 @@ class Run:
                     str(count),
                     "--step-seconds",
                     str(args.step_seconds),
+                    "--hosts-per-relay",
+                    str(args.hosts_per_relay),
                 ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -422,6 +431,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--history", type=int, default=500, help="faults behind the first leader")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument(
+        "--hosts-per-relay",
+        type=int,
+        default=0,
+        help="members reach the leader through a relay per this many hosts (supervisor/host/relay.py; "
+        "0: each connects directly)",
+    )
+    parser.add_argument(
         "--no-targets",
         action="store_true",
         help="check every run's correctness and print the figures, but do not hold them to their targets "
@@ -439,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     lines, failures = [], []
     for hosts in args.hosts or SIZES:
-        if hosts + FD_MARGIN > hard:
+        connections = -(-hosts // args.hosts_per_relay) if args.hosts_per_relay else hosts
+        if connections + FD_MARGIN > hard:
             failures.append(
                 f"{hosts} hosts: not run: the leader keeps one connection per host and this machine lets a "
                 f"process open at most {hard} files (ulimit -Hn; raising it needs CAP_SYS_RESOURCE)"
