@@ -63,7 +63,10 @@ class Upstream:
         self.ended = False
         self._channels = itertools.count()
 
-    def open(self, member: asyncio.StreamWriter) -> int:
+    def open(self, member: asyncio.StreamWriter) -> int | None:
+        """A channel for `member` (None: this leader's connection ended meanwhile)."""
+        if self.ended:
+            return None
         channel = next(self._channels)
         self.members[channel] = member
         self.writer.write(frame([channel], OPEN))
@@ -180,10 +183,10 @@ class Relay:
             writer.close()
             return
         upstream = await self._upstream(asked.leader)
-        if upstream is None:
+        channel = upstream.open(writer) if upstream is not None else None
+        if upstream is None or channel is None:
             writer.close()  # the member tries again, or finds the next leader
             return
-        channel = upstream.open(writer)
         silent = False
         try:
             while line := await reader.readline():
