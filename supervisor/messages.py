@@ -253,6 +253,9 @@ class RelayHello(Message):
 
     type: Literal["relay"] = "relay"
     group: int
+    host: int | None = None
+    """The host whose supervisor relays (None: none of the job's, as in the control-plane benchmark):
+    when the relay's connection ends, that host is lost with it at once."""
 
 
 # --- member -> relay ----------------------------------------------------------------------------

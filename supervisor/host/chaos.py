@@ -60,17 +60,20 @@ class Chaos:
         kill_workload: Callable[[], None],
         write_report: Callable[[str], None],
         leading: Callable[[], bool] = lambda: False,
+        relaying: Callable[[], bool] = lambda: False,
     ) -> None:
         """`fired`: this host's faults the job's memory says fired already (on a machine it was taken
         over from); `record`: the machine's own record of the faults it fired; `kill_workload`:
         SIGKILLs the workload and its standby; `write_report(end)`: this host's report, as a "lost"
-        machine's or a "crashed" supervisor's; `leading`: whether this supervisor leads the job now."""
+        machine's or a "crashed" supervisor's; `leading`: whether this supervisor leads the job now;
+        `relaying`: whether it relays its group's members to the leader (supervisor.host.relay)."""
         self._context = context
         self._record = record
         self._tiers = tiers
         self._kill_workload = kill_workload
         self._write_report = write_report
         self._leading = leading
+        self._relaying = relaying
         self.faults = faults_of(context.plan.chaos, context.host, fired | set(record.fired))
         self.slow: float | None = record.slow
         """Chaos `slow`: this machine's work factor once fired (a machine property: a spare taking
@@ -146,10 +149,12 @@ class Chaos:
         """The fault logged and reported before this supervisor goes."""
         self._context.log(_record(chaos))
         await self._context.report(chaos)
-        if self._leading():
+        if self._leading() or self._relaying():
             # A simulation's courtesy: the leader in this very process journals the fault on the
             # members before it goes, so that the job's memory has it whoever leads next (the
-            # workload lives on meanwhile: killed now, its exit would be reported as a crash).
+            # workload lives on meanwhile: killed now, its exit would be reported as a crash); the
+            # relay in this very process carries the report on to the leader (this host's own
+            # report goes through it too), or a spare taking the host over fires the fault again.
             await asyncio.sleep(JOURNAL_GRACE_SECONDS)
 
     async def _partition(self, chaos: messages.ChaosFired, seconds: float | None) -> None:

@@ -45,6 +45,10 @@ FRAME_ROOM = 1 << 20
 """Bytes a frame's header may add to a line: the relay reads the leader's lines this much longer."""
 MEMBER_LINE_LIMIT = protocol.CONTROL_LINE_LIMIT - (1 << 10)
 """The longest line a member may send through a relay: framed, it stays within the leader's limit."""
+RELAY_ATTEMPT_SECONDS = 1.0
+"""A member's try of one relay of its group: on the job's own network a relay answers in milliseconds,
+and a member whose relay is gone must reach the next one well within the leader's wait for it
+(supervisor.leader.relay_link.REJOIN_SECONDS)."""
 MEMBER_BUFFER_LIMIT = 4 * protocol.CONTROL_LINE_LIMIT
 """Bytes of the leader's lines a member's connection may hold unsent before the relay drops it."""
 
@@ -135,6 +139,7 @@ class Relay:
         self,
         group: int,
         *,
+        host: int | None = None,
         tls: JobTls | None = None,
         deadline: float = 0.0,
         say: Callable[[str], None] = lambda text: None,
@@ -143,6 +148,8 @@ class Relay:
         spec.health.connectionDeadlineSeconds, imposed on every connection it holds
         (supervisor.connection_deadline)."""
         self.group = group
+        self.host = host
+        """The host whose supervisor runs this relay (None: none, in the control-plane benchmark)."""
         self.tls = tls
         self.deadline = deadline
         self._say = say
@@ -225,7 +232,7 @@ class Relay:
             self._say(f"relay of group {self.group}: the leader at {address} does not answer: {error}")
             return None
         connection_deadline.impose_on(writer, self.deadline)
-        writer.write(messages.RelayHello(group=self.group).encode())
+        writer.write(messages.RelayHello(group=self.group, host=self.host).encode())
         upstream = Upstream(address, reader, writer)
         self._upstreams[address] = upstream
         self._say(f"relay of group {self.group}: carrying its members to the leader at {address}")
@@ -266,7 +273,7 @@ def through_relays(relays: list[str], tls: JobTls | None) -> Connect:
     async def connect(host: str, port: int) -> Streams:
         for relay in relays:
             with contextlib.suppress(OSError, TimeoutError):
-                return await asyncio.wait_for(via_relay(relay, tls)(host, port), ATTEMPT_SECONDS)
+                return await asyncio.wait_for(via_relay(relay, tls)(host, port), RELAY_ATTEMPT_SECONDS)
         return await open_control_connection(host, port, tls)
 
     return connect

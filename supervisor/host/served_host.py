@@ -68,6 +68,7 @@ class ServedHost:
         self.relay = (
             Relay(
                 context.plan.shape.relay_group_of(context.host, control.hosts_per_relay),
+                host=context.host,
                 tls=tls,
                 deadline=context.plan.training_job.spec.health.connection_deadline_seconds,
                 say=context.say,
@@ -97,6 +98,7 @@ class ServedHost:
             kill_workload=self.workloads.kill,
             write_report=write_report,
             leading=leading,
+            relaying=lambda: self.relay is not None and bool(self.relay.upstreams()),
         )
         self._starts = WorkloadStarts(
             context, workloads=self.workloads, chaos=self.chaos, checkpoint_dir=tiers.local_dir

@@ -25,7 +25,7 @@ from typing import Any
 from slicekeeper.supervisor import connection_deadline, messages
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
 from slicekeeper.supervisor.checkpoints.restore_plan import RestorePlan
-from slicekeeper.supervisor.leader import restart_events
+from slicekeeper.supervisor.leader import relay_link, restart_events
 from slicekeeper.supervisor.leader import status as views
 from slicekeeper.supervisor.leader.admission import HostState
 from slicekeeper.supervisor.leader.background import BackgroundWork, Task
@@ -262,7 +262,15 @@ class Leader:
         if relay is not None:
             await self.members.event(f"relay of group {relay.group} connected")
             with contextlib.suppress(asyncio.CancelledError):
-                await RelayLink(reader, writer, self._member).run()
+                link = RelayLink(
+                    reader,
+                    writer,
+                    self._member,
+                    relay_link.REJOIN_SECONDS,
+                    relay_host=relay.host,
+                    host_of=self.members.host_of,
+                )
+                await link.run()
             writer.close()
             if not self._quiet():
                 await self.members.event(f"relay of group {relay.group}: its connection ended")

@@ -9,9 +9,13 @@ host, its silence at the deadline. The leader holds one socket per relay; nothin
 
 A channel's end: the relay says its member's connection ended (`-`, or `-silent` at its deadline of
 silence), or the leader drops or closes the member's stream (the relay is told, and closes the
-member's connection). The relay's own connection ending ends every channel it carried, as silent
-when it ended at its deadline (the relay's host cut off: the leader judges that silence as it judges
-every member's), so that its members are handled as if their own connections had ended.
+member's connection). A relay's loss is one more fault, not its group's: its connection ending
+(its host lost, hung, or cut off: then at its deadline of silence) leaves its channels open for
+`REJOIN_SECONDS`, while its members, their own connections to it ended, rejoin the leader through
+their group's next relay (a rejoining member's registration closes its older channel: leader.
+registrations). The channels still open then end as their members' connections would have, as
+silent when the relay's went silent (the leader judges that silence as it judges every member's): the
+relay's own host among them, unless it came back too.
 """
 
 from __future__ import annotations
@@ -26,6 +30,12 @@ from typing import Any
 from slicekeeper.supervisor.relay_frames import END, OPEN, SILENT, FrameError, frame, parse
 
 from slicekeeper import protocol
+
+REJOIN_SECONDS = 10.0
+"""How long a lost relay's members have to rejoin through another relay before each is lost: a member
+sees its relay's end at once when the relay's process died, at its connection's deadline of silence
+otherwise (5 s by default, as the leader sees the relay's), and reaches the next relay of its group
+within a second (supervisor.host.relay.RELAY_ATTEMPT_SECONDS each)."""
 
 ServeMember = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]]
 
@@ -98,11 +108,26 @@ class RelayLink:
     """One relay's connection, serving each of its channels with `serve_member`."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, serve_member: ServeMember
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        serve_member: ServeMember,
+        rejoin_seconds: float,
+        *,
+        relay_host: int | None = None,
+        host_of: Callable[[asyncio.StreamWriter], list[int]] = lambda writer: [],
     ) -> None:
+        """`rejoin_seconds`: how long its members have to rejoin through another relay once its
+        connection ended; `relay_host`: the host whose supervisor relays (its member's channel ends
+        with the relay's connection at once); `host_of(writer)`: the hosts a channel's stream serves."""
         self.reader = reader
         self.writer = writer
         self._serve_member = serve_member
+        self.rejoin_seconds = rejoin_seconds
+        self._relay_host = relay_host
+        self._host_of = host_of
+        self._writers: dict[int, asyncio.StreamWriter] = {}
+        self._emptied = asyncio.Event()
         self._channels: dict[int, ChannelTransport] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._written = 0
@@ -122,13 +147,18 @@ class RelayLink:
 
     def ended(self, channel: int, error: Exception | None) -> None:
         transport = self._channels.pop(channel, None)
+        self._writers.pop(channel, None)
         if transport is not None:
             transport.ending(error)
+        if not self._channels:
+            self._emptied.set()
 
     async def run(self) -> None:
-        """Serve the relay's channels until its connection ends; then end every channel it carried,
-        and return once the leader handled each member's end."""
+        """Serve the relay's channels until its connection ends; then, once its members had their
+        time to rejoin through another relay, end every channel still open, and return once the
+        leader handled each member's end."""
         error: Exception | None = None
+        ending = False
         try:
             while line := await self.reader.readline():
                 if not line.endswith(b"\n"):
@@ -144,9 +174,19 @@ class RelayLink:
             error = silent
         except (OSError, ValueError):  # reset, a cut TLS stream; a line over the limit
             pass
+        except asyncio.CancelledError:  # the leader's process is ending: no member is lost for it
+            ending = True
         finally:
+            lost = TimeoutError() if error is not None else None
+            for channel, writer in list(self._writers.items()):
+                if self._relay_host is not None and self._relay_host in self._host_of(writer):
+                    self.ended(channel, lost)  # the relay's own host went with it
+            if self._channels and not ending:
+                self._emptied.clear()
+                with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                    await asyncio.wait_for(self._emptied.wait(), self.rejoin_seconds)
             for channel in list(self._channels):
-                self.ended(channel, TimeoutError() if error is not None else None)
+                self.ended(channel, lost)
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*self._tasks, return_exceptions=True)
 
@@ -169,6 +209,7 @@ class RelayLink:
         self.ended(channel, None)  # a channel opened again: its earlier member is gone
         self._channels[channel] = transport
         writer = asyncio.StreamWriter(transport, stream, reader, loop)
+        self._writers[channel] = writer
         task = asyncio.create_task(self._serve_member(reader, writer))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

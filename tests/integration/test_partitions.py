@@ -90,3 +90,25 @@ def test_negative_control_without_a_deadline_a_partition_goes_unnoticed(tmp_path
 
 def _supervisor_log(run_dir: str, machine: str) -> str:
     return (Path(run_dir) / machine / "supervisor.log").read_text()
+
+
+def test_a_relay_cut_off_costs_its_own_host_alone_its_group_rejoins_through_the_next(tmp_path):
+    """Host 2 relays its slice (spec.controlPlane.relays, a group per slice) and is cut off: the
+    leader hears its relay's connection fall silent at the deadline and loses host 2 at once; host 3,
+    its connection to the relay silent too, rejoins through its own supervisor's relay while the
+    leader waits for the relay's members: one host lost, taken over by the spare."""
+    relays = {"relays": True, "hostsPerRelay": 2}
+    result, report = run_job(
+        tmp_path,
+        *("--spares", "1", "--chaos", "partition:host=2@step=20"),
+        steps=STEPS,
+        health=HEALTH,
+        controlPlane=relays,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert report is not None
+    assert problems(report, fingerprint=sdk_loop_fingerprint(STEPS), steps=STEPS) == []
+    assert detection_of(report, 2)["detected_as"] == "host_lost"
+    assert report["restarts"] == {"host_lost": 1} and report["hot_swaps"]["hosts"] == [2]
+    assert [(d["kind"], d["host"]) for d in report["detections"]] == [("host_lost", 2)]
+    assert processes_mentioning(report["run_dir"]) == []

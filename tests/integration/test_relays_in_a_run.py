@@ -35,3 +35,28 @@ def test_hosts_behind_relays_recover_from_a_kill_with_the_fault_free_parameters(
     relays = {host for host, log in logs.items() if CARRYING in log}
     assert relays == {0, 2}, {host: log[-2000:] for host, log in logs.items()}
     assert f"relay of group 0: {CARRYING}" in logs[0] and f"relay of group 1: {CARRYING}" in logs[2]
+
+
+def test_a_relays_host_lost_costs_that_host_alone_its_group_rejoins_through_the_next(tmp_path: Path):
+    """Host 2 relays its slice (hosts 2 and 3); its machine is lost. Host 3's connection to the relay
+    ends with it, and host 3 rejoins the leader through the next relay of its group (its own
+    supervisor's) while the leader waits for the lost relay's members: host 2 alone is lost, and a
+    spare takes it over."""
+    spec = {"controlPlane": {"relays": True, "hostsPerRelay": 2}, "local": {"spares": 1}}
+    job = sdk_loop_job(tmp_path / "job.yaml", steps=STEPS, **spec)
+    result = run_cli(
+        "run",
+        str(job),
+        "--report",
+        str(tmp_path / "report.json"),
+        "--chaos",
+        "lose:host=2@step=12",
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = read_report(tmp_path / "report.json")
+    assert report["restarts"] == {"host_lost": 1}, report["restarts"]
+    assert [(d["kind"], d["host"]) for d in report["detections"]] == [("host_lost", 2)], report["detections"]
+    assert report["params_fingerprint"] == sdk_loop_fingerprint(STEPS)
+    host_3 = (Path(report["run_dir"]) / "host-3" / "supervisor.log").read_text()
+    assert f"relay of group 1: {CARRYING}" in host_3, host_3[-3000:]  # it relays its group now

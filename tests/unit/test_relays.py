@@ -13,6 +13,7 @@ reaches its member alone.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import pytest
 from slicekeeper.supervisor import messages, relay_frames
 from slicekeeper.supervisor.host import relay as relay_module
 from slicekeeper.supervisor.host.relay import Relay, through_relays, via_relay
-from slicekeeper.supervisor.leader import Leader
+from slicekeeper.supervisor.leader import Leader, relay_link
 from slicekeeper.supervisor.leader.relay_link import ChannelTransport
 from slicekeeper.supervisor.leader.settings import LeaderSettings
 from slicekeeper.supervisor.ports import free_port
@@ -71,6 +72,11 @@ async def relayed_job(tls: JobTls | None = None, hosts: int = HOSTS) -> RelayedJ
     for member in members:
         assert (await member.receive())["type"] == "start"
     return RelayedJob(leader, relay, members, f"127.0.0.1:{port}")
+
+
+def links(writers: Iterable[asyncio.StreamWriter]) -> set[object]:
+    """The relay connections `writers` go through."""
+    return {w.transport.link for w in writers if isinstance(w.transport, ChannelTransport)}
 
 
 async def silent(member: Member) -> bool:
@@ -176,7 +182,9 @@ def test_a_member_the_leader_drops_has_its_connection_closed_by_the_relay():
     run(scenario)
 
 
-def test_the_relay_lost_ends_every_members_connection_and_the_leader_loses_each_host():
+def test_a_lost_relays_members_that_do_not_come_back_are_each_lost_after_the_wait(monkeypatch):
+    monkeypatch.setattr(relay_link, "REJOIN_SECONDS", 0.5)
+
     async def scenario() -> None:
         job = await relayed_job()
         await job.relay.close()
@@ -185,6 +193,53 @@ def test_the_relay_lost_ends_every_members_connection_and_the_leader_loses_each_
         await eventually(lambda: not job.leader.members.writers)
         assert all(job.leader.status[host].state == "lost" for host in range(HOSTS))
         await job.shut()
+
+    run(scenario)
+
+
+async def restarts_when_a_relay_is_lost_and_its_members_rejoin_through_the_next() -> dict[str, int]:
+    """Every member's relay lost; each rejoins at once through the group's next relay, in the
+    generation it is in, as supervisor.host.membership does: the leader's restarts after that."""
+    job = await relayed_job()
+    standby = Relay(0)
+    connect = via_relay(f"127.0.0.1:{await standby.serve('127.0.0.1')}", None)
+    writers = job.leader.members.writers
+    lost_link = links(writers.values())
+    await job.relay.close()
+    port = int(job.leader_address.rsplit(":", 1)[1])
+    members = []
+    for member in job.members:
+        assert await asyncio.wait_for(member.reader.read(), 5.0) == b""
+        members.append(Member(member.host, *await connect("127.0.0.1", port)))
+        await members[-1].send("register", metrics_port=9100 + member.host, generation=0, step=3)
+    await eventually(
+        lambda: (
+            (len(writers) == HOSTS and not links(writers.values()) & lost_link)
+            or "host_lost" in job.leader.memory.restarts
+        )
+    )
+    await asyncio.sleep(QUIET)
+    restarts = dict(job.leader.memory.restarts)
+    for member in members:
+        member.close()
+    await standby.close()
+    await job.shut()
+    return restarts
+
+
+def test_a_lost_relays_members_rejoining_through_the_next_relay_are_not_lost():
+    async def scenario() -> None:
+        assert await restarts_when_a_relay_is_lost_and_its_members_rejoin_through_the_next() == {}
+
+    run(scenario)
+
+
+def test_negative_control_with_no_wait_for_them_a_lost_relays_members_are_lost(monkeypatch):
+    monkeypatch.setattr(relay_link, "REJOIN_SECONDS", 0.0)
+
+    async def scenario() -> None:
+        restarts = await restarts_when_a_relay_is_lost_and_its_members_rejoin_through_the_next()
+        assert restarts.get("host_lost", 0) >= 1, restarts
 
     run(scenario)
 
