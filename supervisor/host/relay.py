@@ -45,6 +45,9 @@ FRAME_ROOM = 1 << 20
 """Bytes a frame's header may add to a line: the relay reads the leader's lines this much longer."""
 MEMBER_LINE_LIMIT = protocol.CONTROL_LINE_LIMIT - (1 << 10)
 """The longest line a member may send through a relay: framed, it stays within the leader's limit."""
+END_WAIT_SECONDS = 5.0
+"""How long a relay whose own supervisor ends keeps carrying its other members (supervisor.host.
+served_host): at the job's end each gets its own word to end from the leader through it."""
 RELAY_ATTEMPT_SECONDS = 1.0
 """A member's try of one relay of its group: on the job's own network a relay answers in milliseconds,
 and a member whose relay is gone must reach the next one well within the leader's wait for it
@@ -104,7 +107,7 @@ class Upstream:
             self.ended = True
             self.writer.close()
             for member in list(self.members.values()):
-                member.transport.abort()
+                member.close()  # what it was sent still reaches it (the job's end, a journal), then its end
             self.members.clear()
 
     def _to_member(self, channel: int, payload: bytes) -> None:
@@ -170,10 +173,17 @@ class Relay:
         """The leaders it holds a connection to (normally one)."""
         return [address for address, upstream in self._upstreams.items() if not upstream.ended]
 
-    async def close(self) -> None:
-        """Stop serving: every upstream and member connection ends."""
+    async def close(self, wait: float = 0.0) -> None:
+        """Stop serving: every upstream and member connection ends; `wait`: seconds its members have
+        to end their connections first (the job's end reaching each: its supervisor ends as the
+        others do, not only when the leader's last line to them crossed this relay)."""
         if self._server is not None:
             self._server.close()
+        deadline = asyncio.get_running_loop().time() + wait
+        while any(upstream.members for upstream in self._upstreams.values()):
+            if asyncio.get_running_loop().time() >= deadline:
+                break
+            await asyncio.sleep(0.05)
         for upstream in list(self._upstreams.values()):
             upstream.writer.transport.abort()
         for task in list(self._tasks):

@@ -26,7 +26,7 @@ from slicekeeper.supervisor.host.generation import Generation
 from slicekeeper.supervisor.host.host_report import host_report
 from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.host.notices import SigtermNotice, save_on_notice
-from slicekeeper.supervisor.host.relay import Relay
+from slicekeeper.supervisor.host.relay import END_WAIT_SECONDS, Relay
 from slicekeeper.supervisor.host.sdk_events import SdkEvents
 from slicekeeper.supervisor.host.sdk_socket import remove_sdk_socket
 from slicekeeper.supervisor.host.workload import Workloads
@@ -162,7 +162,7 @@ class ServedHost:
         self.workloads.drop_standby()
         await self.workloads.stop()
         if self.relay is not None:
-            await self.relay.close()
+            await self.relay.close(wait=END_WAIT_SECONDS)
         self.sdk.close()
         remove_sdk_socket(self._starts.socket, self.context.folder)
 

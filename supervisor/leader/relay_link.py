@@ -56,9 +56,10 @@ class ChannelTransport(asyncio.Transport):
         if self._closing:
             return
         for line in bytes(data).splitlines(keepends=True):
-            self._sent(self.link.write([self.channel], line))
+            self.sent(self.link.write([self.channel], line))
 
-    def _sent(self, written: tuple[int, int]) -> None:
+    def sent(self, written: tuple[int, int]) -> None:
+        """A frame for this channel was written to the relay's connection: (its bytes after it, its size)."""
         self._unsent.append(written)
 
     def received(self, line: bytes) -> None:

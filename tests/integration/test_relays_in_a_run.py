@@ -32,9 +32,12 @@ def test_hosts_behind_relays_recover_from_a_kill_with_the_fault_free_parameters(
     logs = {
         host: (Path(report["run_dir"]) / f"host-{host}" / "supervisor.log").read_text() for host in range(4)
     }
+    # Each host goes through its group's first relay, or the next when that one does not answer yet
+    # (its supervisor not started: on a loaded machine, host 3's relay once carried host 3).
     relays = {host for host, log in logs.items() if CARRYING in log}
-    assert relays == {0, 2}, {host: log[-2000:] for host, log in logs.items()}
-    assert f"relay of group 0: {CARRYING}" in logs[0] and f"relay of group 1: {CARRYING}" in logs[2]
+    assert {0, 2} <= relays, {host: log[-2000:] for host, log in logs.items()}
+    assert all(f"relay of group {host // 2}: {CARRYING}" in logs[host] for host in relays)
+    assert not any("lost the leader" in log for log in logs.values()), logs
 
 
 def test_a_relays_host_lost_costs_that_host_alone_its_group_rejoins_through_the_next(tmp_path: Path):

@@ -404,8 +404,11 @@ async def test_the_leaders_view_on_its_pod_becomes_the_job_status_and_scaling_ev
         await leader_publishes(
             step=40, slicesActive=2, lastCheckpointStep=35, lastRestore=restore, goodput=0.9
         )
-        status = await eventually(
-            lambda: kube.job(NS, "tiny-lm")["status"].get("step") == 40 and kube.job(NS, "tiny-lm")["status"]
+        status = await eventually(  # (no status at all until the operator's first write)
+            lambda: (
+                (kube.job(NS, "tiny-lm").get("status") or {}).get("step") == 40
+                and kube.job(NS, "tiny-lm")["status"]
+            )
         )
         assert (status["phase"], status["slicesReady"], status["slicesActive"]) == ("Running", 2, 2)
         assert status["restarts"] == {"crash": 1, "replace": 0}

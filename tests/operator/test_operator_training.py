@@ -270,8 +270,12 @@ class PausedLeader:
         await eventually(lambda: self._status_writes(kube), what="the leader's first view written")
         [pod] = [p for p in cluster.running.values() if p.name == LEADER_POD and p.process.poll() is None]
         before = await lease_holder(kube)
-        frozen = pod_processes(pod.process.pid)  # the pod's command execs the supervisor
-        assert len(frozen) > 1, "host 0's workload is not running"
+        # The pod's command execs the supervisor; its workload may be between two of its processes
+        # (a generation starting) at this moment on a loaded machine: frozen once one runs.
+        frozen = await eventually(
+            lambda: (lambda found: found if len(found) > 1 else None)(pod_processes(pod.process.pid)),
+            what="host 0's workload running",
+        )
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()

@@ -114,6 +114,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.lines: list[bytes] = []
+        self.transport = None  # not a relay's channel: written to directly
 
     def write(self, data: bytes) -> None:
         self.lines.append(data)

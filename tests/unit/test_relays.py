@@ -22,6 +22,7 @@ from slicekeeper.supervisor import messages, relay_frames
 from slicekeeper.supervisor.host import relay as relay_module
 from slicekeeper.supervisor.host.relay import Relay, through_relays, via_relay
 from slicekeeper.supervisor.leader import Leader, relay_link
+from slicekeeper.supervisor.leader.members import Members
 from slicekeeper.supervisor.leader.relay_link import ChannelTransport
 from slicekeeper.supervisor.leader.settings import LeaderSettings
 from slicekeeper.supervisor.ports import free_port
@@ -144,6 +145,44 @@ def test_negative_control_a_relay_that_hands_every_line_to_the_whole_group_is_ca
 
     async def scenario() -> None:
         assert await who_hears_a_command_to(3) == set(range(HOSTS))
+
+    run(scenario)
+
+
+async def frames_of_a_broadcast() -> tuple[int, set[int]]:
+    """The frames the relay reads from the leader for one broadcast to the 8 members behind it, and
+    the members that got it."""
+    job = await relayed_job()
+    frames: list[relay_frames.Frame] = []
+
+    def counted(line: bytes) -> relay_frames.Frame:
+        frames.append(relay_frames.parse(line))
+        return frames[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(relay_module, "parse", counted)
+        await job.leader.members.broadcast(messages.ActivityRequest(generation=0))
+        heard = {m.host for m in job.members if (await m.receive())["type"] == "activity_request"}
+    await job.shut()
+    return len(frames), heard
+
+
+def test_a_broadcast_reaches_every_member_behind_a_relay_in_one_frame():
+    async def scenario() -> None:
+        assert await frames_of_a_broadcast() == (1, set(range(HOSTS)))
+
+    run(scenario)
+
+
+def test_negative_control_a_broadcast_written_to_each_member_is_a_frame_each(monkeypatch):
+    def one_by_one(self: Members, writers: list[asyncio.StreamWriter], line: bytes) -> None:
+        for writer in writers:
+            self._write(writer, line)
+
+    monkeypatch.setattr(Members, "_write_each", one_by_one)
+
+    async def scenario() -> None:
+        assert await frames_of_a_broadcast() == (HOSTS, set(range(HOSTS)))
 
     run(scenario)
 
