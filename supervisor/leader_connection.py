@@ -66,11 +66,14 @@ class ReceivedFirst(asyncio.StreamReader):
             super().set_exception(exc)
 
 
-async def open_control_connection(host: str, port: int, tls: JobTls | None = None) -> Streams:
-    """A connection whose lines may be as long as the leader's journal (protocol.CONTROL_LINE_LIMIT),
-    with the job's credentials (`tls`; None: plain TCP, in unit tests), read by `ReceivedFirst`."""
+async def open_control_connection(
+    host: str, port: int, tls: JobTls | None = None, limit: int = protocol.CONTROL_LINE_LIMIT
+) -> Streams:
+    """A connection whose lines may be as long as the leader's journal (`limit`: a relay's are a
+    frame's header longer), with the job's credentials (`tls`; None: plain TCP, in unit tests), read
+    by `ReceivedFirst`."""
     loop = asyncio.get_running_loop()
-    reader = ReceivedFirst(limit=protocol.CONTROL_LINE_LIMIT, loop=loop)
+    reader = ReceivedFirst(limit=limit, loop=loop)
     stream = asyncio.StreamReaderProtocol(reader, loop=loop)
     options = {} if tls is None else tls.client_options()
     transport, _ = await loop.create_connection(lambda: stream, host, port, **options)

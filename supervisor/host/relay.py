@@ -33,7 +33,6 @@ from slicekeeper.supervisor import connection_deadline, messages
 from slicekeeper.supervisor.leader_connection import (
     ATTEMPT_SECONDS,
     Connect,
-    ReceivedFirst,
     open_control_connection,
 )
 from slicekeeper.supervisor.relay_frames import END, OPEN, SILENT, FrameError, frame, parse
@@ -122,17 +121,6 @@ class Upstream:
         if member.transport.get_write_buffer_size() > MEMBER_BUFFER_LIMIT:
             self.close_channel(channel, False)
             member.transport.abort()
-
-
-async def open_upstream(host: str, port: int, tls: JobTls | None) -> Streams:
-    """A connection to the leader at host:port for a relay (its lines a frame's header longer than a
-    member's, read by `ReceivedFirst`: every line received is handed out, however it ended)."""
-    loop = asyncio.get_running_loop()
-    reader = ReceivedFirst(limit=protocol.CONTROL_LINE_LIMIT + FRAME_ROOM, loop=loop)
-    stream = asyncio.StreamReaderProtocol(reader, loop=loop)
-    options = {} if tls is None else tls.client_options()
-    transport, _ = await loop.create_connection(lambda: stream, host, port, **options)
-    return reader, asyncio.StreamWriter(transport, stream, reader, loop)
 
 
 class Relay:
@@ -237,7 +225,10 @@ class Relay:
     async def _open(self, address: str) -> Upstream | None:
         host, _, port = address.rpartition(":")
         try:
-            reader, writer = await asyncio.wait_for(open_upstream(host, int(port), self.tls), ATTEMPT_SECONDS)
+            reader, writer = await asyncio.wait_for(
+                open_control_connection(host, int(port), self.tls, protocol.CONTROL_LINE_LIMIT + FRAME_ROOM),
+                ATTEMPT_SECONDS,
+            )
         except (OSError, ValueError, TimeoutError) as error:
             self._say(f"relay of group {self.group}: the leader at {address} does not answer: {error}")
             return None

@@ -7,6 +7,7 @@ slice each: the first host of each slice relays its slice's members, the others 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tests.support.cli_runs import read_report, run_cli, sdk_loop_fingerprint, sdk_loop_job
 
@@ -14,19 +15,18 @@ STEPS = 40
 CARRYING = "carrying its members to the leader at"
 
 
-def test_hosts_behind_relays_recover_from_a_kill_with_the_fault_free_parameters(tmp_path: Path):
-    job = sdk_loop_job(tmp_path / "job.yaml", steps=STEPS, controlPlane={"relays": True, "hostsPerRelay": 2})
-    result = run_cli(
-        "run",
-        str(job),
-        "--report",
-        str(tmp_path / "report.json"),
-        "--chaos",
-        "kill:host=1@step=12",
-        timeout=240,
-    )
+def relayed_run(tmp_path: Path, chaos: str, **spec: Any) -> dict[str, Any]:
+    """`slicekeeper run` of the SDK loop, each slice a relay group, with `chaos`: its report."""
+    relays = {"controlPlane": {"relays": True, "hostsPerRelay": 2}}
+    job = sdk_loop_job(tmp_path / "job.yaml", steps=STEPS, **relays, **spec)
+    report = tmp_path / "report.json"
+    result = run_cli("run", str(job), "--report", str(report), "--chaos", chaos, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
-    report = read_report(tmp_path / "report.json")
+    return read_report(report)
+
+
+def test_hosts_behind_relays_recover_from_a_kill_with_the_fault_free_parameters(tmp_path: Path):
+    report = relayed_run(tmp_path, "kill:host=1@step=12")
     assert report["restarts"] == {"crash": 1}
     assert report["params_fingerprint"] == sdk_loop_fingerprint(STEPS)
     logs = {
@@ -45,19 +45,7 @@ def test_a_relays_host_lost_costs_that_host_alone_its_group_rejoins_through_the_
     ends with it, and host 3 rejoins the leader through the next relay of its group (its own
     supervisor's) while the leader waits for the lost relay's members: host 2 alone is lost, and a
     spare takes it over."""
-    spec = {"controlPlane": {"relays": True, "hostsPerRelay": 2}, "local": {"spares": 1}}
-    job = sdk_loop_job(tmp_path / "job.yaml", steps=STEPS, **spec)
-    result = run_cli(
-        "run",
-        str(job),
-        "--report",
-        str(tmp_path / "report.json"),
-        "--chaos",
-        "lose:host=2@step=12",
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = read_report(tmp_path / "report.json")
+    report = relayed_run(tmp_path, "lose:host=2@step=12", local={"spares": 1})
     assert report["restarts"] == {"host_lost": 1}, report["restarts"]
     assert [(d["kind"], d["host"]) for d in report["detections"]] == [("host_lost", 2)], report["detections"]
     assert report["params_fingerprint"] == sdk_loop_fingerprint(STEPS)
