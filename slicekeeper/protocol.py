@@ -58,6 +58,12 @@ ENV_CHAOS_SLOW: Final = "SLICEKEEPER_CHAOS_SLOW"
 """Chaos `slow` on this machine, `F@S`: from step S on, the SDK stretches the loop's own work of each
 step F-fold in `work_done()` (a slow chip: the extra time comes before the host reaches the
 collective). Empty or absent: not slowed."""
+ENV_CHAOS_HOLD: Final = "SLICEKEEPER_CHAOS_HOLD"
+"""Chaos `hang` as a step begins, `S1,S2`: the steps at which the SDK, once it told the supervisor
+the step began, waits up to CHAOS_HOLD_SECONDS for the supervisor's SIGSTOP, so that the stop lands
+in the step's own work however late a loaded supervisor reads the event (the hang's culprit is told
+by where it stopped). Empty or absent: none pending."""
+CHAOS_HOLD_SECONDS: Final = 10.0
 ENV_DEVICES_PER_HOST: Final = "SLICEKEEPER_DEVICES_PER_HOST"
 """Local mode only: CPU devices this host process fakes."""
 ENV_OWN_WORK_CORE: Final = "SLICEKEEPER_OWN_WORK_CORE"

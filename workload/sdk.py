@@ -53,6 +53,8 @@ class HostIdentity:
     a checkpoint in the framework's standard format (orbax_format, dcp_format)."""
     slow: tuple[float, int] | None = None
     """Chaos `slow` on this machine: (factor, first step); see protocol.ENV_CHAOS_SLOW."""
+    hold: frozenset[int] = frozenset()
+    """Chaos `hang` at these steps' begin: the SDK waits there for the stop (protocol.ENV_CHAOS_HOLD)."""
     own_work_core: int | None = None
     """Local mode: the core this host's own work runs on; see protocol.ENV_OWN_WORK_CORE."""
 
@@ -80,6 +82,7 @@ class HostIdentity:
             compilation_cache=env.get(protocol.ENV_COMPILATION_CACHE) or None,
             init_from=env.get(protocol.ENV_INIT_FROM) or None,
             slow=_slow(env.get(protocol.ENV_CHAOS_SLOW, "")),
+            hold=frozenset(int(step) for step in env.get(protocol.ENV_CHAOS_HOLD, "").split(",") if step),
             own_work_core=int(core) if (core := env.get(protocol.ENV_OWN_WORK_CORE)) else None,
         )
 
@@ -290,6 +293,8 @@ class Session:
         slow = self.identity.slow
         factor = slow[0] if slow is not None and step >= slow[1] else 1.0
         self._send(Event.STEP_BEGIN, step=step)
+        if step in self.identity.hold:
+            time.sleep(protocol.CHAOS_HOLD_SECONDS)  # the supervisor's SIGSTOP lands here, in own work
         if self._core is not None:
             self._core.confine()
         record = StepRecord(

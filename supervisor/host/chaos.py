@@ -46,6 +46,11 @@ JOURNAL_GRACE_SECONDS = 0.3
 """A lost machine's last moment: long enough for the leader to journal the chaos fault that lost it."""
 
 
+def hang_holds(faults: list[Fault]) -> str:
+    """protocol.ENV_CHAOS_HOLD for `faults` not fired yet: the steps a `hang` stops as they begin."""
+    return ",".join(str(f.step) for f in faults if f.kind is ChaosKind.HANG and f.at == BEGIN)
+
+
 class Chaos:
     """The faults aimed at this host not fired yet, the `slow` factor of this machine, and the means
     to inflict them: the workload's signals, its local checkpoints, the whole machine."""
@@ -86,6 +91,11 @@ class Chaos:
             return f"{self.slow}@0"
         pending = [f for f in self.faults if f.kind is ChaosKind.SLOW]
         return f"{pending[0].factor}@{pending[0].step}" if pending else ""
+
+    def hold_spec(self) -> str:
+        """The steps of this host's pending `hang` faults at a step's begin, for the workload
+        (protocol.ENV_CHAOS_HOLD): its SDK waits there for the stop."""
+        return hang_holds(self.faults)
 
     def inject(self, step: int, workload: WorkloadProcess | None, generation: int, at: str = BEGIN) -> None:
         """Fire the chaos faults aimed at this host and this step, at this point of it (`at`: as it

@@ -133,6 +133,8 @@ class WorkloadMachine:
     """The supervisor's own environment."""
     slow: str
     """The chaos `slow` spec (protocol.ENV_CHAOS_SLOW): a property of the machine (host.chaos)."""
+    hold: str = ""
+    """The steps a chaos `hang` stops the workload at as they begin (protocol.ENV_CHAOS_HOLD)."""
 
 
 def workload_env(context: WorkloadContext, start: messages.Start, machine: WorkloadMachine) -> dict[str, str]:
@@ -152,6 +154,7 @@ def workload_env(context: WorkloadContext, start: messages.Start, machine: Workl
             protocol.ENV_PROCESS_ID: str(start.rank),
             protocol.ENV_FULL_HOSTS: str(plan.shape.host_count),
             protocol.ENV_CHAOS_SLOW: machine.slow,
+            protocol.ENV_CHAOS_HOLD: machine.hold,
             protocol.ENV_GENERATION: str(start.generation),
             protocol.ENV_COORDINATOR: start.coordinator,
             protocol.ENV_RESTORE_STEP: "" if start.restore_step is None else str(start.restore_step),
@@ -201,6 +204,7 @@ GO_VARIABLES = (
     protocol.ENV_MEGASCALE_SLICE_ID,
     protocol.ENV_MEGASCALE_COORDINATOR_ADDRESS,
     protocol.ENV_CHAOS_SLOW,
+    protocol.ENV_CHAOS_HOLD,
 )
 """What `go` tells a promoted standby: the variables that may differ from those it started with."""
 

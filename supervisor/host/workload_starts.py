@@ -54,6 +54,7 @@ class WorkloadStarts:
             cores=self._context.site.cores(),
             environ=os.environ,
             slow=self._chaos.slow_spec(),
+            hold=self._chaos.hold_spec(),
         )
         return workload_env(self._context, start, machine)
 

@@ -272,10 +272,16 @@ class PausedLeader:
         before = await lease_holder(kube)
         # The pod's command execs the supervisor; its workload may be between two of its processes
         # (a generation starting) at this moment on a loaded machine: frozen once one runs.
-        frozen = await eventually(
-            lambda: (lambda found: found if len(found) > 1 else None)(pod_processes(pod.process.pid)),
-            what="host 0's workload running",
-        )
+        try:
+            frozen = await eventually(
+                lambda: (lambda found: found if len(found) > 1 else None)(pod_processes(pod.process.pid)),
+                what="host 0's workload running",
+            )
+        except AssertionError:  # say what the job was doing instead (a CI run of 97efc28 got here)
+            print("steps ended:", steps_ended(cluster), "status:", status(kube))
+            print("host 0's pod:", pod.process.poll(), pod_processes(pod.process.pid))
+            print(cluster.log_of(LEADER_POD)[-6000:])
+            raise
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from slicekeeper.supervisor.host.chaos import faults_of
+from slicekeeper.supervisor.host.chaos import faults_of, hang_holds
 from slicekeeper.supervisor.host.machine_record import MachineRecord
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.capacity import pod_replacements
@@ -137,3 +137,17 @@ def test_a_new_machine_registering_first_with_a_new_leader_is_decided_on_with_ev
         await shut(new, [fresh, back])
 
     run(scenario)
+
+
+def test_a_workload_is_told_the_steps_its_pending_hangs_stop_as_they_begin():
+    """protocol.ENV_CHAOS_HOLD: the SDK waits at these steps' begin for the stop; a hang fired (the
+    machine's record) or one inside the collective is not among them."""
+    specs = [
+        "hang:host=1@step=10",
+        "hang:host=1,at=collective@step=12",
+        "hang:host=1@step=22",
+        "kill:host=1@step=5",
+    ]
+    assert hang_holds(faults_of(specs, 1, set())) == "10,22"
+    assert hang_holds(faults_of(specs, 1, {"hang:host=1@step=10"})) == "22"
+    assert hang_holds(faults_of(specs, 2, set())) == ""

@@ -129,7 +129,7 @@ def test_a_promoted_standby_sees_what_a_process_started_for_that_generation_woul
             protocol.ENV_NUM_HOSTS,
             protocol.ENV_PROCESS_ID,
         ]
-        assert list(go)[-1] == protocol.ENV_CHAOS_SLOW
+        assert list(go)[-2:] == [protocol.ENV_CHAOS_SLOW, protocol.ENV_CHAOS_HOLD]
         assert (protocol.ENV_MEGASCALE_COORDINATOR_ADDRESS in go) is not local
 
 
@@ -149,6 +149,7 @@ def test_go_carries_only_the_generations_variables_whatever_else_the_environment
         protocol.ENV_MEGASCALE_NUM_SLICES: "2",
         protocol.ENV_MEGASCALE_SLICE_ID: "0",
         protocol.ENV_CHAOS_SLOW: "",
+        protocol.ENV_CHAOS_HOLD: "",
     }
 
 

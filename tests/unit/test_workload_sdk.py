@@ -346,6 +346,28 @@ def test_steps_before_the_slowdown_and_unslowed_hosts_are_not_stretched(monkeypa
     assert slept == []
 
 
+def test_a_hang_due_at_a_steps_begin_holds_the_step_there_after_its_begin_is_sent(monkeypatch):
+    """Chaos `hang` as a step begins: the SDK waits there for the supervisor's SIGSTOP, its begin
+    already sent, so the stop lands in the step's own work however late the supervisor reads it; the
+    other steps, and a process with no hang pending, go straight on."""
+    events: list[str] = []
+    monkeypatch.setattr(
+        Session, "_send", lambda self, event, **fields: events.append(f"{event.value}:{fields.get('step')}")
+    )
+    monkeypatch.setattr(sdk.time, "sleep", lambda seconds: events.append(f"held {seconds}"))
+    session = Session(HostIdentity.from_env({protocol.ENV_CHAOS_HOLD: "10,22"}), None)
+    assert session.identity.hold == {10, 22}
+    for step in (9, 10):
+        with session.step(step) as record:
+            record.work_done()
+    begin, held = f"{protocol.Event.STEP_BEGIN.value}:10", f"held {protocol.CHAOS_HOLD_SECONDS}"
+    assert events.count(held) == 1 and events.index(held) == events.index(begin) + 1, events
+    events.clear()
+    with Session(HostIdentity.from_env({protocol.ENV_CHAOS_HOLD: ""}), None).step(10) as record:
+        record.work_done()
+    assert not any(e.startswith("held") for e in events), events
+
+
 def thread_affinities() -> set[frozenset[int]]:
     found = set()
     for task in os.listdir("/proc/self/task"):
