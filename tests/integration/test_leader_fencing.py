@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -84,6 +85,17 @@ class Pauser(threading.Thread):
             self.paused_for = time.monotonic() - stopped
 
 
+def leadership_story(run_dir: Path) -> str:
+    """What every supervisor logged about leading and the Lease: said when an election was not the
+    one expected (a fresh clone of 7009db8 saw term 3, not 2)."""
+    lines = []
+    for log in sorted(run_dir.glob("*/supervisor.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if re.search(r"lead|lease|term|standing down", line, re.IGNORECASE):
+                lines.append(f"{log.parent.name}: {line}")
+    return "\n".join(lines[-80:])
+
+
 @pytest.fixture
 def runs():
     """The run directory's parent, short: the SDK's Unix socket path lives under it (108 bytes max)."""
@@ -102,7 +114,7 @@ def test_a_paused_leader_is_replaced_and_once_resumed_changes_nothing(tmp_path, 
     assert report is not None and pauser.paused_for is not None and pauser.paused_for > 3
     assert problems(report, fingerprint=clean_fingerprint, steps=STEPS) == []
     [change] = report["leader_changes"]  # written by the new leader, not overwritten by the old one
-    assert (change["from_host"], change["term"]) == (0, 2)
+    assert (change["from_host"], change["term"]) == (0, 2), leadership_story(Path(report["run_dir"]))
     host_0 = (Path(report["run_dir"]) / "host-0" / "supervisor.log").read_text()
     assert "standing down as leader" in host_0
     # Every decision in the job's decision log is one the report knows: the old leader, woken up
