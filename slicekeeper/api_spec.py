@@ -316,6 +316,12 @@ class ControlPlaneSpec(Model):
         description="Hosts of a relay's group, at least: the group is as many whole slices as make "
         "this many hosts (a slice's hosts go together, in a host event as in a restart).",
     )
+    lease_candidates: PositiveInt = Field(
+        default=3,
+        description="With relays: how many hosts' supervisors read and write the job's Lease (host 0 "
+        "and hosts of slices spread over the job); every other supervisor, spares included, asks them "
+        "who leads, so the job's Lease requests do not grow with its size.",
+    )
 
 
 class KueueSpec(Model):

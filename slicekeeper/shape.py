@@ -58,6 +58,17 @@ class JobShape:
         first = self.relay_group_of(host, hosts_per_relay) * slices
         return self.hosts_in(range(first, min(self.slices, first + slices)))
 
+    def lease_candidates(self, count: int) -> tuple[int, ...]:
+        """The `count` hosts whose supervisors read and write the job's Lease when only a few do
+        (spec.controlPlane.leaseCandidates): host 0 first (the job's first leader), then the first
+        host of slices spread evenly over the job (different slices, different relay groups), then
+        the slices' next hosts."""
+        spread = max(1, self.slices // max(1, count))
+        slices = [*range(0, self.slices, spread)]
+        slices += [s for s in range(self.slices) if s not in set(slices)]
+        order = [s * self.hosts_per_slice + w for w in range(self.hosts_per_slice) for s in slices]
+        return tuple(order[: min(count, self.host_count)])
+
     def twins(self, host: int, slices: Iterable[int]) -> tuple[int, ...]:
         """Hosts of `slices` whose shard equals `host`'s: the same worker in the other slices."""
         worker, own = self.worker_of(host), self.slice_of(host)

@@ -267,6 +267,24 @@ class RelayTo(Message):
     leader: str
 
 
+class WhoLeads(Message):
+    """The first line of a connection to a supervisor's relay port asking whom the job's lease names
+    (a supervisor that does not read the lease itself: supervisor.host.leadership); answered with
+    one LeaseSeen, then the connection ends."""
+
+    type: Literal["who_leads"] = "who_leads"
+
+
+class LeaseSeen(Message):
+    """The job's lease as the answering supervisor last read it (`holder`: its holder's identity,
+    prefixed when released, as the Lease records it; None: no lease read yet)."""
+
+    type: Literal["lease_seen"] = "lease_seen"
+    holder: str | None = None
+    term: int = 0
+    renewed_at: float = 0.0
+
+
 # --- leader -> member ---------------------------------------------------------------------------
 class Order(Message):
     """Said by the leader of `term` (supervisor.leader.election): a member ignores what a leader of an
@@ -467,9 +485,17 @@ def relay_hello(line: bytes | str) -> RelayHello | None:
     return RelayHello.model_validate(value)
 
 
-def relay_to(line: bytes | str) -> RelayTo:
-    """The first line a member sent its relay."""
-    return RelayTo.model_validate(protocol.decode(line))
+def relay_to(line: bytes | str) -> RelayTo | WhoLeads:
+    """The first line a member sent its relay, or a question of whom the lease names."""
+    value = protocol.decode(line)
+    if isinstance(value, dict) and value.get("type") == "who_leads":
+        return WhoLeads.model_validate(value)
+    return RelayTo.model_validate(value)
+
+
+def lease_seen(line: bytes | str) -> LeaseSeen:
+    """A relay port's answer to WhoLeads."""
+    return LeaseSeen.model_validate(protocol.decode(line))
 
 
 def command(line: bytes | str) -> Command:

@@ -43,9 +43,17 @@ from slicekeeper.leader_view import LeaderView
 from slicekeeper.policy.engine import PolicyEngine
 from slicekeeper.shape import JobLayout
 
+AskCandidates = Callable[[], Awaitable[tuple[bool, Lease | None]]]
+"""Asks the lease's candidates who leads: (whether any answered, the newest lease they name)."""
+
 WATCH_SECONDS = 0.2
 """How often a spare (which only watches) reads the lease, and a candidate before the lease exists
 or while its member looks for a new leader (`looking`)."""
+
+UNANSWERED_SECONDS = 5.0
+"""How long a supervisor that is not a lease candidate asks the candidates in vain before it reads the
+lease itself: long enough for a candidate starting with the job, short against a leader's wait for
+its members (LEADER_WAIT_SECONDS in a pod)."""
 
 LAST_BROADCAST_SECONDS = 0.2
 """At the job's end, how long the leader lets its last broadcast reach members and watchers."""
@@ -96,11 +104,13 @@ class Leadership:
         bind: str,
         reserved: socket.socket | None = None,
         tls: JobTls | None = None,
+        ask: AskCandidates | None = None,
         say: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True),
     ) -> None:
         """`tls`: the job's credentials, which the leader's server requires of every member;
         `new_leader`, `journal`, `bind`, `reserved`: as supervisor.host.own_leader.OwnLeader takes
-        them."""
+        them; `ask`: where only a few candidates read the lease, how a supervisor that is not one of
+        them learns it (None: it reads the lease itself)."""
         self.election = election
         self.own = own
         self.candidate = candidate
@@ -111,6 +121,13 @@ class Leadership:
         """This supervisor was started again on its machine: a lease its dead predecessor still
         holds is released at once instead of waiting out its duration."""
         self._say = say
+        self._ask = ask
+        self._unanswered_since: float | None = None
+        """Monotonic time since which no candidate answered who leads (None: one did last time)."""
+        self._reading_instead = False
+        """No candidate answered for UNANSWERED_SECONDS: this supervisor reads the lease (said once)."""
+        self._earlier_requests = 0
+        """Lease requests of the elections this supervisor took part in before its current one."""
         self._own_leader = OwnLeader(
             new_leader, journal=journal, bind=bind, reserved=reserved, tls=tls, say=say
         )
@@ -162,7 +179,7 @@ class Leadership:
             # Only the first host creates the lease: were host 0's pod late, a member leading in its
             # place would wait for it all the same; instead members that find no leader in time ask
             # for new pods (supervisor/leader_connection.py).
-            while await self._read() is None:
+            while await self._learn() is None:
                 await asyncio.sleep(WATCH_SECONDS)
         if self.successor:
             await self._release_predecessor()
@@ -170,8 +187,12 @@ class Leadership:
             if self.candidate and not self.cut_off:
                 await self._campaign()
                 await asyncio.sleep(retry if self.lease is not None and not self.looking else WATCH_SECONDS)
-            else:
+            elif self.candidate or self._ask is None:
                 await self._read()  # a spare: offered to a new leader before it decides what to do
+                await asyncio.sleep(WATCH_SECONDS)
+            else:
+                if self.looking or self.lease is None:  # at rest its member follows its leader
+                    await self._learn()
                 await asyncio.sleep(WATCH_SECONDS)
 
     async def _release_predecessor(self) -> None:
@@ -182,6 +203,33 @@ class Leadership:
             return
         if released is not None:
             self._say(f"released the lease (term {released.term}) of this machine's previous supervisor")
+
+    async def _learn(self) -> Lease | None:
+        """The lease: read by a candidate (or where every supervisor reads it); asked of the
+        candidates by any other supervisor, and read only when none of them answers (a newer term
+        than one seen already, or the same, is taken: a candidate's reading may lag another's)."""
+        if self.candidate or self._ask is None:
+            return await self._read()
+        try:
+            answered, lease = await self._ask()
+        except Exception as error:  # a malformed answer: as if none came
+            self._say(f"cannot ask the lease's candidates who leads: {error!r}")
+            answered, lease = False, None
+        if not answered:
+            now = time.monotonic()
+            if self._unanswered_since is None:
+                self._unanswered_since = now
+            if now - self._unanswered_since < UNANSWERED_SECONDS:
+                return None  # a candidate still starting, or being replaced: ask again
+            if not self._reading_instead:
+                self._say(f"no lease candidate answered for {UNANSWERED_SECONDS:.0f} s: reading the lease")
+            self._reading_instead = True
+            return await self._read()
+        self._unanswered_since, self._reading_instead = None, False
+        seen = self.lease
+        if lease is not None and (seen is None or lease.term >= seen.term):
+            self._observed.seen(lease)
+        return lease
 
     async def _read(self) -> Lease | None:
         try:
@@ -217,11 +265,17 @@ class Leadership:
             await self._stand_down("lost the job's lease")
         self._observed.seen(self.election.observed())
 
-    def adopt(self, election: Election, own: Holder) -> None:
-        """This spare took a host over: from now on it is a candidate like every host, as `own`
-        (the host it serves named in its identity) on `election`. It never held the lease, so
-        nothing is given up."""
-        self.election, self.own, self.candidate = election, own, True
+    def adopt(self, election: Election, own: Holder, candidate: bool) -> None:
+        """This spare took a host over: from now on it takes that host's part in the election (a
+        candidate, or, where only a few are, one if the host is), as `own` (the host it serves
+        named in its identity) on `election`. It never held the lease, so nothing is given up."""
+        self._earlier_requests = self.lease_requests
+        self.election, self.own, self.candidate = election, own, candidate
+
+    @property
+    def lease_requests(self) -> int:
+        """The requests this supervisor made of the job's lease so far (reads and writes)."""
+        return self._earlier_requests + self.election.lock.requests.value
 
     async def sure(self) -> bool:
         """This supervisor's leader may still write the job's last word: the lease renewed just now,

@@ -144,6 +144,8 @@ class Relay:
         self.tls = tls
         self.deadline = deadline
         self._say = say
+        self.lease_seen: Callable[[], messages.LeaseSeen] = messages.LeaseSeen
+        """The job's lease as this supervisor last saw it: the answer to a WhoLeads."""
         self._server: asyncio.Server | None = None
         self._upstreams: dict[str, Upstream] = {}
         self._opening: dict[str, asyncio.Task[Upstream | None]] = {}
@@ -187,6 +189,9 @@ class Relay:
         except (OSError, ValueError):
             writer.close()
             return
+        if isinstance(asked, messages.WhoLeads):
+            await self._answer(writer)
+            return
         upstream = await self._upstream(asked.leader)
         channel = upstream.open(writer) if upstream is not None else None
         if upstream is None or channel is None:
@@ -208,6 +213,14 @@ class Relay:
             upstream.close_channel(channel, silent)
             writer.close()
             self._let_go_of_idle()
+
+    async def _answer(self, writer: asyncio.StreamWriter) -> None:
+        """Whom the lease names, as this supervisor saw it last, to a supervisor that does not read
+        the lease (supervisor.host.leadership)."""
+        writer.write(self.lease_seen().encode())
+        with contextlib.suppress(OSError, TimeoutError):
+            await asyncio.wait_for(writer.drain(), ATTEMPT_SECONDS)
+        writer.close()
 
     async def _upstream(self, address: str) -> Upstream | None:
         """The connection to the leader at `address`, opened if there is none (None: it does not

@@ -97,6 +97,14 @@ class Site(ABC):
             return []
         return [self.relay_address(h) for h in self.plan.shape.relay_group(host, control.hosts_per_relay)]
 
+    def lease_candidates(self) -> tuple[int, ...] | None:
+        """The hosts whose supervisors read and write the job's lease (spec.controlPlane: with
+        relays, a few; None: every host's, as without relays)."""
+        control = self.plan.training_job.spec.control_plane
+        if not control.relays:
+            return None
+        return self.plan.shape.lease_candidates(control.lease_candidates)
+
     @abstractmethod
     def relay_address(self, host: int) -> str:
         """host:port of the relay server of `host`'s supervisor."""

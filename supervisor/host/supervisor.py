@@ -21,13 +21,14 @@ import sys
 import time
 import traceback
 from collections.abc import Coroutine
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
 from slicekeeper.supervisor.checkpoints.tiers import CheckpointTiers
-from slicekeeper.supervisor.host import notices
+from slicekeeper.supervisor.host import notices, who_leads
 from slicekeeper.supervisor.host.context import HostContext
 from slicekeeper.supervisor.host.host_report import keep_predecessors_report, write_host_report
 from slicekeeper.supervisor.host.leadership import LeaderDuties, Leadership
@@ -156,7 +157,7 @@ class HostSupervisor:
             spawn=self._spawn_task,
             finished=self._finished,
         )
-        return ServedHost(
+        served = ServedHost(
             context,
             tls=self.tls,
             tiers=self.tiers,
@@ -166,6 +167,11 @@ class HostSupervisor:
             write_report=self._write_report,
             leading=self._leads,
         )
+        if served.relay is not None:  # its relay port also answers who leads
+            served.relay.lease_seen = lambda: who_leads.seen(
+                self.leadership.lease if self.leadership else None
+            )
+        return served
 
     def _spawn_task(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run in the background, holding a reference until done (the loop keeps only weak ones)."""
@@ -260,10 +266,12 @@ class HostSupervisor:
             goodput=self._goodput,
             spawn=self._spawn_task,
         )
+        candidates = self.site.lease_candidates()
+        asked = [self.site.relay_address(h) for h in candidates or () if h != host]
         leadership = Leadership(
             self.site.election(own),
             own,
-            candidate=host is not None,
+            candidate=host is not None and (candidates is None or host in candidates),
             first=host == 0 and self._joined_by is None,
             successor=self._restarted,
             new_leader=duties.new_leader,
@@ -271,6 +279,7 @@ class HostSupervisor:
             bind=bind,
             reserved=reserved,
             tls=self.tls,
+            ask=None if candidates is None else partial(who_leads.ask_candidates, asked, self.tls),
             say=self._say,
         )
         leadership.elected, leadership.deposed = duties.begin, duties.end
@@ -368,9 +377,10 @@ class HostSupervisor:
         host = assign.host
         self.tiers.host = host
         spare.record.serve(host)
-        if self.leadership is not None and not self.leadership.candidate:  # a candidate from now on
+        candidates = self.site.lease_candidates()
+        if self.leadership is not None and not self.leadership.candidate:  # the host's part from now on
             own = Holder(self.machine, host, self.leadership.own.address)
-            self.leadership.adopt(self.site.election(own), own)
+            self.leadership.adopt(self.site.election(own), own, candidates is None or host in candidates)
         accountant = GoodputAccountant(time.time(), booked=self._events.booked)
         accountant.switch(Category.INFRASTRUCTURE_RECOVERY, time.time())
         identity = self.site.plan.layout.host(host)
@@ -420,5 +430,7 @@ class HostSupervisor:
         account = self._mode.account(
             machine=self.machine, end=end, tiers=self.tiers, exit_code=self._exit_code, now=now
         )
+        if self.leadership is not None:  # the job's cost to the API server, this supervisor's part
+            account["lease_requests"] = self.leadership.lease_requests
         write_host_report(self._folder, account)
         self._events.close()

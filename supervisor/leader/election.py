@@ -110,11 +110,30 @@ class Lease:
         """Who leads according to this reading: its holder, unless it released the lease."""
         return None if self.released else self.holder
 
+    def identity(self) -> str | None:
+        """The holder's identity as the lease records it (Lease.of reads it back)."""
+        if self.holder is None:
+            return None
+        return (RELEASED if self.released else "") + self.holder.identity()
+
     @classmethod
     def of(cls, identity: str | None, term: int, renewed_at: float) -> Lease:
         identity = identity or ""
         released = identity.startswith(RELEASED)
         return cls(Holder.parse(identity.removeprefix(RELEASED)), term, renewed_at, released)
+
+
+class RequestCount:
+    """The lease requests (reads, creations, updates) one lock made: a job's cost to the API server
+    (issue 41). Counted from the event loop's threads and the renewal thread alike."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self.value = 0
+
+    def add(self) -> None:
+        with self._mutex:
+            self.value += 1
 
 
 class FileLeaseLock:
@@ -129,6 +148,7 @@ class FileLeaseLock:
         self.identity = identity
         self._version: int | None = None
         self.transitions = 0
+        self.requests = RequestCount()
 
     def _read(self) -> dict[str, Any] | None:
         try:
@@ -139,6 +159,7 @@ class FileLeaseLock:
             return None  # a torn file cannot happen (replace is atomic); treat as absent anyway
 
     def get(self, name: str, namespace: str) -> tuple[bool, Any]:
+        self.requests.add()
         with self._locked():
             data = self._read()
         if data is None:
@@ -149,6 +170,7 @@ class FileLeaseLock:
         )
 
     def create(self, name: str, namespace: str, election_record: LeaderElectionRecord) -> bool:
+        self.requests.add()
         with self._locked():
             if self._read() is not None:
                 return False
@@ -157,6 +179,7 @@ class FileLeaseLock:
         return True
 
     def update(self, name: str, namespace: str, updated_record: LeaderElectionRecord) -> bool:
+        self.requests.add()
         with self._locked():
             data = self._read()
             if data is None or self._version is None or int(data["version"]) != self._version:
@@ -215,8 +238,18 @@ class KubernetesLeaseLock(LeaseLock):  # type: ignore[misc]
         super().__init__(name, namespace, identity)
         self.labels = dict(labels or {})
         self.owner = owner
+        self.requests = RequestCount()
+
+    def get(self, name: str, namespace: str) -> tuple[bool, Any]:
+        self.requests.add()
+        return super().get(name, namespace)  # type: ignore[no-any-return]
+
+    def update(self, name: str, namespace: str, updated_record: LeaderElectionRecord) -> bool:
+        self.requests.add()
+        return bool(super().update(name, namespace, updated_record))
 
     def create(self, name: str, namespace: str, election_record: LeaderElectionRecord) -> bool:
+        self.requests.add()
         owners = None
         if self.owner is not None:
             job, uid = self.owner

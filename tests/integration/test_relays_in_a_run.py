@@ -15,9 +15,12 @@ STEPS = 40
 CARRYING = "carrying its members to the leader at"
 
 
-def relayed_run(tmp_path: Path, chaos: str, **spec: Any) -> dict[str, Any]:
-    """`slicekeeper run` of the SDK loop, each slice a relay group, with `chaos`: its report."""
-    relays = {"controlPlane": {"relays": True, "hostsPerRelay": 2}}
+def relayed_run(
+    tmp_path: Path, chaos: str, control: dict[str, Any] | None = None, **spec: Any
+) -> dict[str, Any]:
+    """`slicekeeper run` of the SDK loop, each slice a relay group (`control`: more of
+    spec.controlPlane), with `chaos`: its report."""
+    relays = {"controlPlane": {"relays": True, "hostsPerRelay": 2, **(control or {})}}
     job = sdk_loop_job(tmp_path / "job.yaml", steps=STEPS, **relays, **spec)
     report = tmp_path / "report.json"
     result = run_cli("run", str(job), "--report", str(report), "--chaos", chaos, timeout=240)
@@ -51,3 +54,22 @@ def test_a_relays_host_lost_costs_that_host_alone_its_group_rejoins_through_the_
     assert report["params_fingerprint"] == sdk_loop_fingerprint(STEPS)
     host_3 = (Path(report["run_dir"]) / "host-3" / "supervisor.log").read_text()
     assert f"relay of group 1: {CARRYING}" in host_3, host_3[-3000:]  # it relays its group now
+
+
+def test_the_leaders_host_lost_only_the_lease_candidates_read_the_lease_the_others_ask_them(tmp_path: Path):
+    """Two lease candidates (spec.controlPlane.leaseCandidates): host 0, the leader and its group's
+    relay, and host 2. Host 0's machine is lost: host 2 takes the lease over, hosts 1 and 3 learn the
+    new leader by asking the candidates, never by reading the lease, and host 1 rejoins through its
+    group's next relay; the spare that takes host 0 over becomes a candidate as host 0 was."""
+    report = relayed_run(tmp_path, "lose:host=0@step=12", control={"leaseCandidates": 2}, local={"spares": 1})
+    assert report["params_fingerprint"] == sdk_loop_fingerprint(STEPS)
+    [change] = report["leader_changes"]
+    assert (change["from_host"], change["to_host"]) == (0, 2), change
+    machines = {
+        folder.name: read_report(folder / "report.json")
+        for folder in Path(report["run_dir"]).glob("*-*")
+        if (folder / "report.json").is_file()
+    }
+    requests = {name: machine.get("lease_requests") for name, machine in machines.items()}
+    assert requests["host-1"] == requests["host-3"] == 0, requests
+    assert requests["host-2"] > 0 and requests["spare-0"] > 0, requests  # a candidate once it is host 0

@@ -233,7 +233,7 @@ def test_a_spare_only_watches_until_it_takes_a_host_over_then_it_may_lead(tmp_pa
         await asyncio.sleep(0.6)
         assert leadership.leader is None  # a spare only watches (the negative control)
         serving = Holder("spare-0", 0, watching.address)
-        leadership.adopt(local_election(tmp_path, serving), serving)
+        leadership.adopt(local_election(tmp_path, serving), serving, True)
         await eventually(lambda: leadership.leader is not None)
         lease = read_lease_file(tmp_path / LEASE_FILE)
         assert lease is not None and lease.leader == serving
