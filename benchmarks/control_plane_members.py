@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.host.relay import Relay, via_relay
 from slicekeeper.supervisor.leader import journal_delta
 from slicekeeper.supervisor.leader.election import LEASE_FILE, read_lease_file
@@ -164,6 +165,8 @@ class SimulatedHost:
         self.behind = False
         self.gone = False
         self.joined = False
+        self.kept: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        """Its connection to its relay, kept by the relay when its leader went (messages.LEADER_GONE)."""
 
     def say(self, message: dict[str, Any]) -> None:
         if self.writer is not None and not self.writer.is_closing():
@@ -174,7 +177,7 @@ class SimulatedHost:
         while not self.gone:
             term, address = await self.process.lease.newer_than(known_term)
             known_term = term
-            connected = await self.process.connect(address, self.host)
+            connected = self._kept_for(address) or await self.process.connect(address, self.host)
             while connected is None and self.process.lease.term == term:
                 # Not listening yet (the lease is written before the server starts) or too busy to
                 # answer: try it again, as a supervisor does (leader_connection.reach_leader).
@@ -188,6 +191,15 @@ class SimulatedHost:
                 return
             self.process.stats.lost_leader += 1
             self.training = False
+
+    def _kept_for(self, address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The connection its relay kept, now naming the leader at `address` (None: none kept), as
+        supervisor.host.membership does."""
+        kept, self.kept = self.kept, None
+        if kept is None or kept[1].is_closing():
+            return None
+        kept[1].write(messages.RelayTo(leader=address).encode())
+        return kept
 
     def _register(self, term: int) -> None:
         register: dict[str, Any] = {"type": "register", "machine": f"sim-{self.host}"}
@@ -216,6 +228,9 @@ class SimulatedHost:
             except (OSError, ValueError):
                 return
             if not line:
+                return
+            if line == messages.LEADER_GONE and self.writer is not None:
+                self.kept = (reader, self.writer)
                 return
             command = json.loads(line)
             if command.get("term", 0) < self.term:

@@ -267,6 +267,18 @@ class RelayTo(Message):
     leader: str
 
 
+class LeaderGone(Message):
+    """Said by a relay to each member it carried to a leader whose connection ended: the member's
+    connection to the relay stays open, and the member, once it found the next leader, says so on it
+    (RelayTo again) instead of connecting and handshaking anew (a hand-over of relays, not of hosts)."""
+
+    type: Literal["leader_gone"] = "leader_gone"
+
+
+LEADER_GONE = LeaderGone().encode()
+"""LeaderGone's line, as a relay writes it and a member recognizes it."""
+
+
 class WhoLeads(Message):
     """The first line of a connection to a supervisor's relay port asking whom the job's lease names
     (a supervisor that does not read the lease itself: supervisor.host.leadership); answered with

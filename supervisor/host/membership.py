@@ -73,6 +73,9 @@ class Membership:
         self.exit_code: int | None = None
         """Set when no leader could be reached, or reading the leader failed."""
         self.progress = ProgressReports()
+        self._kept: leader_connection.Streams | None = None
+        """The connection to this host's relay, kept by the relay when its leader went: the next
+        leader is named on it."""
 
     async def report(self, message: messages.MemberReport) -> None:
         """A report to the leader (the supervisor stamped it with the host it serves). Progress is
@@ -135,13 +138,29 @@ class Membership:
                     await self._last_journals(reader, obey)
                 if ended or self._finished.is_set():
                     return
-            self.writer.close()
+            if self._kept is None:
+                self.writer.close()
             if not self._finished.is_set():
                 self._say(f"lost the leader (term {term}); looking for the next one")
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self._kept is not None:
+            self._kept[1].close()
+
+    async def _connect(self, host: str, port: int) -> leader_connection.Streams:
+        """A connection to the leader at host:port: the relay connection its last leader's relay
+        kept (the relay told it that leader is gone), naming the next leader on it, or a new one
+        through the host's relays (or directly)."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            reader, writer = kept
+            if not writer.is_closing() and not reader.at_eof():
+                writer.write(messages.RelayTo(leader=f"{host}:{port}").encode())
+                return reader, writer
+            writer.close()
+        return await through_relays(self._relays(), self._leadership.tls)(host, port)
 
     async def _reach(self, term: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int, str] | None:
         self._leadership.looking = True
@@ -150,7 +169,7 @@ class Membership:
                 self._leadership.current,
                 term=term,
                 wait=self._site.leader_wait,
-                open_connection=through_relays(self._relays(), self._leadership.tls),
+                open_connection=self._connect,
             )
         except leader_connection.LeaderUnreachable as unreachable:
             self.exit_code = self._site.leader_unreachable_exit_code
@@ -164,12 +183,16 @@ class Membership:
         protocol.CONTROL_LINE_LIMIT (what follows it cannot be told from a command: the connection
         is given up, and the leader found again)."""
         try:
-            return await reader.readline()
+            line = await reader.readline()
         except OSError:  # reset, the TLS stream cut (ssl.SSLError), its deadline passed (TimeoutError)
             return b""
         except ValueError as error:  # over the limit (asyncio.LimitOverrunError's ValueError)
             self._say(f"the leader sent a line over the limit ({error}): connecting again")
             return b""
+        if line == messages.LEADER_GONE and self.writer is not None:
+            self._kept = (reader, self.writer)  # its relay keeps it for the next leader (_connect)
+            return b""
+        return line
 
     def _command(self, line: bytes) -> messages.Command | None:
         """`_current`, a malformed line logged and ignored (a member never ends on one)."""

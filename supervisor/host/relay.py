@@ -11,10 +11,12 @@ A member's connection to the relay begins with the leader it wants (messages.Rel
 job's lease names); every later line is the member's, passed on unread, and every line the leader
 sends for it comes back the same way. The relay keeps one connection per leader asked for, opened
 at the first member's asking; when that leader's connection ends (the leader lost, or standing down)
-the relay closes every member connection it carried, and each member finds the next leader as it
-would have, through the relay again. A member whose connection ends is said to the leader as that
-member's connection ending (at its deadline of silence: as silent), so the leader handles it as it
-handles any member's connection ending.
+the relay tells each member it carried (messages.LEADER_GONE, after the leader's last lines) and keeps
+the member's connection: the member finds the next leader as it would have and names it on that same
+connection, so a hand-over costs the new leader one connection and handshake per relay, not per host
+(the members register again, as rejoining members, over it). A member whose connection ends is said
+to the leader as that member's connection ending (at its deadline of silence: as silent), so the
+leader handles it as it handles any member's connection ending.
 
 The relay never waits on one member: a member's lines are written without waiting for them to
 leave, and one whose connection holds more than MEMBER_BUFFER_LIMIT unsent is dropped (its channel
@@ -67,6 +69,9 @@ class Upstream:
         self.writer = writer
         self.members: dict[int, asyncio.StreamWriter] = {}
         self.ended = False
+        self.keeps_members = True
+        """When this leader's connection ends its members' stay, for the next leader (False: the relay
+        itself is closing)."""
         self._channels = itertools.count()
 
     def open(self, member: asyncio.StreamWriter) -> int | None:
@@ -106,7 +111,12 @@ class Upstream:
             self.ended = True
             self.writer.close()
             for member in list(self.members.values()):
-                member.close()  # what it was sent still reaches it (the job's end, a journal), then its end
+                # After what it was sent (the job's end, a journal): its leader is gone, its connection
+                # to the relay stays, and it says on it which leader is next (Relay._carry).
+                if self.keeps_members:
+                    member.write(messages.LEADER_GONE)
+                else:
+                    member.close()
             self.members.clear()
 
     def _to_member(self, channel: int, payload: bytes) -> None:
@@ -150,6 +160,8 @@ class Relay:
         self._upstreams: dict[str, Upstream] = {}
         self._opening: dict[str, asyncio.Task[Upstream | None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._connected: set[asyncio.StreamWriter] = set()
+        """Every member connection it holds, carried to a leader or between two."""
 
     async def serve(self, address: str, port: int = 0, sock: socket.socket | None = None) -> int:
         """Listen for the group's members on address:port (or `sock`, bound already); the port."""
@@ -175,10 +187,13 @@ class Relay:
                 break
             await asyncio.sleep(0.05)
         for upstream in list(self._upstreams.values()):
+            upstream.keeps_members = False
             upstream.writer.transport.abort()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for member in list(self._connected):
+            member.close()  # the relay goes: its members find the next one
 
     async def _member(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.tls is not None and not await self.tls.accept("relay", writer):
@@ -192,17 +207,35 @@ class Relay:
         if isinstance(asked, messages.WhoLeads):
             await self._answer(writer)
             return
-        upstream = await self._upstream(asked.leader)
+        leader: str | None = asked.leader
+        self._connected.add(writer)
+        try:
+            while leader is not None:
+                leader = await self._carry(leader, reader, writer)
+        finally:
+            self._connected.discard(writer)
+            writer.close()  # the member tries again, or finds the next leader
+            self._let_go_of_idle()
+
+    async def _carry(
+        self, leader: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> str | None:
+        """The member's lines to `leader`, until the member's connection ends (None) or the leader's
+        does: then, once told (LEADER_GONE), the member names the next leader on the same connection,
+        which is returned (its lines sent meanwhile had no leader to go to)."""
+        upstream = await self._upstream(leader)
         channel = upstream.open(writer) if upstream is not None else None
         if upstream is None or channel is None:
-            writer.close()  # the member tries again, or finds the next leader
-            return
+            return None
         silent = False
         try:
             while line := await reader.readline():
                 if not line.endswith(b"\n"):
                     break
-                upstream.send(channel, line)
+                if not upstream.ended:
+                    upstream.send(channel, line)
+                elif (next_leader := _next_leader(line)) is not None:
+                    return next_leader
         except TimeoutError:  # its deadline of silence (supervisor.connection_deadline)
             silent = True
         except (OSError, ValueError):  # reset, a cut TLS stream; a line over the limit
@@ -211,8 +244,7 @@ class Relay:
             pass
         finally:
             upstream.close_channel(channel, silent)
-            writer.close()
-            self._let_go_of_idle()
+        return None
 
     async def _answer(self, writer: asyncio.StreamWriter) -> None:
         """Whom the lease names, as this supervisor saw it last, to a supervisor that does not read
@@ -264,6 +296,17 @@ class Relay:
                 del self._upstreams[address]
                 with contextlib.suppress(OSError):
                     upstream.writer.close()
+
+
+def _next_leader(line: bytes) -> str | None:
+    """The leader a member names on `line` once its own is gone (None: another of its lines)."""
+    if b'"relay_to"' not in line:
+        return None
+    try:
+        asked = messages.relay_to(line)
+    except ValueError:
+        return None
+    return asked.leader if isinstance(asked, messages.RelayTo) else None
 
 
 def via_relay(relay: str, tls: JobTls | None) -> Connect:

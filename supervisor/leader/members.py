@@ -285,5 +285,11 @@ class Members:
         for outbox in self._outboxes.values():
             if outbox.look is not None:
                 outbox.look.cancel()
+        relays: set[RelayLink] = set()
         for writer in [*self.writers.values(), *self.watchers]:
-            writer.close()
+            if isinstance(writer.transport, ChannelTransport):
+                relays.add(writer.transport.link)
+            else:
+                writer.close()
+        for relay in relays:  # one end for its members: each relay keeps theirs for the next leader
+            relay.writer.close()

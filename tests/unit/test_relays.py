@@ -283,6 +283,54 @@ def test_negative_control_with_no_wait_for_them_a_lost_relays_members_are_lost(m
     run(scenario)
 
 
+# --- a hand-over of relays, not of hosts -------------------------------------------------------------
+
+
+async def members_after_their_leader_goes(keeps_members: bool) -> tuple[list[bytes], int, set[object]]:
+    """The job's leader closes (as a leader lost); a leader of the next term serves elsewhere. Each
+    member reads what its relay says, then names the next leader on the same connection and
+    registers with it there. Returns what each member read, how many members the next leader started,
+    and the relay connections they reach it through."""
+    job = await relayed_job()
+    if not keeps_members:  # the relay as it was: the members' connections end with their leader's
+        for upstream in job.relay._upstreams.values():
+            upstream.keeps_members = False
+    following = Leader(LeaderSettings(JobShape(2, HOSTS // 2), 3), coordinator, term=2)
+    port = await following.serve("127.0.0.1", 0)
+    await job.leader.close()
+    said = [await asyncio.wait_for(member.reader.readline(), 5.0) for member in job.members]
+    started = 0
+    if all(line == messages.LEADER_GONE for line in said):
+        for member in job.members:
+            member.writer.write(messages.RelayTo(leader=f"127.0.0.1:{port}").encode())
+            await member.send("register", metrics_port=9100 + member.host)
+        started = sum([(await member.receive())["type"] == "start" for member in job.members])
+    through = links(following.members.writers.values())
+    await following.close()
+    await job.shut()
+    return said, started, through
+
+
+def test_a_relay_keeps_its_members_connections_for_the_next_leader():
+    """No member connects or handshakes again: each names the next leader on its connection to the
+    relay, and the next leader serves them all through the relay's one new connection."""
+
+    async def scenario() -> None:
+        said, started, through = await members_after_their_leader_goes(keeps_members=True)
+        assert said == [messages.LEADER_GONE] * HOSTS
+        assert started == HOSTS and len(through) == 1
+
+    run(scenario)
+
+
+def test_negative_control_a_relay_that_closes_its_members_with_their_leader_is_caught():
+    async def scenario() -> None:
+        said, started, _ = await members_after_their_leader_goes(keeps_members=False)
+        assert said == [b""] * HOSTS and started == 0  # every member would connect again
+
+    run(scenario)
+
+
 # --- which relay a member goes through ----------------------------------------------------------------
 
 
