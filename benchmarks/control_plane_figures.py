@@ -23,6 +23,11 @@ class RunFigures:
     handover_rejoin_s: float
     peak_rss_mib: float
     leader_connections: int
+    api_requests_per_second_at_rest: float
+    """Lease requests a second in the steady state: the candidates', and the members' own reads
+    (none through relays: they ask the candidates)."""
+    api_requests_in_handover: int
+    """Lease requests from the leader's kill to every host registered with the next one."""
 
 
 def summarize(runs: list[RunFigures]) -> dict[str, Any]:
@@ -50,6 +55,8 @@ def summarize(runs: list[RunFigures]) -> dict[str, Any]:
         "culprit_s": median([run.culprit_s for run in runs]),
         "peak_rss_mib": median([run.peak_rss_mib for run in runs]),
         "leader_connections": max(run.leader_connections for run in runs),
+        "api_requests_per_second_at_rest": median([run.api_requests_per_second_at_rest for run in runs]),
+        "api_requests_in_handover": int(statistics.median([run.api_requests_in_handover for run in runs])),
     }
 
 
@@ -64,6 +71,8 @@ TARGETS = {
     "culprit_s": ("culprit named (s)", 3.0),
     "peak_rss_mib": ("leader peak memory (MiB)", 2048),
     "leader_connections": ("leader's open connections", 500),
+    "api_requests_per_second_at_rest": ("lease requests a second, at rest", 2.0),
+    "api_requests_in_handover": ("lease requests in the hand-over", 100),
 }
 
 

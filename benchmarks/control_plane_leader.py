@@ -24,9 +24,18 @@ import sys
 import time
 from pathlib import Path
 
+from slicekeeper.supervisor.host import who_leads
 from slicekeeper.supervisor.host.leadership import Leadership
+from slicekeeper.supervisor.host.relay import Relay
 from slicekeeper.supervisor.leader import Leader
-from slicekeeper.supervisor.leader.election import Holder, local_election
+from slicekeeper.supervisor.leader.election import (
+    CLUSTER_TIMING,
+    LEASE_FILE,
+    LOCAL_TIMING,
+    Election,
+    FileLeaseLock,
+    Holder,
+)
 from slicekeeper.supervisor.leader.journal import Detection, FaultRecord
 from slicekeeper.supervisor.leader.settings import LeaderSettings
 from slicekeeper.supervisor.tls import JobTls
@@ -41,6 +50,11 @@ RESTART_BUDGET = 1_000_000
 """The benchmark restarts the job as often as it likes: no budget runs out."""
 
 ELECTED = "[elected] term"
+LEASE_REQUESTS = "[lease] requests"
+"""Said every REQUESTS_SAID_SECONDS: the lease requests this candidate made so far, and when."""
+REQUESTS_SAID_SECONDS = 0.5
+TIMINGS = {"local": LOCAL_TIMING, "cluster": CLUSTER_TIMING}
+"""The lease's timing, by --lease: on the lease file either way."""
 """How this candidate's log says it won a term and when (`ELECTED <term> at <time.time()>`): the
 benchmark times a hand-over's rejoining part from it (control_plane_scale.py, `handover_rejoin_s`)."""
 
@@ -110,6 +124,14 @@ async def watch_loop_lag() -> None:
             )
 
 
+async def say_requests(leadership: Leadership) -> None:
+    """The lease requests so far, every REQUESTS_SAID_SECONDS (the driver counts them per phase)."""
+    while True:
+        said = f"{LEASE_REQUESTS} {leadership.lease_requests} at {time.time():.6f}"
+        print(said, file=sys.stderr, flush=True)
+        await asyncio.sleep(REQUESTS_SAID_SECONDS)
+
+
 async def campaign(args: argparse.Namespace) -> None:
     shape = JobShape(args.hosts // HOSTS_PER_SLICE, HOSTS_PER_SLICE)
     own = Holder(f"leader-{args.host}", args.host, f"127.0.0.1:{args.port}")
@@ -131,7 +153,7 @@ async def campaign(args: argparse.Namespace) -> None:
         return leader
 
     leadership = Leadership(
-        local_election(args.run_dir, own),
+        Election(FileLeaseLock(args.run_dir / LEASE_FILE, own.identity()), TIMINGS[args.lease]),
         own,
         candidate=True,
         first=args.first,
@@ -140,6 +162,11 @@ async def campaign(args: argparse.Namespace) -> None:
         bind="127.0.0.1",
         tls=JobTls(args.run_dir / "credentials"),
     )
+    if args.who_leads_port:  # the relay port of a candidate's supervisor answers who leads
+        desk = Relay(-1, tls=leadership.tls)
+        desk.lease_seen = lambda: who_leads.seen(leadership.lease)
+        await desk.serve("127.0.0.1", args.who_leads_port)
+    said = asyncio.create_task(say_requests(leadership))
     publishing: list[asyncio.Task[None]] = []
     leadership.elected = lambda leader: publishing.append(asyncio.ensure_future(leader.publish_status()))
     lag = asyncio.create_task(watch_loop_lag())
@@ -149,6 +176,7 @@ async def campaign(args: argparse.Namespace) -> None:
     await stop.wait()
     running.cancel()
     lag.cancel()
+    said.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await running
 
@@ -160,6 +188,8 @@ def main() -> None:
     parser.add_argument("--host", type=int, required=True, help="the host this candidate serves (0: first)")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--first", action="store_true", help="take the lease at once")
+    parser.add_argument("--who-leads-port", type=int, default=0, help="answer who leads there (relays)")
+    parser.add_argument("--lease", choices=sorted(TIMINGS), default="local")
     parser.add_argument("--history", type=int, default=0)
     parser.add_argument(
         "--connections", type=int, default=None, help="members' connections it holds (default: one a host)"

@@ -41,9 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from slicekeeper.supervisor import messages
+from slicekeeper.supervisor.host import who_leads
 from slicekeeper.supervisor.host.relay import Relay, via_relay
 from slicekeeper.supervisor.leader import journal_delta
-from slicekeeper.supervisor.leader.election import LEASE_FILE, read_lease_file
+from slicekeeper.supervisor.leader.election import LEASE_FILE, Lease, read_lease_file
 from slicekeeper.supervisor.leader_connection import RETRY_PAUSE_SECONDS, open_control_connection
 from slicekeeper.supervisor.tls import JobTls
 
@@ -90,6 +91,8 @@ class Stats:
     progress_steps: int = 0
     """Host-steps reported (a report carries the steps held back since the one before)."""
     lost_leader: int = 0
+    lease_reads: int = 0
+    """Reads of the lease file (an API request each in a cluster); none when the candidates are asked."""
     unexpected: list[str] = field(default_factory=list)
 
     def note(self, text: str) -> None:
@@ -123,17 +126,29 @@ class Stats:
 
 
 class LeaseWatch:
-    """The job's lease as the process's hosts see it: read every LEASE_POLL_SECONDS."""
+    """The job's lease as the process's hosts see it every LEASE_POLL_SECONDS: read, or, through
+    relays, asked of the lease candidates as a supervisor that is not one asks them
+    (supervisor.host.who_leads)."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, stats: Stats, candidates: list[str], tls: JobTls) -> None:
         self._path = run_dir / LEASE_FILE
+        self._stats = stats
+        self._candidates = candidates
+        self._tls = tls
         self.term = 0
         self.address: str | None = None
         self._changed = asyncio.Event()
 
+    async def _lease(self) -> Lease | None:
+        if self._candidates:
+            _, lease = await who_leads.ask_candidates(self._candidates, self._tls)
+            return lease
+        self._stats.lease_reads += 1
+        return await asyncio.to_thread(read_lease_file, self._path)
+
     async def run(self) -> None:
         while True:
-            lease = await asyncio.to_thread(read_lease_file, self._path)
+            lease = await self._lease()
             if lease is not None and lease.leader is not None and lease.term != self.term:
                 self.term, self.address = lease.term, lease.leader.address
                 self._changed.set()
@@ -324,17 +339,24 @@ class SimulatedHost:
 
 
 class MemberProcess:
-    def __init__(self, hosts: range, run_dir: Path, step_seconds: float, hosts_per_relay: int = 0) -> None:
+    def __init__(
+        self,
+        hosts: range,
+        run_dir: Path,
+        step_seconds: float,
+        hosts_per_relay: int = 0,
+        candidates: list[str] | None = None,
+    ) -> None:
         self.hosts = {h: SimulatedHost(h, self) for h in hosts}
         self.hosts_per_relay = hosts_per_relay
         """Hosts a relay carries to the leader (groups of consecutive hosts, each within this process;
         0: every host connects to the leader directly)."""
         self.relays: dict[int, tuple[Relay, str]] = {}
         """group -> its relay (supervisor.host.relay, the production code) and the address it serves."""
-        self.lease = LeaseWatch(run_dir)
         self.tls = JobTls(run_dir / "credentials")
-        self.step_seconds = step_seconds
         self.stats = Stats()
+        self.lease = LeaseWatch(run_dir, self.stats, candidates or [], self.tls)
+        self.step_seconds = step_seconds
         self.journals: dict[int, tuple[int, dict[str, Any]]] = {}
         """seq -> the term that wrote it and the journal whole (the same for every replica)."""
         self._connecting = asyncio.Semaphore(CONNECTS_AT_ONCE)
@@ -439,9 +461,13 @@ def main() -> None:
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--step-seconds", type=float, default=1.0)
     parser.add_argument("--hosts-per-relay", type=int, default=0)
+    parser.add_argument(
+        "--candidates", default="", help="the lease candidates' who-leads addresses, comma-separated (relays)"
+    )
     args = parser.parse_args()
     hosts = range(args.first, args.first + args.count)
-    process = MemberProcess(hosts, args.run_dir, args.step_seconds, args.hosts_per_relay)
+    candidates = [c for c in args.candidates.split(",") if c]
+    process = MemberProcess(hosts, args.run_dir, args.step_seconds, args.hosts_per_relay, candidates)
     asyncio.run(process.run())
 
 

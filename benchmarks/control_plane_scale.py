@@ -61,7 +61,7 @@ from typing import Any
 from slicekeeper.supervisor.ports import free_port
 
 from benchmarks.control_plane_figures import RunFigures, misses, summarize, table
-from benchmarks.control_plane_leader import ELECTED
+from benchmarks.control_plane_leader import ELECTED, LEASE_REQUESTS, REQUESTS_SAID_SECONDS
 from benchmarks.control_plane_members import Stats
 from slicekeeper import credentials
 
@@ -155,6 +155,10 @@ class Run:
         self.args, self.hosts, self.work = args, hosts, work
         credentials.generate("control-plane-bench").write(work / "credentials")
         python = sys.executable
+        # Through relays the lease candidates (the two leader processes) answer who leads, and the
+        # members ask them instead of reading the lease (supervisor.host.who_leads).
+        who_leads = {host: free_port() for host in (0, 1)} if args.hosts_per_relay else {}
+        candidates = ",".join(f"127.0.0.1:{port}" for port in who_leads.values())
         self.leaders = [
             subprocess.Popen(
                 [
@@ -173,6 +177,9 @@ class Run:
                     str(args.history if host == 0 else 0),
                     "--connections",
                     str(-(-hosts // args.hosts_per_relay) if args.hosts_per_relay else hosts),
+                    *(["--who-leads-port", str(who_leads[host])] if who_leads else []),
+                    "--lease",
+                    args.lease,
                 ],
                 stderr=(work / f"leader-{host}.log").open("w"),
             )
@@ -199,6 +206,8 @@ class Run:
                     str(args.step_seconds),
                     "--hosts-per-relay",
                     str(args.hosts_per_relay),
+                    "--candidates",
+                    candidates,
                 ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -258,9 +267,10 @@ class Run:
 
         say(f"  steady state: {args.window:g} s of {args.step_seconds:g} s steps")
         time.sleep(2 * args.step_seconds)
-        cpu0, lines0, t0 = cpu_seconds(leader), merged_stats(self.groups).progress_steps, time.monotonic()
+        cpu0, rest0, t0, wall0 = cpu_seconds(leader), merged_stats(self.groups), time.monotonic(), time.time()
         time.sleep(args.window)
-        cpu1, lines1, t1 = cpu_seconds(leader), merged_stats(self.groups).progress_steps, time.monotonic()
+        cpu1, rest1, t1, wall1 = cpu_seconds(leader), merged_stats(self.groups), time.monotonic(), time.time()
+        lines0, lines1 = rest0.progress_steps, rest1.progress_steps
         share = (cpu1 - cpu0) / (t1 - t0)
         per_step = (cpu1 - cpu0) / max(1, lines1 - lines0) * 1e6
         connections = open_sockets(leader)
@@ -293,7 +303,8 @@ class Run:
         rss = peak_rss_mib(leader)
         say("  hand-over: the first leader's process killed, with its host")
         time.sleep(2 * args.step_seconds)
-        terms_before = set(merged_stats(self.groups).first_command)
+        before = merged_stats(self.groups)
+        terms_before = set(before.first_command)
         killed = time.time()
         self.leaders[0].send_signal(signal.SIGKILL)
         self.group_of(0).order(do="lose", host=0)
@@ -315,6 +326,9 @@ class Run:
         handover = merged.first_command[term] - killed
         last_registered = merged.registered.get(term, float("nan"))
         rejoin = last_registered - self.elected_at(term)
+        time.sleep(2 * REQUESTS_SAID_SECONDS)  # the candidates' counts past the hand-over are said
+        at_rest = self.lease_requests(wall0, wall1) + rest1.lease_reads - rest0.lease_reads
+        in_handover = self.lease_requests(killed, last_registered) + merged.lease_reads - before.lease_reads
         return RunFigures(
             hosts,
             share,
@@ -329,7 +343,23 @@ class Run:
             rejoin,
             rss,
             connections,
+            at_rest / (wall1 - wall0),
+            in_handover,
         )
+
+    def lease_requests(self, start: float, end: float) -> int:
+        """The lease requests the candidates made from `start` to `end` (Unix seconds), from what their
+        logs said every REQUESTS_SAID_SECONDS."""
+        total = 0
+        for log in sorted(self.work.glob("leader-*.log")):
+            said = [
+                (float(at), int(count))
+                for line in log.read_text().splitlines()
+                if line.startswith(LEASE_REQUESTS)
+                for count, at in [line.removeprefix(LEASE_REQUESTS).split(" at ")]
+            ]
+            total += _said_by(said, end) - _said_by(said, start)
+        return total
 
     def elected_at(self, term: int) -> float:
         """When a candidate won `term` (its log's ELECTED line)."""
@@ -378,6 +408,11 @@ class Run:
                 f"generation {generation}: each of {self.hosts} hosts must be stopped and started exactly "
                 f"once, but {'; '.join(wrong) or 'so they were'}; unexpected: {merged.unexpected[:5]}"
             )
+
+
+def _said_by(said: list[tuple[float, int]], moment: float) -> int:
+    """The last count said at or before `moment` (0: none yet)."""
+    return max((count for at, count in said if at <= moment), default=0)
 
 
 def not_once_each(received: list[int], world: range) -> str | None:
@@ -436,6 +471,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0,
         help="members reach the leader through a relay per this many hosts (supervisor/host/relay.py; "
         "0: each connects directly)",
+    )
+    parser.add_argument(
+        "--lease",
+        choices=("local", "cluster"),
+        default="local",
+        help="the lease's timing: local (3 s, as `slicekeeper run`) or cluster (8 s, renewed once a "
+        "retry, as in pods: what the API server would be asked)",
     )
     parser.add_argument(
         "--no-targets",

@@ -241,11 +241,14 @@ class Leadership:
         return lease
 
     async def _campaign(self) -> None:
-        try:
-            held = await self.election.step()
-        except Exception as error:
-            self._say(f"cannot take or renew the job's lease: {error!r}")
-            held = False
+        if self.leader is not None and self.election.renewing() and self.election.leading():
+            held = True  # its renewal thread keeps the lease: a step would only add requests
+        else:
+            try:
+                held = await self.election.step()
+            except Exception as error:
+                self._say(f"cannot take or renew the job's lease: {error!r}")
+                held = False
         if held and self.leader is None:
             leader = await self._own_leader.lead(
                 self.election.term, self.election.leading, self.own, self.election.taken_from

@@ -59,12 +59,18 @@ class Timing:
     """A leader whose last renewal is older than this stops acting."""
     retry: int
     """How often every candidate reads (and a holder renews) the lease."""
+    renewals_per_retry: int = 2
+    """How often a holder renews within a `retry` (each renewal a read and a write): twice where
+    nothing is shared and a renewal may be slowed by a loaded machine; once against a shared API
+    server, whose deadline leaves room for two more tries."""
 
 
 LOCAL_TIMING = Timing(duration=3, renew_deadline=2, retry=1)
 """Locally: every supervisor on one machine; a lost leader is replaced within about 4 s."""
-CLUSTER_TIMING = Timing(duration=8, renew_deadline=5, retry=2)
-"""In a cluster: the API server is shared; a lost leader's pod is replaced within about 10 s."""
+CLUSTER_TIMING = Timing(duration=8, renew_deadline=5, retry=2, renewals_per_retry=1)
+"""In a cluster: the API server is shared; a lost leader's pod is replaced within about 10 s. At rest
+the holder makes a read and a write every 2 s and each other candidate a read: 2 requests a second
+with 3 candidates (spec.controlPlane.leaseCandidates, with relays)."""
 
 
 @dataclass(frozen=True)
@@ -312,9 +318,13 @@ class Election:
     def identity(self) -> str:
         return str(self.lock.identity)
 
+    def renewing(self) -> bool:
+        """Its renewal thread runs (`keep_renewing`): the lease is renewed without a campaign's step."""
+        return self._renewer is not None and self._renewer.is_alive() and not self._stop_renewing.is_set()
+
     def keep_renewing(self) -> None:
-        """While this candidate holds the lease, renew it twice per `timing.retry` from a thread
-        of its own, whatever the event loop is busy with: a leader of thousands of members may run
+        """While this candidate holds the lease, renew it `timing.renewals_per_retry` times a retry from
+        a thread of its own, whatever the event loop is busy with: a leader of thousands of members may run
         late by a second at a burst of their reports, and renewals waiting on the loop would let
         the lease lapse under a leader that is working (fenced, the job handed over, for nothing).
         It ends when no renewal succeeded within the renew deadline (then `leading()` is False, and
@@ -341,8 +351,8 @@ class Election:
         self._stop_renewing.set()
 
     def _renew_while_held(self, stop: threading.Event, loop: asyncio.AbstractEventLoop) -> None:
-        # Twice per retry: a renewal slowed by a busy process still lands within the deadline.
-        while not stop.wait(self.timing.retry / 2):
+        # Twice per retry locally: a renewal slowed by a busy process still lands within the deadline.
+        while not stop.wait(self.timing.retry / self.timing.renewals_per_retry):
             if self._withdrawn or loop.is_closed() or not self.leading():
                 return  # given up, or over, or the deadline passed: only a campaign takes it now
             started = time.monotonic()

@@ -125,3 +125,52 @@ def test_when_no_candidate_answers_for_a_while_it_reads_the_lease_itself(tmp_pat
 
     lease, requests = asyncio.run(scenario())
     assert lease is not None and lease.leader is not None and lease.leader.host == 0 and requests >= 1
+
+
+def requests_a_second_at_rest(run_dir, timing: Timing, candidates: int = 3) -> float:
+    """The lease requests a second of `candidates` candidates once one leads (over 3 s)."""
+
+    async def scenario() -> float:
+        leaderships = []
+        for host in range(candidates):
+            own = Holder(f"host-{host}", host, f"127.0.0.1:{free_port()}")
+            leaderships.append(
+                Leadership(
+                    Election(FileLeaseLock(run_dir / LEASE_FILE, own.identity()), timing),
+                    own,
+                    candidate=True,
+                    first=host == 0,
+                    new_leader=lambda term, leading: Leader(LeaderSettings(JobShape(1, 3), 3), coordinator),
+                    journal=lambda: None,
+                    bind="127.0.0.1",
+                    say=lambda text: None,
+                )
+            )
+        campaigns = [asyncio.create_task(leadership.run()) for leadership in leaderships]
+        try:
+            await asyncio.sleep(2.0)  # host 0 leads, the others saw it
+            assert [leadership.leader is not None for leadership in leaderships] == [True, False, False]
+            before, started = sum(each.lease_requests for each in leaderships), time.monotonic()
+            await asyncio.sleep(3.0)
+            return (sum(each.lease_requests for each in leaderships) - before) / (time.monotonic() - started)
+        finally:
+            for campaign in campaigns:
+                campaign.cancel()
+            for leadership in leaderships:
+                leadership.election.stop_renewing()
+                if leadership.leader is not None:
+                    await leadership.leader.close()
+
+    return asyncio.run(scenario())
+
+
+def test_at_rest_three_candidates_ask_the_api_server_two_requests_a_retry(tmp_path):
+    """CLUSTER_TIMING's rule (a renewal a retry, a read and a write; each other candidate a read; the
+    leader's campaign adding nothing to its renewals): 4 requests a retry for 3 candidates, 2 a
+    second at the cluster's 2 s retry. Here at a 1 s retry: at most 4 a second (load only slows them).
+    The negative control, renewing twice a retry as locally, asks for 6."""
+    once = Timing(duration=3, renew_deadline=2, retry=1, renewals_per_retry=1)
+    twice = Timing(duration=3, renew_deadline=2, retry=1, renewals_per_retry=2)
+    (tmp_path / "once").mkdir(), (tmp_path / "twice").mkdir()
+    assert requests_a_second_at_rest(tmp_path / "once", once) <= 4.4
+    assert requests_a_second_at_rest(tmp_path / "twice", twice) > 4.4
