@@ -73,3 +73,19 @@ def test_the_leaders_host_lost_only_the_lease_candidates_read_the_lease_the_othe
     requests = {name: machine.get("lease_requests") for name, machine in machines.items()}
     assert requests["host-1"] == requests["host-3"] == 0, requests
     assert requests["host-2"] > 0 and requests["spare-0"] > 0, requests  # a candidate once it is host 0
+
+
+def test_the_leader_and_another_groups_relay_lost_at_once_end_with_the_fault_free_parameters(tmp_path: Path):
+    """Hosts 0 (the leader, group 0's relay and a lease candidate) and 2 (group 1's relay and a
+    candidate) lost at the same step: host 1, the third candidate, takes the lease over; host 3
+    rejoins through its own supervisor's relay, host 1 through its own; two spares take hosts 0 and 2
+    over, and the job ends as the fault-free run does."""
+    report = relayed_run(tmp_path, "lose:host=0@step=12,lose:host=2@step=12", local={"spares": 2})
+    assert report["params_fingerprint"] == sdk_loop_fingerprint(STEPS)
+    [change] = report["leader_changes"]
+    assert (change["from_host"], change["to_host"]) == (0, 1), change
+    assert sorted(report["hot_swaps"]["hosts"]) == [0, 2], report["hot_swaps"]
+    run_dir = Path(report["run_dir"])
+    for host, group in ((1, 0), (3, 1)):  # each group's next relay carries it to the new leader
+        log = (run_dir / f"host-{host}" / "supervisor.log").read_text()
+        assert f"relay of group {group}: {CARRYING}" in log, log[-3000:]
