@@ -112,3 +112,36 @@ def test_a_relay_cut_off_costs_its_own_host_alone_its_group_rejoins_through_the_
     assert report["restarts"] == {"host_lost": 1} and report["hot_swaps"]["hosts"] == [2]
     assert [(d["kind"], d["host"]) for d in report["detections"]] == [("host_lost", 2)]
     assert processes_mentioning(report["run_dir"]) == []
+
+
+RELAYED_16 = 200
+"""Steps of the 16-host run: its three faults far enough apart (50 ms steps, hosts that do not wait
+for each other) that each is found and recovered from in a generation of its own."""
+
+
+def test_at_16_hosts_a_relays_workload_hung_its_host_lost_and_another_cut_off_end_fault_free(tmp_path):
+    """16 hosts, 4 relay groups of 4 (two slices each; hosts 0, 4, 8 and 12 relay their groups). Host
+    12's workload hangs (its relay carries on), host 4's machine is lost, host 8 is cut off: each is
+    found (the hang, then each relay's loss as that host's), two spares take hosts 4 and 8 over, each
+    lost relay's group goes on through its next host's relay, and the job ends as the fault-free run
+    does."""
+    result, report = run_job(
+        tmp_path,
+        *("--spares", "2", "--chaos", "hang:host=12@step=20,lose:host=4@step=100,partition:host=8@step=170"),
+        steps=RELAYED_16,
+        health=HEALTH,
+        slices=8,
+        local={"hosts": 16},
+        controlPlane={"relays": True, "hostsPerRelay": 4},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert report is not None
+    assert problems(report, fingerprint=sdk_loop_fingerprint(RELAYED_16), steps=RELAYED_16) == []
+    found = {(f["kind"], f["host"]): f["detected_as"] for f in report["faults"]}
+    assert found == {("hang", 12): "hang", ("lose", 4): "host_lost", ("partition", 8): "host_lost"}, found
+    assert sorted(report["hot_swaps"]["hosts"]) == [4, 8]
+    run_dir = Path(report["run_dir"])
+    for host, group in ((5, 1), (9, 2)):  # the lost relay's group, through its next host's relay
+        log = (run_dir / f"host-{host}" / "supervisor.log").read_text()
+        assert f"relay of group {group}: carrying its members to the leader" in log, log[-3000:]
+    assert processes_mentioning(report["run_dir"]) == []
