@@ -2,8 +2,12 @@
 knowing which leader to follow.
 
 Every host's supervisor is a candidate (supervisor.leader.election); a spare only watches the lease
-until it takes a host over (`adopt`). At the start the first host (host 0) takes the lease and the
-others wait for it to exist, so a job starts with the leader it always had. Afterwards whoever sees
+until it takes a host over (`adopt`). With relays only a few hosts' supervisors are
+(spec.controlPlane.leaseCandidates): any other supervisor, spares included, asks them who leads at its
+start and while its member looks for a leader (supervisor.host.who_leads), and reads the lease itself
+only when none of them answers, so that the job's requests to the API server do not grow with it.
+At the start the first host (host 0) takes the lease and the others wait for it to exist, so a job
+starts with the leader it always had. Afterwards whoever sees
 the lease unrenewed for its duration, or released, takes it: the new leader serves on this
 supervisor's leader address and takes over from the old one (supervisor.leader.Leader.take_over). A
 leader that cannot renew in time stands down and closes its server, so its members go looking for
