@@ -37,6 +37,7 @@ from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.persistent_tier import PersistentTier
 from slicekeeper.supervisor.host.own_leader import NewLeader, OwnLeader
 from slicekeeper.supervisor.host.site import PodAnnotations, Site
+from slicekeeper.supervisor.host.who_leads import AskCandidates, AskingCandidates
 from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import Election, Holder, Lease
 from slicekeeper.supervisor.leader.settings import LeaderSettings
@@ -47,17 +48,9 @@ from slicekeeper.leader_view import LeaderView
 from slicekeeper.policy.engine import PolicyEngine
 from slicekeeper.shape import JobLayout
 
-AskCandidates = Callable[[], Awaitable[tuple[bool, Lease | None]]]
-"""Asks the lease's candidates who leads: (whether any answered, the newest lease they name)."""
-
 WATCH_SECONDS = 0.2
 """How often a spare (which only watches) reads the lease, and a candidate before the lease exists
 or while its member looks for a new leader (`looking`)."""
-
-UNANSWERED_SECONDS = 5.0
-"""How long a supervisor that is not a lease candidate asks the candidates in vain before it reads the
-lease itself: long enough for a candidate starting with the job, short against a leader's wait for
-its members (LEADER_WAIT_SECONDS in a pod)."""
 
 LAST_BROADCAST_SECONDS = 0.2
 """At the job's end, how long the leader lets its last broadcast reach members and watchers."""
@@ -125,11 +118,8 @@ class Leadership:
         """This supervisor was started again on its machine: a lease its dead predecessor still
         holds is released at once instead of waiting out its duration."""
         self._say = say
-        self._ask = ask
-        self._unanswered_since: float | None = None
-        """Monotonic time since which no candidate answered who leads (None: one did last time)."""
-        self._reading_instead = False
-        """No candidate answered for UNANSWERED_SECONDS: this supervisor reads the lease (said once)."""
+        self._asking = None if ask is None else AskingCandidates(ask, self._read, say)
+        """Where only a few candidates read the lease: how this supervisor learns it otherwise."""
         self._earlier_requests = 0
         """Lease requests of the elections this supervisor took part in before its current one."""
         self._own_leader = OwnLeader(
@@ -191,7 +181,7 @@ class Leadership:
             if self.candidate and not self.cut_off:
                 await self._campaign()
                 await asyncio.sleep(retry if self.lease is not None and not self.looking else WATCH_SECONDS)
-            elif self.candidate or self._ask is None:
+            elif self.candidate or self._asking is None:
                 await self._read()  # a spare: offered to a new leader before it decides what to do
                 await asyncio.sleep(WATCH_SECONDS)
             else:
@@ -212,26 +202,11 @@ class Leadership:
         """The lease: read by a candidate (or where every supervisor reads it); asked of the
         candidates by any other supervisor, and read only when none of them answers (a newer term
         than one seen already, or the same, is taken: a candidate's reading may lag another's)."""
-        if self.candidate or self._ask is None:
+        if self.candidate or self._asking is None:
             return await self._read()
-        try:
-            answered, lease = await self._ask()
-        except Exception as error:  # a malformed answer: as if none came
-            self._say(f"cannot ask the lease's candidates who leads: {error!r}")
-            answered, lease = False, None
-        if not answered:
-            now = time.monotonic()
-            if self._unanswered_since is None:
-                self._unanswered_since = now
-            if now - self._unanswered_since < UNANSWERED_SECONDS:
-                return None  # a candidate still starting, or being replaced: ask again
-            if not self._reading_instead:
-                self._say(f"no lease candidate answered for {UNANSWERED_SECONDS:.0f} s: reading the lease")
-            self._reading_instead = True
-            return await self._read()
-        self._unanswered_since, self._reading_instead = None, False
+        answered, lease = await self._asking.learn()
         seen = self.lease
-        if lease is not None and (seen is None or lease.term >= seen.term):
+        if answered and lease is not None and (seen is None or lease.term >= seen.term):
             self._observed.seen(lease)
         return lease
 

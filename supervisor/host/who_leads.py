@@ -13,6 +13,8 @@ reads the lease itself (supervisor.host.leadership): the job never waits on its 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable, Callable
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.election import Lease
@@ -21,6 +23,54 @@ from slicekeeper.supervisor.tls import JobTls
 
 ASK_SECONDS = 1.0
 """How long a candidate has to answer: on the job's own network it answers in milliseconds."""
+
+UNANSWERED_SECONDS = 5.0
+"""How long a supervisor that is not a lease candidate asks the candidates in vain before it reads the
+lease itself: long enough for a candidate starting with the job, short against a leader's wait for
+its members (LEADER_WAIT_SECONDS in a pod)."""
+
+AskCandidates = Callable[[], Awaitable[tuple[bool, Lease | None]]]
+"""Asks the lease's candidates who leads: (whether any answered, the newest lease they name)."""
+
+
+class AskingCandidates:
+    """How a supervisor that is not a lease candidate learns the lease: it asks the candidates
+    (`ask`), and reads the lease itself (`read`) once none answered for UNANSWERED_SECONDS."""
+
+    def __init__(
+        self,
+        ask: AskCandidates,
+        read: Callable[[], Awaitable[Lease | None]],
+        say: Callable[[str], None],
+    ) -> None:
+        self._ask = ask
+        self._read = read
+        self._say = say
+        self._unanswered_since: float | None = None
+        """Monotonic time since which no candidate answered (None: one did last time)."""
+        self._reading = False
+        """None answered for UNANSWERED_SECONDS: the lease is read (said once)."""
+
+    async def learn(self) -> tuple[bool, Lease | None]:
+        """(whether a candidate answered, the lease it named or the one read; None: none known yet,
+        and asked again next time)."""
+        try:
+            answered, lease = await self._ask()
+        except Exception as error:  # a malformed answer: as if none came
+            self._say(f"cannot ask the lease's candidates who leads: {error!r}")
+            answered, lease = False, None
+        if answered:
+            self._unanswered_since, self._reading = None, False
+            return True, lease
+        now = time.monotonic()
+        if self._unanswered_since is None:
+            self._unanswered_since = now
+        if now - self._unanswered_since < UNANSWERED_SECONDS:
+            return False, None  # a candidate still starting, or being replaced: ask again
+        if not self._reading:
+            self._say(f"no lease candidate answered for {UNANSWERED_SECONDS:.0f} s: reading the lease")
+        self._reading = True
+        return False, await self._read()
 
 
 def seen(lease: Lease | None) -> messages.LeaseSeen:

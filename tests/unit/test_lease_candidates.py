@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-from slicekeeper.supervisor.host import leadership as leadership_module
 from slicekeeper.supervisor.host import who_leads
 from slicekeeper.supervisor.host.leadership import Leadership
 from slicekeeper.supervisor.host.relay import Relay
@@ -108,7 +107,7 @@ def test_a_supervisor_that_is_no_candidate_learns_the_leader_from_them_and_never
 
 
 def test_when_no_candidate_answers_for_a_while_it_reads_the_lease_itself(tmp_path, monkeypatch):
-    monkeypatch.setattr(leadership_module, "UNANSWERED_SECONDS", 0.5)
+    monkeypatch.setattr(who_leads, "UNANSWERED_SECONDS", 0.5)
 
     async def scenario() -> tuple[Lease | None, int]:
         leader = Election(FileLeaseLock(tmp_path / LEASE_FILE, lease_of(0, 1).holder.identity()), FAST)
