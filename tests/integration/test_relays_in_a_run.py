@@ -77,15 +77,20 @@ def test_the_leaders_host_lost_only_the_lease_candidates_read_the_lease_the_othe
 
 def test_the_leader_and_another_groups_relay_lost_at_once_end_with_the_fault_free_parameters(tmp_path: Path):
     """Hosts 0 (the leader, group 0's relay and a lease candidate) and 2 (group 1's relay and a
-    candidate) lost at the same step: host 1, the third candidate, takes the lease over; host 3
-    rejoins through its own supervisor's relay, host 1 through its own; two spares take hosts 0 and 2
+    candidate) lost at about the same step: another lease candidate takes the lease over (host 1, or
+    host 2 once a spare serves it: a spare taking a candidate's host over becomes one, and on a fresh
+    clone it won), each group goes on through another of its relays, two spares take hosts 0 and 2
     over, and the job ends as the fault-free run does."""
     report = relayed_run(tmp_path, "lose:host=0@step=12,lose:host=2@step=12", local={"spares": 2})
     assert report["params_fingerprint"] == sdk_loop_fingerprint(STEPS)
     [change] = report["leader_changes"]
-    assert (change["from_host"], change["to_host"]) == (0, 1), change
+    assert change["from_host"] == 0 and change["to_host"] in (1, 2), change
     assert sorted(report["hot_swaps"]["hosts"]) == [0, 2], report["hot_swaps"]
     run_dir = Path(report["run_dir"])
-    for host, group in ((1, 0), (3, 1)):  # each group's next relay carries it to the new leader
-        log = (run_dir / f"host-{host}" / "supervisor.log").read_text()
-        assert f"relay of group {group}: {CARRYING}" in log, log[-3000:]
+    for group, lost in ((0, "host-0"), (1, "host-2")):  # carried on by a relay other than the lost one
+        carriers = [
+            log.parent.name
+            for log in run_dir.glob("*/supervisor.log")
+            if f"relay of group {group}: {CARRYING}" in log.read_text()
+        ]
+        assert set(carriers) - {lost}, (group, carriers)
