@@ -16,7 +16,6 @@ import pytest
 from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.host.leadership import Leadership
-from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import (
     LEASE_FILE,
     Election,
@@ -27,11 +26,10 @@ from slicekeeper.supervisor.leader.election import (
     read_lease_file,
 )
 from slicekeeper.supervisor.leader.members import Members
-from slicekeeper.supervisor.leader.settings import LeaderSettings
 from slicekeeper.supervisor.ports import free_port
 
-from slicekeeper.shape import JobShape
-from tests.support.fake_members import coordinator, eventually
+from tests.support.fake_members import eventually
+from tests.support.leaderships import leadership_in
 
 FAST = Timing(duration=2, renew_deadline=1.5, retry=1)  # type: ignore[arg-type]
 
@@ -44,16 +42,7 @@ def candidate(run_dir, machine: str, host: int) -> Election:
 def leadership_on(election: Election, own: Holder, *, candidate: bool) -> Leadership:
     """This test's supervisor in the election (`candidate`: a host's; else a spare's), leading a
     two-host job when elected; the first leader when a candidate."""
-    return Leadership(
-        election,
-        own,
-        candidate=candidate,
-        first=candidate,
-        new_leader=lambda term, leading: Leader(LeaderSettings(JobShape(1, 2), 3), coordinator),
-        journal=lambda: None,
-        bind="127.0.0.1",
-        say=lambda text: None,
-    )
+    return leadership_in(election, own, candidate=candidate, first=candidate)
 
 
 def test_an_identity_names_machine_host_address_and_run_and_reads_back():

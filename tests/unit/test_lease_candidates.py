@@ -15,13 +15,11 @@ import time
 from slicekeeper.supervisor.host import who_leads
 from slicekeeper.supervisor.host.leadership import Leadership
 from slicekeeper.supervisor.host.relay import Relay
-from slicekeeper.supervisor.leader import Leader
 from slicekeeper.supervisor.leader.election import LEASE_FILE, Election, FileLeaseLock, Holder, Lease, Timing
-from slicekeeper.supervisor.leader.settings import LeaderSettings
 from slicekeeper.supervisor.ports import free_port
 
 from slicekeeper.shape import JobShape
-from tests.support.fake_members import coordinator
+from tests.support.leaderships import leadership_in
 
 FAST = Timing(duration=2, renew_deadline=1.5, retry=1)  # type: ignore[arg-type]
 
@@ -68,17 +66,9 @@ def supervisor_of(run_dir, host: int, candidates: list[str] | None) -> Leadershi
     """Host `host`'s supervisor in the election, not a candidate: it asks `candidates` (None: it
     reads the lease itself, as every supervisor does without relays)."""
     own = Holder(f"host-{host}", host, f"127.0.0.1:{9000 + host}")
-    return Leadership(
-        Election(FileLeaseLock(run_dir / LEASE_FILE, own.identity()), FAST),
-        own,
-        candidate=False,
-        first=False,
-        new_leader=lambda term, leading: Leader(LeaderSettings(JobShape(1, 2), 3), coordinator),
-        journal=lambda: None,
-        bind="127.0.0.1",
-        ask=None if candidates is None else lambda: who_leads.ask_candidates(candidates, None),
-        say=lambda text: None,
-    )
+    ask = None if candidates is None else lambda: who_leads.ask_candidates(candidates, None)
+    election = Election(FileLeaseLock(run_dir / LEASE_FILE, own.identity()), FAST)
+    return leadership_in(election, own, candidate=False, first=False, ask=ask)
 
 
 def test_a_supervisor_that_is_no_candidate_learns_the_leader_from_them_and_never_reads_the_lease(tmp_path):
@@ -133,18 +123,8 @@ def requests_a_second_at_rest(run_dir, timing: Timing, candidates: int = 3) -> f
         leaderships = []
         for host in range(candidates):
             own = Holder(f"host-{host}", host, f"127.0.0.1:{free_port()}")
-            leaderships.append(
-                Leadership(
-                    Election(FileLeaseLock(run_dir / LEASE_FILE, own.identity()), timing),
-                    own,
-                    candidate=True,
-                    first=host == 0,
-                    new_leader=lambda term, leading: Leader(LeaderSettings(JobShape(1, 3), 3), coordinator),
-                    journal=lambda: None,
-                    bind="127.0.0.1",
-                    say=lambda text: None,
-                )
-            )
+            election = Election(FileLeaseLock(run_dir / LEASE_FILE, own.identity()), timing)
+            leaderships.append(leadership_in(election, own, candidate=True, first=host == 0, hosts=3))
         campaigns = [asyncio.create_task(leadership.run()) for leadership in leaderships]
         try:
             await asyncio.sleep(2.0)  # host 0 leads, the others saw it
