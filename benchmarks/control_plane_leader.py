@@ -53,6 +53,10 @@ ELECTED = "[elected] term"
 LEASE_REQUESTS = "[lease] requests"
 """Said every REQUESTS_SAID_SECONDS: the lease requests this candidate made so far, and when."""
 REQUESTS_SAID_SECONDS = 0.5
+CPU_SAID = "[cpu] seconds"
+"""Said every CPU_SAID_SECONDS: this process's CPU time so far, and when (the driver takes the leader's
+CPU time on a round's or a hand-over's path from it: control_plane_scale.py, `critical_path_*`)."""
+CPU_SAID_SECONDS = 0.05
 TIMINGS = {"local": LOCAL_TIMING, "cluster": CLUSTER_TIMING}
 """The lease's timing, by --lease: on the lease file either way."""
 """How this candidate's log says it won a term and when (`ELECTED <term> at <time.time()>`): the
@@ -132,6 +136,13 @@ async def say_requests(leadership: Leadership) -> None:
         await asyncio.sleep(REQUESTS_SAID_SECONDS)
 
 
+async def say_cpu() -> None:
+    """The process's CPU time so far, every CPU_SAID_SECONDS (the driver interpolates between them)."""
+    while True:
+        print(f"{CPU_SAID} {time.process_time():.6f} at {time.time():.6f}", file=sys.stderr, flush=True)
+        await asyncio.sleep(CPU_SAID_SECONDS)
+
+
 async def campaign(args: argparse.Namespace) -> None:
     shape = JobShape(args.hosts // HOSTS_PER_SLICE, HOSTS_PER_SLICE)
     own = Holder(f"leader-{args.host}", args.host, f"127.0.0.1:{args.port}")
@@ -167,6 +178,7 @@ async def campaign(args: argparse.Namespace) -> None:
         desk.lease_seen = lambda: who_leads.seen(leadership.lease)
         await desk.serve("127.0.0.1", args.who_leads_port)
     said = asyncio.create_task(say_requests(leadership))
+    cpu = asyncio.create_task(say_cpu())
     publishing: list[asyncio.Task[None]] = []
     leadership.elected = lambda leader: publishing.append(asyncio.ensure_future(leader.publish_status()))
     lag = asyncio.create_task(watch_loop_lag())
@@ -177,6 +189,7 @@ async def campaign(args: argparse.Namespace) -> None:
     running.cancel()
     lag.cancel()
     said.cancel()
+    cpu.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await running
 

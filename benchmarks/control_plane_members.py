@@ -93,6 +93,13 @@ class Stats:
     lost_leader: int = 0
     lease_reads: int = 0
     """Reads of the lease file (an API request each in a cluster); none when the candidates are asked."""
+    path_cpu_round: dict[int, float] = field(default_factory=dict)
+    """generation started -> this process's CPU seconds from its first stop of the generation before to
+    its last start of this one, per relay (per host, without relays): a relay's part of the round's
+    critical path, its members' included (merged: the most of any process)."""
+    path_cpu_handover: dict[int, float] = field(default_factory=dict)
+    """term -> this process's CPU seconds from its first host's loss of its leader to the last of its
+    hosts' first command of that term, per relay (per host without relays)."""
     unexpected: list[str] = field(default_factory=list)
 
     def note(self, text: str) -> None:
@@ -204,6 +211,7 @@ class SimulatedHost:
             await self._follow(reader)
             if self.gone:
                 return
+            self.process.leader_lost()
             self.process.stats.lost_leader += 1
             self.training = False
 
@@ -256,6 +264,7 @@ class SimulatedHost:
                 first_of_term = False
                 stats.first_command[self.term] = max(stats.first_command.get(self.term, 0.0), now)
                 stats.commanded[self.term] += 1
+                self.process.path_cpu("handover", self.term)
             kind = command["type"]
             if kind == "journal":
                 seq = command["seq"]
@@ -272,6 +281,7 @@ class SimulatedHost:
                 self.step = restore or 0
                 self.committed = [s for s in self.committed if restore is not None and s <= restore]
                 stats.start_last[self.generation] = now
+                self.process.path_cpu("round", self.generation)
                 stats.start_count[self.generation] += 1
                 stats.start_hosts[self.generation].append(self.host)
                 if restore is not None:
@@ -280,6 +290,7 @@ class SimulatedHost:
             elif kind == "stop":
                 generation = command["generation"]
                 self.training = False
+                self.process.cpu_stop_first.setdefault(generation, time.process_time())
                 stats.stop_last[generation] = now
                 stats.stop_count[generation] += 1
                 stats.stop_hosts[generation].append(self.host)
@@ -360,6 +371,24 @@ class MemberProcess:
         self.journals: dict[int, tuple[int, dict[str, Any]]] = {}
         """seq -> the term that wrote it and the journal whole (the same for every replica)."""
         self._connecting = asyncio.Semaphore(CONNECTS_AT_ONCE)
+        self.cpu_stop_first: dict[int, float] = {}
+        """generation -> this process's CPU time at the first stop of it received."""
+        self._cpu_lost: float | None = None
+        """This process's CPU time when the first of its hosts lost its leader (None: none has)."""
+        self._units = len({h // hosts_per_relay for h in hosts}) if hosts_per_relay else len(hosts)
+        """What a machine of its own would run, each: a relay and its members (a host, without relays)."""
+
+    def leader_lost(self) -> None:
+        if self._cpu_lost is None:
+            self._cpu_lost = time.process_time()
+
+    def path_cpu(self, what: str, key: int) -> None:
+        """This process's CPU time on a path, per unit, from its beginning to now (a command that may
+        be the path's last here): the round that started generation `key`, the hand-over to term `key`."""
+        begun = self.cpu_stop_first.get(key - 1) if what == "round" else self._cpu_lost
+        if begun is not None:
+            paths = self.stats.path_cpu_round if what == "round" else self.stats.path_cpu_handover
+            paths[key] = (time.process_time() - begun) / self._units
 
     async def connect(
         self, address: str, member: int

@@ -28,6 +28,8 @@ FIELDS = {
     "journal_bytes_per_command",
     "culprit_s",
     "leader_connections",
+    "critical_path_round_s",
+    "critical_path_handover_s",
 }
 
 
@@ -61,3 +63,6 @@ def test_200_simulated_hosts_are_each_stopped_and_started_once_per_round_and_the
     assert line.keys() >= FIELDS and line["hosts"] == 200 and line["peak_rss_mib"] > 0
     assert line["journal_bytes_per_command"] > 0  # the journal did reach its replicas
     assert line["leader_connections"] in connections, line["leader_connections"]
+    # The critical path holds the leader's CPU time on the round (never none: it sent 200 starts)
+    # and the hand-over's wait for the lease to lapse (the local lease: 3 s after its last renewal).
+    assert line["critical_path_round_s"] > 0 and line["critical_path_handover_s"] > 1.0, line

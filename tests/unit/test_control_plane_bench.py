@@ -16,7 +16,7 @@ from slicekeeper.supervisor import messages
 
 from benchmarks.control_plane_figures import TARGETS, misses
 from benchmarks.control_plane_members import MemberProcess, SimulatedHost, Stats
-from benchmarks.control_plane_scale import BenchmarkFailed, Run, continues, not_once_each
+from benchmarks.control_plane_scale import BenchmarkFailed, Run, _cpu_at, continues, not_once_each
 from slicekeeper import credentials
 
 
@@ -148,3 +148,10 @@ def test_a_figure_over_its_target_is_named_as_missed_and_one_within_is_not():
     assert misses([within]) == []
     over = within | {"handover_s": 14.83}
     assert misses([over]) == ["hand-over (s) at 1,000 hosts: 14.83 over the target 10.0"]
+
+
+def test_a_process_cpu_time_at_a_moment_is_interpolated_between_what_it_said():
+    said = [(10.0, 1.0), (10.5, 1.2), (11.0, 2.2)]
+    assert _cpu_at(said, 10.75) == pytest.approx(1.7)
+    assert _cpu_at(said, 10.5) == pytest.approx(1.2)
+    assert (_cpu_at(said, 9.0), _cpu_at(said, 12.0)) == (1.0, 2.2)  # outside: the nearest said
