@@ -480,7 +480,13 @@ _TO_WATCHER: TypeAdapter[ToWatcher] = TypeAdapter(Annotated[ToWatcher, Field(dis
 def to_leader(line: bytes | str) -> ToLeader:
     """A line a member or watcher sent the leader. ValueError (pydantic's, naming the message type
     and the field) for a line that is not one, or a report that names no host."""
-    message = _TO_LEADER.validate_python(protocol.decode(line))
+    return to_leader_value(protocol.decode(line))
+
+
+def to_leader_value(value: Any) -> ToLeader:
+    """A member's line, read already (a relay's gathered acknowledgements: supervisor.relay_frames),
+    as `to_leader` reads it."""
+    message = _TO_LEADER.validate_python(value)
     if isinstance(message, Report) and "host" not in message.model_fields_set:
         raise ValueError(f"a {message.type} report that names no host")
     return message

@@ -9,8 +9,15 @@ every line on the relay's connection is one of a channel's lines, prefixed with 
                       <c> <line>        one of its lines, as it sent it
                       <c> -             its connection ended (c closes)
                       <c> -silent       ... at its deadline of silence (supervisor.connection_deadline)
+    relay -> leader   <c1>,<c2>,... *[<line>,<line>,...]   the acknowledgements of a stop by the
+                                        members of `c1`, `c2`, ... (one each, in that order),
+                                        gathered by the relay into one line (`gathered`)
     leader -> relay   <c> <line>        a command for that member
                       <c1>,<c2>,... <line>   the same command for several (written once)
+                      <c1>,<c2>,... *<bundle>   a command of its own for each of several, written
+                                        as what they share and what is each one's (a start of
+                                        every host: the world once, each host's rank and sources),
+                                        which the relay makes into each member's line (`lines_of`)
                       <c> -             the leader dropped that member: the relay closes its connection
 
 The first line of the connection is the relay's greeting (messages.RelayHello), a message as any
@@ -20,14 +27,20 @@ connection, and the relay passes them on as they came.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
+
+from slicekeeper import protocol
 
 OPEN: Final = b"+"
 END: Final = b"-"
 SILENT: Final = b"-silent"
 CONTROLS: Final = (OPEN, END, SILENT)
+BUNDLE: Final = b"*"
+"""The start of a bundle's payload: `*{"common": {...}, "each": [{...}, ...]}`, `each` in the order of
+the frame's channels."""
 MAX_CHANNELS_PER_LINE: Final = 100_000
 """A header naming more channels than any relay serves is not a frame."""
 
@@ -72,3 +85,47 @@ def parse(line: bytes) -> Frame:
     if payload == b"\n":
         raise FrameError(f"an empty line for channel(s) {header[:80]!r}")
     return Frame(tuple(int(part) for part in parts), payload)
+
+
+def bundle(channels: list[int], common: dict[str, Any], each: list[dict[str, Any]]) -> bytes:
+    """One frame carrying a line of its own for each of `channels`: the line of `channels[i]` is
+    `common` with `each[i]` over it (`lines_of` on the relay's side)."""
+    if len(channels) != len(each):
+        raise FrameError(f"a bundle of {len(each)} lines for {len(channels)} channels")
+    payload = json.dumps({"common": common, "each": each}, separators=(",", ":")).encode()
+    return frame(channels, BUNDLE + payload + b"\n")
+
+
+def gathered(channels: list[int], lines: list[bytes]) -> bytes:
+    """The lines of several members (one each, a whole JSON object line) as one frame."""
+    if len(channels) != len(lines):
+        raise FrameError(f"{len(lines)} lines gathered for {len(channels)} channels")
+    return frame(channels, BUNDLE + b"[" + b",".join(line.rstrip(b"\n") for line in lines) + b"]\n")
+
+
+def values_of(received: Frame) -> list[tuple[int, Any]]:
+    """Each channel's message of a bundle, read (FrameError for a bundle that is not one): the
+    leader's common fields with each member's own over them, or the members' gathered lines."""
+    try:
+        carried = json.loads(received.payload[len(BUNDLE) :])
+    except ValueError as error:
+        raise FrameError(f"not a bundle: {received.payload[:80]!r}") from error
+    common: dict[str, Any] = {}
+    each: Any = carried  # the members' gathered lines
+    if isinstance(carried, dict) and isinstance(carried.get("common"), dict):
+        common, each = carried["common"], carried.get("each")
+    elif not isinstance(carried, list):
+        raise FrameError(f"not a bundle: {received.payload[:80]!r}")
+    if not isinstance(each, list) or len(each) != len(received.channels):
+        raise FrameError(f"a bundle that does not give each of {len(received.channels)} channels a line")
+    if not all(isinstance(own, dict) for own in each):
+        raise FrameError("a bundle whose lines are not objects")
+    return [(channel, common | own) for channel, own in zip(received.channels, each, strict=True)]
+
+
+def lines_of(received: Frame) -> list[tuple[int, bytes]]:
+    """Each channel's line: the payload itself for every channel of a plain frame; a bundle's own
+    line for each (FrameError for a bundle that is not one)."""
+    if not received.payload.startswith(BUNDLE):
+        return [(channel, received.payload) for channel in received.channels]
+    return [(channel, protocol.encode(value)) for channel, value in values_of(received)]

@@ -9,12 +9,14 @@ connection per group.
 
 A member's connection to the relay begins with the leader it wants (messages.RelayTo: the one the
 job's lease names); every later line is the member's, passed on unread, and every line the leader
-sends for it comes back the same way. The relay keeps one connection per leader asked for, opened
-at the first member's asking; when that leader's connection ends (the leader lost, or standing down)
-the relay tells each member it carried (messages.LEADER_GONE, after the leader's last lines) and keeps
-the member's connection: the member finds the next leader as it would have and names it on that same
-connection, so a hand-over costs the new leader one connection and handshake per relay, not per host
-(the members register again, as rejoining members, over it). A member whose connection ends is said
+sends for it comes back the same way, but for a bundle (a start of the whole group: what its members'
+starts share, once, and what is each one's), which the relay makes into each member's own line.
+The relay keeps one connection per leader asked for, opened at the first member's asking; when that
+leader's connection ends (the leader lost, or standing down) the relay tells each member it carried
+(messages.LEADER_GONE, after the leader's last lines) and keeps the member's connection: the member
+finds the next leader as it would have and names it on that same connection, so a hand-over costs
+the new leader one connection and handshake per relay, not per host (the members register again, as
+rejoining members, over it). A member whose connection ends is said
 to the leader as that member's connection ending (at its deadline of silence: as silent), so the
 leader handles it as it handles any member's connection ending.
 
@@ -32,12 +34,13 @@ import socket
 from collections.abc import Awaitable, Callable
 
 from slicekeeper.supervisor import connection_deadline, messages
+from slicekeeper.supervisor.host.relay_acks import AckGathering
 from slicekeeper.supervisor.leader_connection import (
     ATTEMPT_SECONDS,
     Connect,
     open_control_connection,
 )
-from slicekeeper.supervisor.relay_frames import END, OPEN, SILENT, FrameError, frame, parse
+from slicekeeper.supervisor.relay_frames import END, OPEN, SILENT, FrameError, frame, lines_of, parse
 from slicekeeper.supervisor.tls import JobTls
 
 from slicekeeper import protocol
@@ -73,6 +76,21 @@ class Upstream:
         """When this leader's connection ends its members' stay, for the next leader (False: the relay
         itself is closing)."""
         self._channels = itertools.count()
+        self._unflushed: list[bytes] = []
+        """Frames written in this turn of the event loop, to leave together at its end: the lines of
+        members that spoke at once in one write, not one each."""
+        self._acks = AckGathering(self._write)
+        """The stop's acknowledgements of its members, sent on as one line (supervisor.host.relay_acks)."""
+
+    def _write(self, data: bytes) -> None:
+        if not self._unflushed:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._unflushed.append(data)
+
+    def _flush(self) -> None:
+        data, self._unflushed = b"".join(self._unflushed), []
+        if data and not self.writer.transport.is_closing():
+            self.writer.write(data)
 
     def open(self, member: asyncio.StreamWriter) -> int | None:
         """A channel for `member` (None: this leader's connection ended meanwhile)."""
@@ -80,17 +98,18 @@ class Upstream:
             return None
         channel = next(self._channels)
         self.members[channel] = member
-        self.writer.write(frame([channel], OPEN))
+        self._write(frame([channel], OPEN))
         return channel
 
     def send(self, channel: int, line: bytes) -> None:
-        if not self.ended and channel in self.members:
-            self.writer.write(frame([channel], line))
+        if not self.ended and channel in self.members and not self._acks.held(channel, line):
+            self._write(frame([channel], line))
 
     def close_channel(self, channel: int, silent: bool) -> None:
         """The member's connection ended: the leader is told, unless it ended the channel itself."""
         if self.members.pop(channel, None) is not None and not self.ended:
-            self.writer.write(frame([channel], SILENT if silent else END))
+            self._acks.gone(channel)
+            self._write(frame([channel], SILENT if silent else END))
 
     async def run(self) -> None:
         """The leader's lines to their members, until the leader's connection ends; then every
@@ -101,14 +120,17 @@ class Upstream:
                     break
                 try:
                     received = parse(line)
+                    lines = lines_of(received)
                 except FrameError:
                     continue
-                for channel in received.channels:
-                    self._to_member(channel, received.payload)
+                self._acks.stop_sent(received.channels, received.payload)
+                for channel, payload in lines:
+                    self._to_member(channel, payload)
         except (OSError, ValueError):  # reset, cut, silent at its deadline; a line over the limit
             pass
         finally:
             self.ended = True
+            self._acks.close()
             self.writer.close()
             for member in list(self.members.values()):
                 # After what it was sent (the job's end, a journal): its leader is gone, its connection
@@ -125,6 +147,7 @@ class Upstream:
             return
         if payload in (END, SILENT):  # the leader dropped the member
             del self.members[channel]
+            self._acks.gone(channel)
             member.transport.abort()
             return
         member.write(payload)

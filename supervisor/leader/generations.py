@@ -302,16 +302,18 @@ class Generations:
         await self.context.journal.write()
         addresses = {h: s.replica_address for h, s in self.context.status.items() if s.replica_address}
         starts = self._starts.for_world(generation, self.context.world.hosts, restore_step, plan, addresses)
+        starting = {}
         for host in sorted(self.context.members.live()):
-            start = starts.get(host)
-            if start is None:
+            own = starts.each.get(host)
+            if own is None:
                 self.context.status[host].state = HostState.PARKED
                 await self.context.members.send(
                     host, messages.Park(generation=generation, restore_step=restore_step)
                 )
                 continue
             self.context.status[host].state = HostState.STARTING
-            await self.context.members.send(host, start)
+            starting[host] = own
+        await self.context.members.send_own(starts.common, starting)
         await self.context.members.event(
             f"generation {generation} starting {_where(first, restore_step)}{self._size()}",
             generation=generation,

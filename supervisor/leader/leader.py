@@ -269,6 +269,7 @@ class Leader:
                     relay_link.REJOIN_SECONDS,
                     relay_host=relay.host,
                     host_of=self.members.host_of,
+                    deliver=self._take,
                 )
                 await link.run()
             writer.close()
@@ -287,19 +288,7 @@ class Leader:
             async for line in _lines(reader, first):
                 if not line.endswith(b"\n"):
                     break  # cut short by the end of its connection: not a whole message, not acted on
-                if not self.leading():
-                    self.stand_down("no longer sure to hold the job's lease")
-                if self._standing_down:
-                    continue  # it reads on (its members' connections stay open) and acts no more
-                try:
-                    message = messages.to_leader(line)
-                    if self._takeover is not None and not isinstance(message, messages.Watch):
-                        self._takeover.gather(message, writer)
-                        continue
-                    await self.dispatch.handle(message, writer)
-                except (ValueError, KeyError, TypeError) as error:
-                    # A bad message must not end the connection: that would read as a lost host.
-                    print(f"leader: ignored a malformed message {line[:200]!r}: {error!r}", file=sys.stderr)
+                await self._take(line, writer)
         except TimeoutError:  # its deadline passed in silence (supervisor.connection_deadline)
             silent = True
         except OSError:  # reset, or a cut TLS stream (ssl.SSLError)
@@ -321,6 +310,22 @@ class Leader:
                 # every host whose loss was waiting its turn (9,991 at a 10,000-host benchmark's end).
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._disconnected(writer, silent)
+
+    async def _take(self, line: bytes | dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        """One line of a member's (read already, when it came gathered through a relay)."""
+        if not self.leading():
+            self.stand_down("no longer sure to hold the job's lease")
+        if self._standing_down:
+            return  # it reads on (its members' connections stay open) and acts no more
+        try:
+            message = messages.to_leader(line) if isinstance(line, bytes) else messages.to_leader_value(line)
+            if self._takeover is not None and not isinstance(message, messages.Watch):
+                self._takeover.gather(message, writer)
+                return
+            await self.dispatch.handle(message, writer)
+        except (ValueError, KeyError, TypeError) as error:
+            # A bad message must not end the connection: that would read as a lost host.
+            print(f"leader: ignored a malformed message {str(line)[:200]!r}: {error!r}", file=sys.stderr)
 
     async def _disconnected(self, writer: asyncio.StreamWriter, silent: bool = False) -> None:
         if writer in self.members.watchers:

@@ -26,7 +26,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader.admission import HostState
@@ -34,6 +34,10 @@ from slicekeeper.supervisor.leader.relay_link import ChannelTransport, RelayLink
 
 from slicekeeper import protocol
 
+_T = TypeVar("_T")
+BUNDLE_MEMBERS = 256
+"""Members' own lines one bundle carries at most (a relay's group of 64 in one; a larger group in a
+few, each well within the line a relay reads: supervisor.host.relay.FRAME_ROOM)."""
 WATCHER_BUFFER_LIMIT = 1 << 20
 """Bytes of status lines a watcher may fall behind by before it is dropped."""
 
@@ -168,25 +172,58 @@ class Members:
         line = self._stamped(message).encode()
         self._write_each(list(self.writers.values()), line)
 
+    async def send_own(self, common: dict[str, Any], each: dict[int, dict[str, Any]]) -> None:
+        """A command of its own to each host of `each` that is a member: the fields every one shares
+        (`common`, as JSON, stamped with the term here) with the host's own over them. Behind a relay
+        one frame carries its members' (a bundle, supervisor.relay_frames), which the relay makes
+        into each one's line: a start of 25,000 hosts encodes the world once, not 25,000 times."""
+        if not self.leading():
+            return
+        common = {"term": self.term, **common}
+        served = [(writer, each[host]) for host in each if (writer := self.writers.get(host)) is not None]
+        direct, relayed = self._by_relay(served)
+        for writer, own in direct:
+            self._write(writer, protocol.encode(common | own))
+        for link, live in relayed.items():
+            for first in range(0, len(live), BUNDLE_MEMBERS):
+                part = live[first : first + BUNDLE_MEMBERS]
+                written = link.write_bundle(
+                    [transport.channel for _, transport, _ in part], common, [own for _, _, own in part]
+                )
+                for writer, transport, _ in part:
+                    transport.sent(written)
+                    self._track(writer, written[1] // len(part))
+
     def _write_each(self, writers: list[asyncio.StreamWriter], line: bytes) -> None:
         """`line` to each of `writers`; to the members behind one relay in one frame for them all
         (supervisor.relay_frames), the relay handing it to each: a stop to 25,000 hosts behind 391
         relays is 391 writes, not 25,000."""
-        relayed: dict[RelayLink, list[tuple[asyncio.StreamWriter, ChannelTransport]]] = {}
-        for writer in writers:
-            transport = writer.transport
-            if isinstance(transport, ChannelTransport):
-                relayed.setdefault(transport.link, []).append((writer, transport))
-            else:
-                self._write(writer, line)
-        for link, members in relayed.items():
-            live = [(w, t) for w, t in members if not t.is_closing() and not self._outbox(w).dropped]
-            if not live:
-                continue
-            written = link.write([t.channel for _, t in live], line)
-            for writer, transport in live:
+        direct, relayed = self._by_relay([(writer, None) for writer in writers])
+        for writer, _ in direct:
+            self._write(writer, line)
+        for link, live in relayed.items():
+            written = link.write([transport.channel for _, transport, _ in live], line)
+            for writer, transport, _ in live:
                 transport.sent(written)
                 self._track(writer, len(line))
+
+    def _by_relay(
+        self, items: list[tuple[asyncio.StreamWriter, _T]]
+    ) -> tuple[
+        list[tuple[asyncio.StreamWriter, _T]],
+        dict[RelayLink, list[tuple[asyncio.StreamWriter, ChannelTransport, _T]]],
+    ]:
+        """`items` (a connection and what is for it) as those of connections made directly, and those
+        of members behind each relay, still open there."""
+        direct: list[tuple[asyncio.StreamWriter, _T]] = []
+        relayed: dict[RelayLink, list[tuple[asyncio.StreamWriter, ChannelTransport, _T]]] = {}
+        for writer, item in items:
+            transport = writer.transport
+            if not isinstance(transport, ChannelTransport):
+                direct.append((writer, item))
+            elif not transport.is_closing() and not self._outbox(writer).dropped:
+                relayed.setdefault(transport.link, []).append((writer, transport, item))
+        return direct, relayed
 
     def _outbox(self, writer: asyncio.StreamWriter) -> _Outbox:
         return self._outboxes.setdefault(writer, _Outbox())

@@ -24,10 +24,21 @@ import asyncio
 import contextlib
 import sys
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from slicekeeper.supervisor.relay_frames import END, OPEN, SILENT, FrameError, frame, parse
+from slicekeeper.supervisor.relay_frames import (
+    BUNDLE,
+    END,
+    OPEN,
+    SILENT,
+    Frame,
+    FrameError,
+    bundle,
+    frame,
+    parse,
+    values_of,
+)
 
 from slicekeeper import protocol
 
@@ -38,6 +49,8 @@ otherwise (5 s by default, as the leader sees the relay's), and reaches the next
 within a second (supervisor.host.relay.RELAY_ATTEMPT_SECONDS each)."""
 
 ServeMember = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]]
+Deliver = Callable[[Any, asyncio.StreamWriter], Awaitable[None]]
+"""(one of a member's lines, read already; its stream) -> taken as the leader takes its lines."""
 
 
 class ChannelTransport(asyncio.Transport):
@@ -117,34 +130,59 @@ class RelayLink:
         *,
         relay_host: int | None = None,
         host_of: Callable[[asyncio.StreamWriter], list[int]] = lambda writer: [],
+        deliver: Deliver | None = None,
     ) -> None:
         """`rejoin_seconds`: how long its members have to rejoin through another relay once its
         connection ended; `relay_host`: the host whose supervisor relays (its member's channel ends
-        with the relay's connection at once); `host_of(writer)`: the hosts a channel's stream serves."""
+        with the relay's connection at once); `host_of(writer)`: the hosts a channel's stream serves;
+        `deliver`: takes a member's line that came gathered with others' (supervisor.host.relay_acks),
+        read already (None: each is handed to its member's stream, as if it came alone)."""
         self.reader = reader
         self.writer = writer
         self._serve_member = serve_member
         self.rejoin_seconds = rejoin_seconds
         self._relay_host = relay_host
         self._host_of = host_of
+        self._deliver = deliver
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._emptied = asyncio.Event()
         self._channels: dict[int, ChannelTransport] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._written = 0
         """Bytes written to the relay's connection."""
+        self._unflushed: list[bytes] = []
+        """Frames written in this turn of the event loop, to leave together at its end (`_flush`)."""
+        self._unflushed_bytes = 0
 
     def write(self, channels: list[int], line: bytes) -> tuple[int, int]:
-        """`line` to `channels` (one frame); (bytes written after it, its size)."""
-        data = frame(channels, line)
-        if not self.writer.transport.is_closing():
-            self.writer.write(data)
+        """`line` to `channels` (one frame); (bytes written after it, its size). The frames written in
+        one turn of the event loop leave together, in one write to the connection (a start of every
+        host behind the relay: one TLS record and one send, not one a host)."""
+        return self._queue(frame(channels, line))
+
+    def write_bundle(
+        self, channels: list[int], common: dict[str, Any], each: list[dict[str, Any]]
+    ) -> tuple[int, int]:
+        """A line of its own to each of `channels` (`common` with `each[i]` over it), in one frame
+        that the relay makes into each member's line; (bytes written after it, its size)."""
+        return self._queue(bundle(channels, common, each))
+
+    def _queue(self, data: bytes) -> tuple[int, int]:
+        if not self._unflushed:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._unflushed.append(data)
+        self._unflushed_bytes += len(data)
         self._written += len(data)
         return self._written, len(data)
 
+    def _flush(self) -> None:
+        data, self._unflushed, self._unflushed_bytes = b"".join(self._unflushed), [], 0
+        if data and not self.writer.transport.is_closing():
+            self.writer.write(data)
+
     def gone(self) -> int:
         """Bytes of the relay's connection that left its buffer."""
-        return self._written - self.writer.transport.get_write_buffer_size()
+        return self._written - self._unflushed_bytes - self.writer.transport.get_write_buffer_size()
 
     def ended(self, channel: int, error: Exception | None) -> None:
         transport = self._channels.pop(channel, None)
@@ -169,6 +207,9 @@ class RelayLink:
                 except FrameError as bad:
                     print(f"leader: ignored a malformed relay frame: {bad}", file=sys.stderr, flush=True)
                     continue
+                if received.payload.startswith(BUNDLE):
+                    await self._take_gathered(received)
+                    continue
                 for channel in received.channels:
                     self._received(channel, received.payload)
         except TimeoutError as silent:  # the relay's deadline of silence: its members fell silent too
@@ -190,6 +231,24 @@ class RelayLink:
                 self.ended(channel, lost)
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _take_gathered(self, received: Frame) -> None:
+        """Several members' lines in one frame (their acknowledgements of a stop), each taken as its
+        member's, after whatever its member sent before it (read already, its turn comes first)."""
+        try:
+            values = values_of(received)
+        except FrameError as bad:
+            print(f"leader: ignored a malformed relay bundle: {bad}", file=sys.stderr, flush=True)
+            return
+        await asyncio.sleep(0)  # the members' earlier lines, handed to their streams, are taken first
+        for channel, value in values:
+            writer, transport = self._writers.get(channel), self._channels.get(channel)
+            if writer is None or transport is None:
+                continue  # its member gone meanwhile
+            if self._deliver is None:
+                transport.received(protocol.encode(value))
+            else:
+                await self._deliver(value, writer)
 
     def _received(self, channel: int, payload: bytes) -> None:
         if payload == OPEN:

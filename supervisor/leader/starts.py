@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.checkpoints.peer_tier import replica_holders
@@ -22,6 +23,23 @@ PROGRESS_REPORTS_PER_STEP = 2500
 """Progress reports the leader asks for per step of the job, at most: a larger world's hosts each
 report every few steps (`messages.Start.progress_every`), with the steps in between; up to 2,500
 hosts report every step, as ever."""
+
+
+@dataclass(frozen=True)
+class Starts:
+    """A generation's start for every host of its world, as what every start shares (`common`) and
+    what is each host's own (`each`: its rank, its restore sources, its replica holders): written as
+    such to a relay, which makes each member's line (supervisor.relay_frames, a bundle), so that the
+    leader encodes the world once, not once a host."""
+
+    common: dict[str, Any]
+    """The fields every host's start shares, as JSON (its term is stamped when sent)."""
+    each: dict[int, dict[str, Any]]
+    """host -> the fields its own, as JSON."""
+
+    def message(self, host: int) -> messages.Start:
+        """`host`'s start, whole (as its supervisor reads it)."""
+        return messages.Start.model_validate(self.common | self.each[host])
 
 
 @dataclass(frozen=True)
@@ -39,29 +57,39 @@ class StartMessages:
         restore_step: int | None,
         plan: RestorePlan,
         addresses: dict[int, str],
-    ) -> dict[int, messages.Start]:
+    ) -> Starts:
         """Each host of `world`'s start of `generation` (`addresses`: every host's replica address)."""
-        runs = host_ranges(world)
         in_world = frozenset(world)
-        coordinator = self.coordinator_address(generation, world[0])
-        progress_every = max(1, -(-len(world) // PROGRESS_REPORTS_PER_STEP))
-        return {
-            host: messages.Start(
-                generation=generation,
-                coordinator=coordinator,
-                restore_step=restore_step,
-                sources=[source.to_message(addresses) for source in plan.sources.get(host, ())],
-                replica_addresses=self._holders(host, addresses, in_world),
-                world=runs,
-                rank=rank,
-                progress_every=progress_every,
-            )
-            for rank, host in enumerate(world)
-        }
+        shared = messages.Start(
+            generation=generation,
+            coordinator=self.coordinator_address(generation, world[0]),
+            restore_step=restore_step,
+            world=host_ranges(world),
+            rank=0,
+            progress_every=max(1, -(-len(world) // PROGRESS_REPORTS_PER_STEP)),
+        ).model_dump(mode="json", exclude={"term", *OWN})
+        everyone = {str(host): address for host, address in addresses.items()}
+        return Starts(
+            shared,
+            {
+                host: {
+                    "rank": rank,
+                    "sources": [dict(source.to_message(addresses)) for source in plan.sources.get(host, ())],
+                    "replica_addresses": self._holders(host, addresses, in_world, everyone),
+                }
+                for rank, host in enumerate(world)
+            },
+        )
 
-    def _holders(self, host: int, addresses: dict[int, str], world: frozenset[int]) -> dict[int, str]:
+    def _holders(
+        self, host: int, addresses: dict[int, str], world: frozenset[int], everyone: dict[str, str]
+    ) -> dict[str, str]:
         if self.peer_replicas is None:
-            return addresses
+            return everyone
         shape = self.shape
         holders = replica_holders(host, shape.host_count, shape.hosts_per_slice, self.peer_replicas, world)
-        return {holder: addresses[holder] for holder in holders if holder in addresses}
+        return {str(holder): addresses[holder] for holder in holders if holder in addresses}
+
+
+OWN = frozenset({"rank", "sources", "replica_addresses"})
+"""The fields of a start that are each host's own."""

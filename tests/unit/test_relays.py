@@ -13,6 +13,7 @@ reaches its member alone.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,6 +184,135 @@ def test_negative_control_a_broadcast_written_to_each_member_is_a_frame_each(mon
 
     async def scenario() -> None:
         assert await frames_of_a_broadcast() == (HOSTS, set(range(HOSTS)))
+
+    run(scenario)
+
+
+class RecordedConnection:
+    """A relay's connection as the leader writes to it: each write kept, nothing ever waiting to leave."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.transport = self
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+def test_the_frames_of_one_turn_of_the_loop_leave_in_one_write_in_order():
+    """A start of every host behind a relay is a frame each; they leave the leader together, one
+    write (one TLS record, one send) at the end of the loop's turn, not one a host."""
+
+    async def scenario() -> None:
+        connection = RecordedConnection()
+        link = relay_link.RelayLink(asyncio.StreamReader(), connection, None, 1.0)  # type: ignore[arg-type]
+        written = [link.write([channel], f"start {channel}\n".encode()) for channel in range(3)]
+        assert connection.writes == [] and link.gone() == 0  # not left yet: none counted as gone
+        await asyncio.sleep(0)
+        assert connection.writes == [b"0 start 0\n1 start 1\n2 start 2\n"]
+        assert link.gone() == written[-1][0] == len(connection.writes[0])
+
+    run(scenario)
+
+
+async def frames_of_a_start() -> tuple[int, dict[int, dict[str, object]]]:
+    """The frames carrying a start that the relay reads from the leader when the 8 members behind it
+    start generation 0, and the start each member got."""
+    frames: list[relay_frames.Frame] = []
+
+    def counted(line: bytes) -> relay_frames.Frame:
+        parsed = relay_frames.parse(line)
+        if b'"type":"start"' in parsed.payload:
+            frames.append(parsed)
+        return parsed
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(relay_module, "parse", counted)
+        leader = Leader(LeaderSettings(JobShape(2, HOSTS // 2), 3), coordinator)
+        port = await leader.serve("127.0.0.1", 0)
+        relay = Relay(0)
+        connect = via_relay(f"127.0.0.1:{await relay.serve('127.0.0.1')}", None)
+        members = [Member(host, *await connect("127.0.0.1", port)) for host in range(HOSTS)]
+        for member in members:
+            await member.send("register", metrics_port=9100 + member.host)
+        starts = {member.host: await member.receive() for member in members}
+    await RelayedJob(leader, relay, members, "").shut()
+    return len(frames), starts
+
+
+def test_a_start_of_every_member_behind_a_relay_is_one_frame_each_member_its_own_start():
+    """The world and the coordinator once, in one bundle; each member's start its own (its rank),
+    whole, as if the leader had written it to the member alone."""
+
+    async def scenario() -> None:
+        frames, starts = await frames_of_a_start()
+        assert frames == 1
+        assert {host: start["rank"] for host, start in starts.items()} == {h: h for h in range(HOSTS)}
+        for start in starts.values():
+            whole = messages.Start.model_validate(start)
+            assert (whole.hosts, whole.generation, whole.term) == (list(range(HOSTS)), 0, 0)
+
+    run(scenario)
+
+
+def test_negative_control_starts_written_to_each_member_are_a_frame_each(monkeypatch):
+    async def one_by_one(
+        self: Members, common: dict[str, object], each: dict[int, dict[str, object]]
+    ) -> None:
+        for host, own in each.items():
+            await self.send(host, messages.Start.model_validate(common | own))
+
+    monkeypatch.setattr(Members, "send_own", one_by_one)
+
+    async def scenario() -> None:
+        frames, starts = await frames_of_a_start()
+        assert (frames, sorted(starts)) == (HOSTS, list(range(HOSTS)))
+
+    run(scenario)
+
+
+async def acks_of_a_stop() -> tuple[list[int], dict[int, int]]:
+    """The channels of each frame carrying acknowledgements the leader reads from the relay when the
+    8 members behind it acknowledge a stop, and the generation each member is started in next."""
+    carried: list[int] = []
+
+    def counted(line: bytes) -> relay_frames.Frame:
+        parsed = relay_frames.parse(line)
+        if b'"type":"stopped"' in parsed.payload:
+            carried.append(len(parsed.channels))
+        return parsed
+
+    job = await relayed_job()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(relay_link, "parse", counted)
+        await job.members[5].fault(0)
+        for member in job.members:
+            assert (await member.receive())["type"] == "stop"
+        for member in job.members:
+            await member.send("stopped", generation=0, committed=[])
+        started = {member.host: (await member.receive())["generation"] for member in job.members}
+    await job.shut()
+    return carried, started
+
+
+def test_a_stops_acknowledgements_reach_the_leader_in_one_frame_and_the_job_starts_again():
+    async def scenario() -> None:
+        assert await acks_of_a_stop() == ([HOSTS], dict.fromkeys(range(HOSTS), 1))
+
+    run(scenario)
+
+
+def test_negative_control_acknowledgements_sent_on_alone_are_a_frame_each(monkeypatch):
+    monkeypatch.setattr(relay_module.AckGathering, "held", lambda self, channel, line: False)
+
+    async def scenario() -> None:
+        assert await acks_of_a_stop() == ([1] * HOSTS, dict.fromkeys(range(HOSTS), 1))
 
     run(scenario)
 
@@ -406,3 +536,25 @@ def test_a_line_that_is_not_a_frame_is_refused_by_name(line):
 def test_only_one_whole_line_for_at_least_one_channel_is_framed(channels, line):
     with pytest.raises(relay_frames.FrameError):
         relay_frames.frame(channels, line)
+
+
+def test_a_bundle_gives_each_channel_its_own_line_over_what_they_share():
+    framed = relay_frames.bundle([4, 9], {"type": "start", "world": "0-1"}, [{"rank": 0}, {"rank": 1}])
+    lines = relay_frames.lines_of(relay_frames.parse(framed))
+    assert [(channel, json.loads(line)) for channel, line in lines] == [
+        (4, {"type": "start", "world": "0-1", "rank": 0}),
+        (9, {"type": "start", "world": "0-1", "rank": 1}),
+    ]
+    assert all(line.endswith(b"\n") and line.count(b"\n") == 1 for _, line in lines)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"*not json\n", b'*{"common":{}}\n', b'*{"common":{},"each":[{}]}\n', b'*{"common":{},"each":[1,2]}\n'],
+    ids=["not-json", "no-each", "too-few", "not-objects"],
+)
+def test_a_bundle_that_does_not_give_each_channel_a_line_is_refused(payload):
+    with pytest.raises(relay_frames.FrameError):
+        relay_frames.lines_of(relay_frames.Frame((1, 2), payload))
+    with pytest.raises(relay_frames.FrameError):
+        relay_frames.bundle([1, 2], {}, [{}])
