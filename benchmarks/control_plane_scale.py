@@ -298,7 +298,7 @@ class Run:
         self.check_round(merged, generation)
         generation += 1
 
-        rounds, stops, acks, journal, paths = [], [], [], [], []
+        rounds, stops, acks, journal, paths, leader_paths = [], [], [], [], [], []
         for index in range(args.rounds):
             say(f"  restart round {index + 1} of {args.rounds}")
             time.sleep(2 * args.step_seconds)
@@ -309,6 +309,7 @@ class Run:
             sent = merged.sent[f"fault:{crashed}"]
             rounds.append(merged.start_last[generation + 1] - sent)
             leader_part = self.cpu_between("leader-0.log", sent, merged.start_last[generation + 1])
+            leader_paths.append(leader_part)
             paths.append(leader_part + merged.path_cpu_round.get(generation + 1, 0.0))
             stops.append(merged.stop_last[generation] - sent)
             acks.append(merged.ack_last[generation] - sent)
@@ -368,6 +369,7 @@ class Run:
             at_rest / (wall1 - wall0),
             in_handover,
             paths,
+            leader_paths,
             critical_handover,
         )
 

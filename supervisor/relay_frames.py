@@ -38,6 +38,8 @@ OPEN: Final = b"+"
 END: Final = b"-"
 SILENT: Final = b"-silent"
 CONTROLS: Final = (OPEN, END, SILENT)
+CONTROL_BYTES: Final = max(len(control) for control in CONTROLS) + 1
+"""A control with its newline is at most this long: a longer payload is a line (not copied to see)."""
 BUNDLE: Final = b"*"
 """The start of a bundle's payload: `*{"common": {...}, "each": [{...}, ...]}`, `each` in the order of
 the frame's channels."""
@@ -78,13 +80,17 @@ def parse(line: bytes) -> Frame:
     header, space, rest = line.partition(b" ")
     if not space or not line.endswith(b"\n") or not header:
         raise FrameError(f"not a relay frame: {line[:80]!r}")
-    parts = header.split(b",")
-    if len(parts) > MAX_CHANNELS_PER_LINE or not all(part.isdigit() for part in parts):
-        raise FrameError(f"not a relay frame's channels: {header[:80]!r}")
-    payload = rest[:-1] if rest[:-1] in CONTROLS else rest
+    if header.isdigit():  # one channel: most of a relay's lines
+        channels: tuple[int, ...] = (int(header),)
+    else:
+        parts = header.split(b",")
+        if len(parts) > MAX_CHANNELS_PER_LINE or not all(part.isdigit() for part in parts):
+            raise FrameError(f"not a relay frame's channels: {header[:80]!r}")
+        channels = tuple(map(int, parts))
+    payload = rest[:-1] if len(rest) <= CONTROL_BYTES and rest[:-1] in CONTROLS else rest
     if payload == b"\n":
         raise FrameError(f"an empty line for channel(s) {header[:80]!r}")
-    return Frame(tuple(int(part) for part in parts), payload)
+    return Frame(channels, payload)
 
 
 def bundle(channels: list[int], common: dict[str, Any], each: list[dict[str, Any]]) -> bytes:
