@@ -49,6 +49,10 @@ journal not carried on, ...), not on a figure over its target.
 With `--hosts-per-relay N` the simulated hosts reach the leader through relays (the production
 supervisor/host/relay.py), one per N consecutive hosts, as `spec.controlPlane.relays` makes a job's.
 
+The simulated hosts' processes run at `nice 10` (`--nice-members`): in a job the leader has a machine
+of its own; here it shares two cores with them, and at 25,000 hosts, at the same priority, its event
+loop ran seconds late and it stood down, no longer sure to hold its lease.
+
 A size this machine cannot hold (a process may open at most `ulimit -Hn` files; the leader needs one
 per host, or one per relay) is reported as not run, with the reason, and the exit status is 1.
 """

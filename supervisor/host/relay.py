@@ -10,7 +10,9 @@ connection per group.
 A member's connection to the relay begins with the leader it wants (messages.RelayTo: the one the
 job's lease names); every later line is the member's, passed on unread, and every line the leader
 sends for it comes back the same way, but for a bundle (a start of the whole group: what its members'
-starts share, once, and what is each one's), which the relay makes into each member's own line.
+starts share, once, and what is each one's), which the relay makes into each member's own line; and
+its members' acknowledgements of a stop, which go on gathered into one line (supervisor.host.
+relay_acks).
 The relay keeps one connection per leader asked for, opened at the first member's asking; when that
 leader's connection ends (the leader lost, or standing down) the relay tells each member it carried
 (messages.LEADER_GONE, after the leader's last lines) and keeps the member's connection: the member
@@ -80,7 +82,8 @@ class Upstream:
         """Frames written in this turn of the event loop, to leave together at its end: the lines of
         members that spoke at once in one write, not one each."""
         self._acks = AckGathering(self._write)
-        """The stop's acknowledgements of its members, sent on as one line (supervisor.host.relay_acks)."""
+        """Its members' acknowledgements of a stop, held to go on together in one line
+        (supervisor.host.relay_acks)."""
 
     def _write(self, data: bytes) -> None:
         if not self._unflushed:

@@ -339,6 +339,9 @@ class Leader:
         for host in self.members.host_of(writer):
             if quiet:
                 continue
+            # The acknowledgements read before its loss are taken while it is still a member: taken
+            # after, a stop it never acknowledged would look complete without it.
+            await self.generations.take_acks()
             self.members.drop(host)
             lost = self.status[host]
             lost.state, lost.committed, lost.replicas = HostState.LOST, set(), {}

@@ -5,8 +5,10 @@ Every test drives a real Leader over TCP on 127.0.0.1 with fake members speaking
 (tests/support/fake_members.py, tests/support/leader_jobs.py).
 """
 
+import asyncio
+
 import pytest
-from slicekeeper.supervisor.leader import Leader, remediation
+from slicekeeper.supervisor.leader import Leader, generations, remediation
 from slicekeeper.supervisor.leader.restart_state import JobState
 from slicekeeper.supervisor.leader.settings import LeaderSettings
 
@@ -394,5 +396,51 @@ def test_a_finished_report_from_a_stale_generation_is_ignored():
         assert leader.memory.state is JobState.RUNNING
         assert leader.summary()["fingerprints"] == {}
         await shut(leader, members)
+
+    run(scenario)
+
+
+# --- acknowledgements taken in batches --------------------------------------------------------------
+
+
+async def batches_of_acks(monkeypatch: pytest.MonkeyPatch, batch_seconds: float) -> list[int]:
+    """The acknowledgements the restart machine takes at a time when 6 hosts ack a stop 30 ms apart
+    (the job starts again after them either way)."""
+    monkeypatch.setattr(generations, "ACK_BATCH_SECONDS", batch_seconds)
+    taken: list[int] = []
+    original = generations.Generations._take
+
+    async def counted(self: generations.Generations, generation: int) -> None:
+        taken.append(len(self._acks.get(generation, ())))
+        await original(self, generation)
+
+    monkeypatch.setattr(generations.Generations, "_take", counted)
+    leader, members = await running_job(hosts=6)
+    await members[0].fault(0)
+    for member in members:
+        assert (await member.receive())["type"] == "stop"
+    for member in members:
+        await member.send("stopped", generation=0)
+        await asyncio.sleep(0.03)
+    for member in members:
+        assert (await member.receive())["type"] == "start"
+    await shut(leader, members)
+    return [count for count in taken if count]
+
+
+def test_acknowledgements_are_taken_together_and_at_once_when_they_may_complete_the_world(monkeypatch):
+    """Each batch costs the start condition's check, which grows with the job: acknowledgements that
+    come over a while are taken together, and the last one starts the job at once (a batch that may
+    complete the world does not wait: here the wait is longer than the test may take)."""
+
+    async def scenario() -> None:
+        assert await batches_of_acks(monkeypatch, batch_seconds=60.0) == [6]
+
+    run(scenario)
+
+
+def test_negative_control_acknowledgements_taken_as_they_come_are_many_batches(monkeypatch):
+    async def scenario() -> None:
+        assert len(await batches_of_acks(monkeypatch, batch_seconds=0.0)) > 1
 
     run(scenario)

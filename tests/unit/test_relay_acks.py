@@ -1,6 +1,6 @@
 """A relay gathers its members' acknowledgements of a stop into one line for the leader
-(supervisor.host.relay_acks), without reordering any member's lines and without holding one for a
-member that never answers."""
+(supervisor.host.relay_acks), once the group's are in, without reordering any member's lines and
+without holding one for a member that never answers."""
 
 from __future__ import annotations
 
@@ -54,10 +54,10 @@ def test_another_line_of_a_member_whose_acknowledgement_is_held_goes_after_it():
     async def scenario() -> None:
         acks, leader = gathering()
         assert acks.held(0, ack(10))
-        progress = protocol.encode({"type": "progress", "generation": 4, "step": 3, "host": 10})
-        assert not acks.held(0, progress)  # the caller sends it on: the acknowledgement went first
+        committed = protocol.encode({"type": "committed", "step": 3, "host": 10})
+        assert not acks.held(0, committed)  # the caller sends it on: the acknowledgement went first
         assert leader.frames == [[(0, 10)]]
-        assert not acks.held(1, progress)  # nothing of that member held: nothing sent first
+        assert not acks.held(1, committed)  # nothing of that member held: nothing sent first
         assert leader.frames == [[(0, 10)]]
         acks.close()
 
