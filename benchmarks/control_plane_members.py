@@ -133,9 +133,10 @@ class Stats:
 
 
 class LeaseWatch:
-    """The job's lease as the process's hosts see it every LEASE_POLL_SECONDS: read, or, through
-    relays, asked of the lease candidates as a supervisor that is not one asks them
-    (supervisor.host.who_leads)."""
+    """The job's lease as the process's hosts see it every LEASE_POLL_SECONDS: read (at all times, as
+    every supervisor reads it without relays), or, through relays, asked of the lease candidates only
+    while one of its hosts looks for a leader, as a supervisor that is not one asks them
+    (supervisor.host.who_leads: at its start and while its member looks, never at rest)."""
 
     def __init__(self, run_dir: Path, stats: Stats, candidates: list[str], tls: JobTls) -> None:
         self._path = run_dir / LEASE_FILE
@@ -145,6 +146,8 @@ class LeaseWatch:
         self.term = 0
         self.address: str | None = None
         self._changed = asyncio.Event()
+        self._looking = asyncio.Event()
+        """Set while a host waits for a leader newer than the one it knows."""
 
     async def _lease(self) -> Lease | None:
         if self._candidates:
@@ -155,15 +158,19 @@ class LeaseWatch:
 
     async def run(self) -> None:
         while True:
+            if self._candidates:
+                await self._looking.wait()
             lease = await self._lease()
             if lease is not None and lease.leader is not None and lease.term != self.term:
                 self.term, self.address = lease.term, lease.leader.address
+                self._looking.clear()  # a host still looking says so again
                 self._changed.set()
                 self._changed = asyncio.Event()
             await asyncio.sleep(LEASE_POLL_SECONDS)
 
     async def newer_than(self, term: int) -> tuple[int, str]:
         while self.term <= term or self.address is None:
+            self._looking.set()
             await self._changed.wait()
         return self.term, self.address
 

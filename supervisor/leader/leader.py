@@ -35,6 +35,7 @@ from slicekeeper.supervisor.leader.context import LeaderContext
 from slicekeeper.supervisor.leader.decisions import Decisions
 from slicekeeper.supervisor.leader.dispatch import Dispatch
 from slicekeeper.supervisor.leader.election import Holder
+from slicekeeper.supervisor.leader.fence import Fence
 from slicekeeper.supervisor.leader.generations import Generations
 from slicekeeper.supervisor.leader.journal import JobMemory, JournalWriter
 from slicekeeper.supervisor.leader.members import HostStatus, Members
@@ -75,8 +76,10 @@ class Leader:
         where the workloads of a generation find JAX's coordinator, by generation and rank 0's host.
         `replacements`: where a lost host's new machine comes from (leader.capacity: the site's choice,
         spare supervisors locally, new pods in a cluster). `term`, `leading`: this leader's term and
-        whether it still surely holds the job's lease (supervisor.leader.election)."""
-        self.leading = leading
+        whether it still surely holds the job's lease (supervisor.leader.election): unsure once, it
+        stands down for good (leader.fence)."""
+        self.leading = Fence(leading)
+        leading = self.leading
         inbox = RestartInbox()
         self.context, self._job_journal = LeaderContext.of_job(
             settings,
@@ -100,6 +103,7 @@ class Leader:
         """What the members say, each report to its part."""
         self._standing_down = False
         """The leader's process is ending (`stand_down`): it acts no more."""
+        self.leading.on_broken = self._fenced
         self._server: asyncio.Server | None = None
         self._tls: JobTls | None = None
         self._takeover: Takeover | None = None
@@ -240,6 +244,9 @@ class Leader:
             self.background.stand_down()
             self.background.spawn(Task.STAND_DOWN, self.members.event(f"leader standing down: {reason}"))
 
+    def _fenced(self) -> None:
+        self.stand_down("no longer sure to hold the job's lease")
+
     async def close(self) -> None:
         self.background.cancel()
         if self._server is not None:
@@ -313,9 +320,7 @@ class Leader:
 
     async def _take(self, line: bytes | dict[str, Any], writer: asyncio.StreamWriter) -> None:
         """One line of a member's (read already, when it came gathered through a relay)."""
-        if not self.leading():
-            self.stand_down("no longer sure to hold the job's lease")
-        if self._standing_down:
+        if not self.leading() or self._standing_down:
             return  # it reads on (its members' connections stay open) and acts no more
         try:
             message = messages.to_leader(line) if isinstance(line, bytes) else messages.to_leader_value(line)

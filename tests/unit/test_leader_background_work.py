@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from slicekeeper.supervisor import messages
 from slicekeeper.supervisor.leader import Leader, remediation
 from slicekeeper.supervisor.leader.background import Task
 from slicekeeper.supervisor.leader.capacity import pod_replacements
@@ -261,3 +262,39 @@ def test_a_notice_whose_save_raises_fails_the_job_with_the_reason(monkeypatch):
 
 async def _broken_async(*args: object, **kwargs: object) -> None:
     raise RuntimeError("the save on notice broke")
+
+
+def test_a_leader_unsure_once_of_its_lease_stands_down_for_good():
+    """Its lease renewed late for a moment (its event loop seconds late), a leader refused to send a
+    start, then, renewed again, went on as if it had: every member waited for a start that never
+    came (the control-plane benchmark at 25,000 hosts). Unsure once, it acts no more: it stands down
+    and its candidate gives the lease up for the next leader."""
+    leads = [True]
+
+    async def scenario():
+        leader = Leader(LeaderSettings(JobShape(1, 2), 3), coordinator, leading=lambda: leads[0])
+        assert leader.leading() and not leader.standing_down
+        leads[0] = False  # a renewal late: a command refused now
+        await leader.members.broadcast(messages.ActivityRequest(generation=0))
+        leads[0] = True  # renewed again
+        assert not leader.leading() and leader.standing_down
+        await leader.close()
+
+    run(scenario)
+
+
+def test_negative_control_a_leader_sure_again_would_act_again(monkeypatch):
+    from slicekeeper.supervisor.leader import fence
+
+    monkeypatch.setattr(fence.Fence, "__call__", lambda self: self._leading())  # not latched
+    leads = [True]
+
+    async def scenario():
+        leader = Leader(LeaderSettings(JobShape(1, 2), 3), coordinator, leading=lambda: leads[0])
+        leads[0] = False
+        await leader.members.broadcast(messages.ActivityRequest(generation=0))
+        leads[0] = True
+        assert leader.leading() and not leader.standing_down
+        await leader.close()
+
+    run(scenario)
