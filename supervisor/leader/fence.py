@@ -2,11 +2,11 @@
 
 A leader checks that it surely holds the lease (renewed within the renew deadline) before every
 command and journal it writes, and one that is not sure writes nothing. That alone let a leader
-whose event loop ran seconds late skip a command (a generation's start, at 25,000 hosts in the
-control-plane benchmark), then, its lease renewed again, go on as if it had sent it: every member
-waited for a start that never came. Unsure once, a leader is fenced for good: it stands down (its
-candidate gives the lease up, supervisor.host.leadership, and the next leader carries the journal
-on), so that nothing it skipped is taken for done.
+whose event loop ran seconds late skip a command (a generation's start) and then, its lease renewed
+again, go on as if it had sent it, every member waiting for a start that never came: the one way
+found to what the control-plane benchmark saw at 25,000 hosts. Unsure once, a leader is fenced for
+good: it stands down (its candidate gives the lease up, supervisor.host.leadership, and the next
+leader carries the journal on), so that nothing it skipped is taken for done.
 """
 
 from __future__ import annotations
