@@ -38,7 +38,7 @@ def test_a_median_without_one_value_is_the_median_of_the_rest(
     assert median_without(sorted(values), left_out) == statistics.median(rest)
 
 
-@settings(max_examples=300)
+@settings(max_examples=100)
 @given(
     st.dictionaries(st.integers(0, 60), works, min_size=2, max_size=40),
     st.dictionaries(st.integers(0, 60), st.integers(0, 3), max_size=40),
